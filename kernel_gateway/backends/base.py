@@ -1,0 +1,191 @@
+"""The interface every backend implements, and the runtime folder they share.
+
+A backend launches kernels and hands back a `KernelProcess`: a small Popen-like
+handle (after jupyter_client's provisioners) the layers above use without knowing
+whether the kernel is a local process or a container.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import secrets
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from ..types import ConnectionInfo
+
+logger = logging.getLogger(__name__)
+
+# ipc "ports" are only suffixes of the socket path: <ip>-<port>.
+IPC_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How a kernel ended. `reason` is one of exited, killed, signal, out_of_memory."""
+
+    code: int | None
+    reason: str
+
+    def describe(self) -> str:
+        if self.reason == "out_of_memory":
+            return "the kernel ran out of memory and was killed"
+        if self.reason == "killed":
+            return "the kernel was killed"
+        if self.reason == "signal":
+            return f"the kernel died from a signal (exit status {self.code})"
+        return f"the kernel exited (exit status {self.code})"
+
+
+class KernelProcess(abc.ABC):
+    """One running kernel, seen as a process."""
+
+    id: str
+    connection: ConnectionInfo
+    """Connection info as seen from the gateway's side."""
+
+    @abc.abstractmethod
+    def poll(self) -> ExitInfo | None:
+        """How the kernel ended, or None while it runs."""
+
+    @abc.abstractmethod
+    async def wait(self) -> ExitInfo:
+        """Resolve when the kernel ends, however that happens."""
+
+    @abc.abstractmethod
+    async def send_signal(self, signum: int) -> None:
+        """Deliver a signal to the kernel process (SIGINT interrupts the running cell)."""
+
+    @abc.abstractmethod
+    async def kill(self) -> None:
+        """End the kernel at once; `wait()` resolves soon after."""
+
+    @abc.abstractmethod
+    async def cleanup(self) -> None:
+        """Release everything the kernel held (container, sockets). Idempotent."""
+
+
+class Backend(abc.ABC):
+    name: ClassVar[str]
+
+    @property
+    @abc.abstractmethod
+    def isolation(self) -> str:
+        """One line for the startup log: what separates kernel code from the host."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Get ready to launch; reclaim what a crashed earlier gateway left behind."""
+
+    @abc.abstractmethod
+    async def launch(self, workspace: Path) -> KernelProcess:
+        """Start a kernel whose working directory is `workspace`."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop and remove every kernel this gateway started."""
+
+
+class RuntimeDir:
+    """This gateway's folder for connection files and workspaces, held by a lock.
+
+    The lock tells a later gateway whether the folder (and the containers that
+    carry the same instance id) still belong to a live process or are orphans.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.instance = secrets.token_hex(6)
+        self.hostname = socket.gethostname()
+        self.path = root / self.instance
+        self._lock_fd: int | None = None
+
+    def open(self) -> None:
+        self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        self.path.mkdir(mode=0o711)
+        (self.path / "k").mkdir()
+        (self.path / "w").mkdir()
+        fd = os.open(self.root / f"{self.instance}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            (self.root / f"{self.instance}.lock").unlink(missing_ok=True)
+
+    def is_live(self, instance: str) -> bool:
+        """Whether a gateway with this instance id still runs on this host."""
+        if instance == self.instance:
+            return True
+        lock = self.root / f"{instance}.lock"
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def stale_instances(self) -> list[str]:
+        """Instance ids with a folder here but no live gateway."""
+        out = []
+        for entry in self.root.iterdir():
+            name = entry.name.removesuffix(".lock")
+            if len(name) == 12 and name not in out and not self.is_live(name):
+                out.append(name)
+        return out
+
+    def remove_instance(self, instance: str) -> None:
+        shutil.rmtree(self.root / instance, ignore_errors=True)
+        (self.root / f"{instance}.lock").unlink(missing_ok=True)
+
+    def new_kernel_dir(self) -> tuple[str, Path]:
+        kernel_id = secrets.token_hex(6)
+        path = self.path / "k" / kernel_id
+        path.mkdir(mode=0o700)
+        return kernel_id, path
+
+    def new_workspace(self) -> Path:
+        path = self.path / "w" / secrets.token_hex(8)
+        path.mkdir(mode=0o700)
+        return path
+
+
+def ipc_connection(prefix: str) -> ConnectionInfo:
+    """Connection info for ZMQ ipc sockets named `<prefix>-<n>`, with a fresh HMAC key."""
+    return ConnectionInfo(
+        transport="ipc",
+        ip=prefix,
+        key=secrets.token_hex(32),
+        signature_scheme="hmac-sha256",
+        kernel_name="python3",
+        **IPC_PORTS,  # type: ignore[typeddict-item]
+    )
+
+
+def write_connection_file(path: Path, info: ConnectionInfo) -> None:
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(info, f)
+
+
+async def wait_for_exit(process: KernelProcess, timeout: float) -> ExitInfo | None:
+    try:
+        return await asyncio.wait_for(asyncio.shield(process.wait()), timeout)
+    except TimeoutError:
+        return None

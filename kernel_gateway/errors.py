@@ -1,0 +1,91 @@
+"""Every error the gateway reports, and the HTTP status each maps to.
+
+    GatewayError                      500 internal_error
+    ├── BadRequest                    400 bad_request         (body is not JSON, bad path)
+    ├── Unauthorized                  401 unauthorized        (missing or wrong token)
+    ├── Forbidden                     403 forbidden
+    ├── NotFound                      404 not_found
+    │   └── SessionNotFound           404 session_not_found
+    ├── Conflict                      409 conflict
+    │   ├── SessionBusy               409 session_busy        (too many queued executions)
+    │   └── SessionClosed             409 session_closed      (deleted while the request waited)
+    ├── PayloadTooLarge               413 payload_too_large
+    ├── InvalidRequest                422 invalid_request     (well-formed JSON, wrong fields)
+    ├── TooManySessions               429 too_many_sessions   (+ Retry-After)
+    └── KernelUnavailable             503 kernel_unavailable  (+ Retry-After: no kernel could start)
+
+Domain code raises these; only `app.py` turns them into responses, as
+`{"error": {"type": ..., "message": ...}}`.
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    status_code = 500
+    error_type = "internal_error"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+    def to_json(self) -> dict[str, dict[str, str]]:
+        return {"error": {"type": self.error_type, "message": self.message}}
+
+
+class BadRequest(GatewayError):
+    status_code = 400
+    error_type = "bad_request"
+
+
+class Unauthorized(GatewayError):
+    status_code = 401
+    error_type = "unauthorized"
+
+
+class Forbidden(GatewayError):
+    status_code = 403
+    error_type = "forbidden"
+
+
+class NotFound(GatewayError):
+    status_code = 404
+    error_type = "not_found"
+
+
+class SessionNotFound(NotFound):
+    error_type = "session_not_found"
+
+
+class Conflict(GatewayError):
+    status_code = 409
+    error_type = "conflict"
+
+
+class SessionBusy(Conflict):
+    error_type = "session_busy"
+
+
+class SessionClosed(Conflict):
+    error_type = "session_closed"
+
+
+class PayloadTooLarge(GatewayError):
+    status_code = 413
+    error_type = "payload_too_large"
+
+
+class InvalidRequest(GatewayError):
+    status_code = 422
+    error_type = "invalid_request"
+
+
+class TooManySessions(GatewayError):
+    status_code = 429
+    error_type = "too_many_sessions"
+
+
+class KernelUnavailable(GatewayError):
+    status_code = 503
+    error_type = "kernel_unavailable"

@@ -1,0 +1,190 @@
+"""One connected kernel: Jupyter messages in and out over ZMQ.
+
+A reader task per channel routes every incoming message by its parent's
+msg_id to whoever sent the request, so each execution sees only its own
+output, and output that arrives late (a background thread printing after the
+cell ended) is dropped rather than leaking into the next execution. Routing is
+one dict lookup per message, whatever the number of kernels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from jupyter_client.session import Session as JupyterSession
+
+from .backends.base import ExitInfo, KernelProcess
+from .errors import KernelUnavailable
+from .types import ConnectionInfo, Message
+
+logger = logging.getLogger(__name__)
+
+Listener = Callable[[Message], None]
+
+
+def _url(info: ConnectionInfo, port: str) -> str:
+    if info["transport"] == "ipc":
+        return f"ipc://{info['ip']}-{info[port]}"  # type: ignore[literal-required]
+    return f"tcp://{info['ip']}:{info[port]}"  # type: ignore[literal-required]
+
+
+class Kernel:
+    def __init__(self, process: KernelProcess, context: zmq.asyncio.Context) -> None:
+        info = process.connection
+        self.process = process
+        self.id = process.id
+        self._session = JupyterSession(
+            key=info["key"].encode(),
+            signature_scheme=info["signature_scheme"],
+            username="kernel-gateway",
+        )
+        self._shell = self._socket(context, zmq.DEALER, _url(info, "shell_port"))
+        self._control = self._socket(context, zmq.DEALER, _url(info, "control_port"))
+        self._iopub = self._socket(context, zmq.SUB, _url(info, "iopub_port"))
+        self._iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._listeners: dict[str, Listener] = {}
+        self._replies: dict[str, asyncio.Future[Message]] = {}
+        self.exited: asyncio.Task[ExitInfo] = asyncio.ensure_future(process.wait())
+        self._readers = [
+            asyncio.create_task(self._read(self._iopub, self._on_iopub)),
+            asyncio.create_task(self._read(self._shell, self._on_reply)),
+            asyncio.create_task(self._read(self._control, self._on_reply)),
+        ]
+        self.language_info: dict[str, Any] = {}
+        self.closed = False
+
+    @staticmethod
+    def _socket(context: zmq.asyncio.Context, kind: int, url: str) -> zmq.asyncio.Socket:
+        sock = context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        # The kernel binds its sockets a few hundred ms after start: retry quickly.
+        sock.setsockopt(zmq.RECONNECT_IVL, 10)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 100)
+        sock.connect(url)
+        return sock
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    async def _read(self, sock: zmq.asyncio.Socket, handle: Listener) -> None:
+        session = self._session
+        while True:
+            try:
+                frames = await sock.recv_multipart(copy=True)
+            except (zmq.ZMQError, asyncio.CancelledError):
+                return
+            try:
+                _, parts = session.feed_identities(frames, copy=True)
+                msg = session.deserialize(parts, content=True, copy=True)
+            except Exception:
+                logger.warning("kernel %s sent a message that does not parse; dropped", self.id)
+                continue
+            handle(msg)
+
+    def _on_iopub(self, msg: Message) -> None:
+        listener = self._listeners.get(msg["parent_header"].get("msg_id", ""))
+        if listener is not None:
+            listener(msg)
+
+    def _on_reply(self, msg: Message) -> None:
+        future = self._replies.pop(msg["parent_header"].get("msg_id", ""), None)
+        if future is not None and not future.done():
+            future.set_result(msg)
+
+    # -- sending -----------------------------------------------------------------------------
+
+    async def _send(
+        self, sock: zmq.asyncio.Socket, msg_type: str, content: dict[str, Any],
+        listener: Listener | None = None,
+    ) -> tuple[str, asyncio.Future[Message]]:
+        msg = self._session.msg(msg_type, content)
+        msg_id: str = msg["header"]["msg_id"]
+        reply: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._replies[msg_id] = reply
+        if listener is not None:
+            self._listeners[msg_id] = listener
+        await sock.send_multipart(self._session.serialize(msg))
+        return msg_id, reply
+
+    async def execute(self, code: str, listener: Listener) -> tuple[str, asyncio.Future[Message]]:
+        """Send an execute_request; IOPub messages it causes go to `listener`."""
+        return await self._send(
+            self._shell,
+            "execute_request",
+            {
+                "code": code,
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": True,
+            },
+            listener,
+        )
+
+    def forget(self, msg_id: str) -> None:
+        """Stop routing messages for a finished request (late output is dropped)."""
+        self._listeners.pop(msg_id, None)
+        future = self._replies.pop(msg_id, None)
+        if future is not None and not future.done():
+            future.cancel()
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Wait until the kernel answers on shell and its IOPub output reaches us.
+
+        A SUB socket misses what is published before its subscription lands, so
+        readiness needs an IOPub message for our own kernel_info_request too.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.exited.done():
+                raise KernelUnavailable(f"kernel died while starting: {self.exited.result().describe()}")
+            seen = asyncio.Event()
+            msg_id, reply = await self._send(
+                self._shell, "kernel_info_request", {}, lambda _msg: seen.set()
+            )
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise KernelUnavailable(f"kernel did not become ready within {timeout:g} s")
+                done, _ = await asyncio.wait(
+                    {reply, self.exited}, timeout=min(remaining, 1.0),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if reply in done:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(seen.wait(), 0.25)
+                    if seen.is_set():
+                        self.language_info = reply.result()["content"].get("language_info", {})
+                        return
+            finally:
+                self.forget(msg_id)
+
+    async def interrupt(self) -> None:
+        await self.process.send_signal(signal.SIGINT)
+
+    async def close(self) -> None:
+        """Stop reading, close sockets, and kill and remove the kernel."""
+        if self.closed:
+            return
+        self.closed = True
+        for task in self._readers:
+            task.cancel()
+        for sock in (self._shell, self._control, self._iopub):
+            sock.close(linger=0)
+        for future in self._replies.values():
+            future.cancel()
+        self._replies.clear()
+        self._listeners.clear()
+        try:
+            await self.process.cleanup()
+        finally:
+            if not self.exited.done():
+                self.exited.cancel()

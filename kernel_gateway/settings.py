@@ -1,0 +1,154 @@
+"""All configuration, read once from `KG_*` variables and CLI flags into one frozen object.
+
+Every flag has an environment twin: `--pool-size 4` and `KG_POOL_SIZE=4` mean the
+same; a flag wins over the variable. Nothing else in the package reads `os.environ`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+BackendName = Literal["auto", "docker", "local"]
+DEFAULT_IMAGE = "kernel-gateway-kernel:latest"
+
+
+def _default_runtime_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"kernel-gateway-{os.getuid()}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8888
+    backend: BackendName = "auto"
+    pool_size: int = 2
+    max_sessions: int = 32
+    token: str | None = None
+    no_auth: bool = False
+    image: str = DEFAULT_IMAGE
+    exec_timeout: float = 60.0
+    max_exec_timeout: float = 3600.0
+    idle_timeout: float = 1200.0
+    interrupt_grace: float = 1.5
+    kernel_start_timeout: float = 30.0
+    max_concurrent_starts: int = 4
+    max_queued_executions: int = 16
+    max_output_bytes: int = 1024 * 1024
+    max_display_bytes: int = 16 * 1024 * 1024
+    max_body_bytes: int = 2 * 1024 * 1024
+    memory_limit: str = "1g"
+    cpu_limit: float = 1.0
+    pids_limit: int = 256
+    runtime_dir: Path = field(default_factory=_default_runtime_dir)
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.backend not in get_args(BackendName):
+            raise ValueError(f"backend must be one of auto, docker, local (got {self.backend!r})")
+        for name in ("pool_size",):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        for name in ("max_sessions", "max_concurrent_starts", "max_output_bytes", "pids_limit"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        for name in ("exec_timeout", "idle_timeout", "interrupt_grace", "kernel_start_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+
+    @property
+    def auth_required(self) -> bool:
+        return self.token is not None
+
+    def check_exposure(self) -> None:
+        """Refuse to serve code execution to a network without a token, unless told to."""
+        if self.token or self.no_auth or _is_loopback(self.host):
+            return
+        raise ValueError(
+            f"refusing to listen on {self.host} without a token: code execution would be open "
+            "to the network. Pass --token (or KG_TOKEN), or --no-auth if you really mean it."
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _convert(name: str, raw: str) -> Any:
+    kind = {f.name: f.type for f in fields(Settings)}[name]
+    if kind == "bool":
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(f"KG_{name.upper()} must be a boolean (got {raw!r})")
+    if kind == "int":
+        return int(raw)
+    if kind == "float":
+        return float(raw)
+    if kind == "Path":
+        return Path(raw)
+    if kind == "str | None":
+        return raw or None
+    return raw
+
+
+def from_env(environ: Mapping[str, str], **overrides: Any) -> Settings:
+    """Settings from `KG_*` variables, with explicit overrides (CLI flags) on top."""
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        raw = environ.get(f"KG_{f.name.upper()}")
+        if raw is not None:
+            try:
+                values[f.name] = _convert(f.name, raw)
+            except ValueError as exc:
+                raise ValueError(f"KG_{f.name.upper()}: {exc}") from exc
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return Settings(**values)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """CLI flags for `serve`; each defaults to None so the KG_* twin can fill it."""
+    add = parser.add_argument
+    add("--host", help="address to listen on (default 127.0.0.1)")
+    add("--port", type=int, help="port to listen on (default 8888)")
+    add("--backend", choices=get_args(BackendName), help="where kernels run (default auto)")
+    add("--pool-size", type=int, help="warm kernels kept ready (default 2)")
+    add("--max-sessions", type=int, help="most sessions at once (default 32)")
+    add("--token", help="require 'Authorization: Bearer TOKEN' on every route but /health")
+    add("--no-auth", action="store_const", const=True, help="allow a non-loopback host without a token")
+    add("--image", help=f"kernel image for the docker backend (default {DEFAULT_IMAGE})")
+    add("--exec-timeout", type=float, help="default execution timeout, seconds (default 60)")
+    add("--idle-timeout", type=float, help="idle session lifetime, seconds (default 1200)")
+    add("--memory-limit", help="memory per kernel container, docker syntax (default 1g)")
+    add("--cpu-limit", type=float, help="CPUs per kernel container (default 1.0)")
+    add("--pids-limit", type=int, help="processes per kernel container (default 256)")
+    add("--runtime-dir", type=Path, help="where connection files and workspaces live")
+    add("--log-level", choices=["debug", "info", "warning", "error"], help="(default info)")
+
+
+def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+    names = {f.name for f in fields(Settings)}
+    return from_env(environ, **{k: v for k, v in vars(args).items() if k in names})
+
+
+def describe(settings: Settings) -> Sequence[str]:
+    """Settings as log lines, with the token masked."""
+    out = []
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if f.name == "token" and value:
+            value = "***"
+        out.append(f"{f.name}={value}")
+    return out

@@ -1,0 +1,33 @@
+"""Type aliases shared across the package."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NamedTuple, TypedDict
+
+JSON = dict[str, Any]
+Message = dict[str, Any]
+"""A deserialized Jupyter message: header, parent_header, metadata, content."""
+
+DoneStatus = Literal["ok", "error", "timeout", "interrupted", "died"]
+
+
+class ConnectionInfo(TypedDict):
+    """What a client needs to reach a kernel (jupyter_client's connection-file schema)."""
+
+    transport: str
+    ip: str
+    shell_port: int
+    iopub_port: int
+    stdin_port: int
+    control_port: int
+    hb_port: int
+    key: str
+    signature_scheme: str
+    kernel_name: str
+
+
+class Event(NamedTuple):
+    """One thing an execution produced, as sent to clients: SSE `event:` name and `data:`."""
+
+    name: str
+    data: JSON
