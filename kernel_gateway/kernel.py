@@ -183,8 +183,5 @@ class Kernel:
             future.cancel()
         self._replies.clear()
         self._listeners.clear()
-        try:
-            await self.process.cleanup()
-        finally:
-            if not self.exited.done():
-                self.exited.cancel()
+        # cleanup() guarantees the process has ended, so `exited` resolves on its own.
+        await self.process.cleanup()

@@ -1,0 +1,124 @@
+"""The ASGI application: routes, auth, error handlers, and a lifespan that owns the pool."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TypedDict
+
+import zmq.asyncio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .auth import BearerAuth
+from .backends.base import Backend, RuntimeDir
+from .backends.docker import BackendUnavailable, DockerBackend
+from .backends.local import LocalBackend
+from .errors import GatewayError
+from .http import JSONResponse, error_response
+from .pool import Pool
+from .routes import routes
+from .settings import Settings
+
+logger = logging.getLogger("kernel_gateway")
+
+HTTP_ERROR_TYPES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    400: "bad_request",
+    413: "payload_too_large",
+}
+
+
+class State(TypedDict):
+    pool: Pool
+    settings: Settings
+
+
+async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:
+    """`docker` when an engine answers and the image exists; `local` otherwise (if auto)."""
+    if settings.backend in ("auto", "docker"):
+        docker_backend = DockerBackend(settings, runtime)
+        try:
+            await docker_backend.start()
+            return docker_backend
+        except BackendUnavailable as exc:
+            await docker_backend.close()
+            if settings.backend == "docker":
+                raise
+            logger.warning("docker backend unavailable (%s); falling back to local", exc.message)
+    local = LocalBackend(settings, runtime)
+    await local.start()
+    return local
+
+
+def create_app(settings: Settings) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[State]:
+        runtime = RuntimeDir(settings.runtime_dir)
+        runtime.open()
+        context = zmq.asyncio.Context()
+        backend: Backend | None = None
+        pool: Pool | None = None
+        try:
+            backend = await select_backend(settings, runtime)
+            logger.info("backend: %s; isolation: %s", backend.name, backend.isolation)
+            if backend.name == "local":
+                logger.warning(
+                    "\n%s\nWARNING: the local backend runs code as YOUR USER ON THIS HOST, with no "
+                    "isolation.\nUse it only for code you trust. Build the kernel image "
+                    "(kernel-gateway build-image) and run with --backend docker for untrusted "
+                    "code.\n%s",
+                    "!" * 78,
+                    "!" * 78,
+                )
+            pool = Pool(settings, backend, runtime, context)
+            await pool.start()
+            yield {"pool": pool, "settings": settings}
+        finally:
+            if pool is not None:
+                await pool.close()
+            if backend is not None:
+                await backend.close()
+            context.destroy(linger=0)
+            runtime.close()
+            logger.info("stopped; every kernel this gateway started has been removed")
+
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(BearerAuth, token=settings.token)],
+        exception_handlers={
+            GatewayError: _gateway_error,
+            HTTPException: _http_error,
+            Exception: _unexpected_error,
+        },
+        lifespan=lifespan,
+    )
+
+
+async def _gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = HTTP_ERROR_TYPES.get(exc.status_code, "http_error")
+    message = exc.detail if exc.status_code != 404 else f"no route for {request.url.path}"
+    return JSONResponse(
+        {"error": {"type": kind, "message": message}},
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(
+        {"error": {"type": "internal_error", "message": "the gateway hit an internal error"}},
+        status_code=500,
+    )

@@ -1,0 +1,103 @@
+"""Request parsing and JSON responses shared by the routes.
+
+Bodies are read in chunks and refused with 413 as soon as they pass the cap,
+so an oversized upload is never held in memory whole.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .errors import BadRequest, GatewayError, InvalidRequest, PayloadTooLarge
+from .sse import dumps
+from .types import JSON
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return dumps(content)
+
+
+def error_response(exc: GatewayError) -> JSONResponse:
+    headers = {}
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    if exc.status_code == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(exc.to_json(), status_code=exc.status_code, headers=headers)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise BadRequest("Content-Length is not a number") from None
+        if size > limit:
+            raise PayloadTooLarge(f"request body of {size} bytes exceeds the {limit}-byte limit")
+    chunks = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, limit: int, *, optional: bool = False) -> JSON:
+    """The body as a JSON object: 400 if it is not JSON, 422 if it is not an object."""
+    body = await read_body(request, limit)
+    if not body.strip():
+        if optional:
+            return {}
+        raise BadRequest("request body is empty; expected a JSON object")
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"request body must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def reject_unknown(body: JSON, allowed: set[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+def number_field(body: JSON, name: str, *, minimum: float, maximum: float) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequest(f"'{name}' must be a number")
+    if not minimum < value <= maximum:
+        raise InvalidRequest(f"'{name}' must be greater than {minimum:g} and at most {maximum:g}")
+    return float(value)
+
+
+def string_field(body: JSON, name: str) -> str:
+    value = body.get(name)
+    if value is None:
+        raise InvalidRequest(f"'{name}' is required")
+    if not isinstance(value, str):
+        raise InvalidRequest(f"'{name}' must be a string")
+    return value
+
+
+def wants_json(request: Request) -> bool:
+    """JSON instead of SSE when the client asks for it and not for event-stream."""
+    accept = request.headers.get("accept", "")
+    return "application/json" in accept and "text/event-stream" not in accept

@@ -1,0 +1,18 @@
+"""HTTP endpoints: parse the request, call the pool or session, wrap the answer."""
+
+from __future__ import annotations
+
+from starlette.routing import Route
+
+from . import health, sessions
+
+routes = [
+    Route("/health", health.health, methods=["GET"]),
+    Route("/sessions", sessions.create, methods=["POST"]),
+    Route("/sessions", sessions.list_all, methods=["GET"]),
+    Route("/sessions/{session_id}", sessions.get, methods=["GET"]),
+    Route("/sessions/{session_id}", sessions.delete, methods=["DELETE"]),
+    Route("/sessions/{session_id}/execute", sessions.execute, methods=["POST"]),
+    Route("/sessions/{session_id}/interrupt", sessions.interrupt, methods=["POST"]),
+    Route("/sessions/{session_id}/restart", sessions.restart, methods=["POST"]),
+]
