@@ -1,11 +1,16 @@
 """Start one IPython kernel on the connection file the gateway wrote.
 
-Matplotlib insists on a writable config dir; the root filesystem may be
-read-only, so the font cache built into the image is copied to /tmp first
+The gateway puts its in-kernel startup code (`startup.py`) next to the
+connection file, so the image never goes stale against the gateway version;
+without it a plain ipykernel starts.
+
+Matplotlib insists on a writable config dir and the root filesystem is
+read-only, so the font cache built into the image is first copied to /tmp
 (a cold font scan would cost the first chart over a second).
 """
 
 import os
+import runpy
 import shutil
 import sys
 
@@ -23,9 +28,16 @@ def _seed_font_cache() -> None:
 
 def main() -> None:
     _seed_font_cache()
-    from ipykernel.kernelapp import launch_new_instance
+    connection_file = sys.argv[1]
+    startup = os.path.join(os.path.dirname(connection_file), "startup.py")
+    argv = ["-f", connection_file]
+    if os.path.exists(startup):
+        sys.argv = [startup, *argv]
+        runpy.run_path(startup, run_name="__main__")
+    else:
+        from ipykernel.kernelapp import launch_new_instance
 
-    launch_new_instance(argv=["-f", sys.argv[1]])
+        launch_new_instance(argv=argv)
 
 
 if __name__ == "__main__":

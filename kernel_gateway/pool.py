@@ -80,6 +80,11 @@ class Pool:
             return_exceptions=True,
         )
 
+    @property
+    def instance(self) -> str:
+        """This gateway's id; its kernel containers carry it as a label."""
+        return self._runtime.instance
+
     def stats(self) -> JSON:
         return {
             "warm": len(self._warm),

@@ -178,6 +178,16 @@ def ipc_connection(prefix: str) -> ConnectionInfo:
     )
 
 
+STARTUP_SOURCE = Path(__file__).resolve().parent.parent / "kernel_startup.py"
+
+
+def write_startup_file(conn_dir: Path) -> Path:
+    """Put the in-kernel startup code next to the connection file; the kernel runs it."""
+    path = conn_dir / "startup.py"
+    shutil.copyfile(STARTUP_SOURCE, path)
+    return path
+
+
 def write_connection_file(path: Path, info: ConnectionInfo) -> None:
     fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -36,6 +36,7 @@ from .base import (
     RuntimeDir,
     ipc_connection,
     write_connection_file,
+    write_startup_file,
 )
 
 logger = logging.getLogger(__name__)
@@ -210,8 +211,9 @@ class DockerBackend(Backend):
         name = f"kg-{self._runtime.instance}-{kernel_id}"
         info = ipc_connection(str(conn_dir / "k"))
         write_connection_file(conn_dir / "kernel.json", ipc_connection_inside(info))
+        write_startup_file(conn_dir)
         if self._owner is not None:
-            for path in (conn_dir, conn_dir / "kernel.json", workspace):
+            for path in (conn_dir, conn_dir / "kernel.json", conn_dir / "startup.py", workspace):
                 os.chown(path, *self._owner)
         kernel = DockerKernel(self, kernel_id, name, conn_dir, info)
         self._kernels[name] = kernel  # before create: a death event may come at once

@@ -25,6 +25,7 @@ from .base import (
     ipc_connection,
     wait_for_exit,
     write_connection_file,
+    write_startup_file,
 )
 
 logger = logging.getLogger(__name__)
@@ -121,8 +122,7 @@ class LocalBackend(Backend):
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
-                "-m",
-                "ipykernel_launcher",
+                str(write_startup_file(conn_dir)),
                 "-f",
                 str(conn_file),
                 cwd=workspace,

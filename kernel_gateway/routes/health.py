@@ -13,6 +13,7 @@ async def health(request: Request) -> Response:
         {
             "status": "ok",
             "backend": pool.backend.name,
+            "instance": pool.instance,
             "isolation": pool.backend.isolation,
             "pool": pool.stats(),
         }

@@ -1,0 +1,65 @@
+"""Runs inside the kernel's own Python, before ipykernel starts (both backends).
+
+It must import nothing from kernel_gateway: in a container it is a lone file
+copied next to the connection file. It works with ipykernel 6 and 7.
+
+Thread output: ipykernel tags whatever a background thread prints with the
+parent of the cell running *now*, so a thread started by one cell would print
+into the next cell's stream. Here each thread remembers the cell that started
+it and its output is published under that cell's parent; the gateway routes by
+parent, so the output reaches the right execution, or nobody once it is done.
+"""
+
+import sys
+import threading
+
+
+def _install_thread_output_routing() -> None:
+    from ipykernel.iostream import OutStream
+
+    local = threading.local()
+    original_write = OutStream.write
+    original_start = threading.Thread.start
+
+    def current_parent():
+        origin = getattr(local, "origin", None)
+        if origin is not None:
+            return origin
+        header = getattr(sys.stdout, "parent_header", None)
+        return dict(header) if isinstance(header, dict) else None
+
+    def start(self, *args, **kwargs):
+        origin = current_parent()
+        if origin is not None:
+            run = self.run
+
+            def run_with_origin():
+                local.origin = origin
+                run()
+
+            self.run = run_with_origin
+        return original_start(self, *args, **kwargs)
+
+    def write(self, string):
+        origin = getattr(local, "origin", None)
+        if origin is None or self.pub_thread is None or not isinstance(string, str):
+            return original_write(self, string)
+        if string:
+            session, pub, topic = self.session, self.pub_thread, self.topic
+            msg = session.msg("stream", {"name": self.name, "text": string}, parent=origin)
+            pub.schedule(lambda: session.send(pub, msg, ident=topic))
+        return len(string)
+
+    threading.Thread.start = start
+    OutStream.write = write
+
+
+def main(argv):
+    _install_thread_output_routing()
+    from ipykernel.kernelapp import launch_new_instance
+
+    launch_new_instance(argv=argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,117 @@
+"""Test helpers: a real server in a thread, and an SSE reader that timestamps events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import uvicorn
+
+from kernel_gateway.app import create_app
+from kernel_gateway.settings import Settings
+
+
+class ServerThread:
+    """Runs the real app under uvicorn on a free loopback port, lifespan included."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        config = uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=0, log_level="warning", lifespan="on"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def _run(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        try:
+            self.loop.run_until_complete(self.server.serve())
+        finally:
+            pending = asyncio.all_tasks(self.loop)
+            for task in pending:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self.loop.close()
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+
+    @property
+    def url(self) -> str:
+        sock = self.server.servers[0].sockets[0]
+        host, port = sock.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+
+@dataclass
+class Stream:
+    """Events of one execution, each with the monotonic time it arrived."""
+
+    events: list[tuple[str, dict[str, Any], float]] = field(default_factory=list)
+    status_code: int = 0
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [data for n, data, _ in self.events if n == name]
+
+    @property
+    def done(self) -> dict[str, Any]:
+        assert self.events and self.events[-1][0] == "done", self.events
+        return self.events[-1][1]
+
+    @property
+    def stdout(self) -> str:
+        return "".join(d["text"] for d in self.named("stdout"))
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _, _ in self.events]
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    name, data = "message", []
+    for line in lines:
+        if line == "":
+            if data:
+                yield name, json.loads("\n".join(data))
+            name, data = "message", []
+        elif line.startswith(":"):
+            continue
+        elif line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))
+
+
+def execute(
+    client: httpx.Client, session_id: str, code: str, timeout: float | None = None
+) -> Stream:
+    body: dict[str, Any] = {"code": code}
+    if timeout is not None:
+        body["timeout"] = timeout
+    stream = Stream()
+    with client.stream("POST", f"/sessions/{session_id}/execute", json=body) as response:
+        stream.status_code = response.status_code
+        if response.status_code != 200:
+            response.read()
+            raise AssertionError(f"{response.status_code}: {response.text}")
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for name, data in parse_sse(response.iter_lines()):
+            stream.events.append((name, data, time.monotonic()))
+    return stream

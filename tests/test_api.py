@@ -1,0 +1,266 @@
+"""The HTTP API against real kernels, on the local backend and in real Docker containers."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import httpx
+import pytest
+
+from .helpers import execute
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_health(client: httpx.Client, backend_name: str) -> None:
+    body = client.get("/health").json()
+    assert body["status"] == "ok"
+    assert body["backend"] == backend_name
+    assert {"warm", "starting", "sessions", "max_sessions"} <= set(body["pool"])
+
+
+def test_state_persists_between_cells(client: httpx.Client, session_id: str) -> None:
+    first = execute(client, session_id, "x = 41")
+    assert first.done["status"] == "ok"
+    second = execute(client, session_id, "print(x + 1)")
+    assert second.stdout == "42\n"
+    assert second.names == ["stdout", "done"]
+    assert second.done["execution_count"] == first.done["execution_count"] + 1
+    assert second.done["restarted"] is False
+
+
+def test_result_event(client: httpx.Client, session_id: str) -> None:
+    stream = execute(client, session_id, "6 * 7")
+    (result,) = stream.named("result")
+    assert result["data"]["text/plain"] == "42"
+    assert result["execution_count"] == stream.done["execution_count"]
+
+
+def test_output_streams_live(client: httpx.Client, session_id: str) -> None:
+    code = "import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second')"
+    stream = execute(client, session_id, code)
+    first_at = next(t for n, d, t in stream.events if n == "stdout" and "first" in d["text"])
+    done_at = stream.events[-1][2]
+    assert done_at - first_at > 1.0
+    assert stream.stdout == "first\nsecond\n"
+
+
+def test_stderr(client: httpx.Client, session_id: str) -> None:
+    stream = execute(client, session_id, "import sys; sys.stderr.write('oops\\n')")
+    assert stream.named("stderr") == [{"text": "oops\n"}]
+
+
+def test_error_event(client: httpx.Client, session_id: str) -> None:
+    stream = execute(client, session_id, "1/0")
+    (error,) = stream.named("error")
+    assert error["ename"] == "ZeroDivisionError"
+    assert error["traceback"]
+    assert stream.done["status"] == "error"
+    assert stream.names[-1] == "done"
+
+
+def test_chart_arrives_as_png(client: httpx.Client, session_id: str) -> None:
+    code = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"
+    stream = execute(client, session_id, code)
+    assert stream.done["status"] == "ok"
+    (display,) = stream.named("display")
+    assert display["update"] is False
+    assert base64.b64decode(display["data"]["image/png"]).startswith(PNG_MAGIC)
+
+
+def test_display_update_and_clear(client: httpx.Client, session_id: str) -> None:
+    code = (
+        "from IPython.display import display, update_display, clear_output\n"
+        "display('a', display_id='d1')\n"
+        "update_display('b', display_id='d1')\n"
+        "clear_output(wait=True)\n"
+    )
+    stream = execute(client, session_id, code)
+    first, second = stream.named("display")
+    assert (first["display_id"], first["update"]) == ("d1", False)
+    assert (second["display_id"], second["update"]) == ("d1", True)
+    assert second["data"]["text/plain"] == "'b'"
+    assert stream.named("clear") == [{"wait": True}]
+
+
+def test_timeout_interrupts_and_keeps_state(client: httpx.Client, session_id: str) -> None:
+    execute(client, session_id, "kept = 'still here'")
+    started = time.monotonic()
+    stream = execute(client, session_id, "while True: pass", timeout=2)
+    assert time.monotonic() - started < 5
+    assert stream.done["status"] == "timeout"
+    assert stream.done["restarted"] is False
+    after = execute(client, session_id, "print(kept)")
+    assert after.stdout == "still here\n"
+
+
+def test_uninterruptible_code_is_restarted_on_timeout(
+    client: httpx.Client, session_id: str
+) -> None:
+    code = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
+    started = time.monotonic()
+    stream = execute(client, session_id, code, timeout=1)
+    assert time.monotonic() - started < 1 + 3
+    assert stream.done["status"] == "timeout"
+    assert stream.done["restarted"] is True
+    assert stream.named("error")[-1]["ename"] == "TimeoutError"
+    assert execute(client, session_id, "print('alive')").stdout == "alive\n"
+
+
+def test_kernel_death_is_reported_and_recovered(client: httpx.Client, session_id: str) -> None:
+    execute(client, session_id, "lost = 1")
+    started = time.monotonic()
+    stream = execute(client, session_id, "import os; os._exit(1)")
+    assert time.monotonic() - started < 10
+    assert stream.done["status"] == "died"
+    assert stream.named("error")[0]["ename"] == "KernelDied"
+    after = execute(client, session_id, "print('lost' in globals())")
+    assert after.done["restarted"] is True
+    assert after.stdout == "False\n"
+    again = execute(client, session_id, "1")
+    assert again.done["restarted"] is False
+
+
+def test_segfault_is_a_death(client: httpx.Client, session_id: str) -> None:
+    stream = execute(client, session_id, "import ctypes; ctypes.string_at(0)")
+    assert stream.done["status"] == "died"
+    assert stream.done["reason"] in ("signal", "exited")
+
+
+def test_interrupt_endpoint(client: httpx.Client, session_id: str) -> None:
+    import threading
+
+    def interrupt_soon() -> None:
+        time.sleep(1.0)
+        client.post(f"/sessions/{session_id}/interrupt")
+
+    threading.Thread(target=interrupt_soon).start()
+    stream = execute(client, session_id, "import time; time.sleep(30)")
+    assert stream.done["status"] == "interrupted"
+    assert stream.named("error")[0]["ename"] == "KeyboardInterrupt"
+
+
+def test_restart_endpoint_clears_state(client: httpx.Client, session_id: str) -> None:
+    execute(client, session_id, "gone = 1")
+    response = client.post(f"/sessions/{session_id}/restart")
+    assert response.status_code == 200
+    assert response.json()["status"] == "idle"
+    stream = execute(client, session_id, "print('gone' in globals())")
+    assert stream.stdout == "False\n"
+
+
+def test_executions_run_in_order_and_stay_separate(
+    gateway: object, client: httpx.Client, session_id: str
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(i: int) -> str:
+        return execute(client, session_id, f"import time; time.sleep(0.05); print({i})").stdout
+
+    with ThreadPoolExecutor(4) as pool:
+        outputs = list(pool.map(run, range(8)))
+    assert outputs == [f"{i}\n" for i in range(8)]
+
+
+def test_background_output_does_not_leak(client: httpx.Client, session_id: str) -> None:
+    code = (
+        "import threading, time\n"
+        "def noisy():\n"
+        "    for _ in range(30):\n"
+        "        print('background', flush=True); time.sleep(0.02)\n"
+        "threading.Thread(target=noisy, daemon=True).start()\n"
+    )
+    execute(client, session_id, code)
+    later = execute(client, session_id, "import time; time.sleep(0.3); print('mine')")
+    assert later.stdout == "mine\n"
+
+
+def test_output_is_capped(client: httpx.Client, session_id: str) -> None:
+    stream = execute(client, session_id, "for _ in range(3000): print('x' * 1000)")
+    assert stream.done["status"] == "ok"
+    assert stream.done["truncated"] is True
+    text = stream.stdout
+    assert "[output truncated" in text
+    assert len(text.encode()) < 1024 * 1024 + 200
+
+
+def test_json_mode(client: httpx.Client, session_id: str) -> None:
+    response = client.post(
+        f"/sessions/{session_id}/execute",
+        json={"code": "print('hi'); 1/0"},
+        headers={"Accept": "application/json"},
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "error"
+    assert body["stdout"] == "hi\n"
+    assert body["error"]["ename"] == "ZeroDivisionError"
+    assert [e["event"] for e in body["events"]][-1] == "done"
+
+
+def test_session_crud(client: httpx.Client) -> None:
+    created = client.post("/sessions")
+    assert created.status_code == 201
+    sid = created.json()["id"]
+    assert created.headers["location"] == f"/sessions/{sid}"
+    assert client.get(f"/sessions/{sid}").json()["status"] == "idle"
+    assert sid in [s["id"] for s in client.get("/sessions").json()["sessions"]]
+    assert client.delete(f"/sessions/{sid}").status_code == 204
+    assert client.get(f"/sessions/{sid}").status_code == 404
+    assert client.delete(f"/sessions/{sid}").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/sessions/nope"),
+        ("DELETE", "/sessions/nope"),
+        ("POST", "/sessions/nope/execute"),
+        ("POST", "/sessions/nope/interrupt"),
+        ("POST", "/sessions/nope/restart"),
+        ("GET", "/sessions/..%2F..%2Fetc"),
+    ],
+)
+def test_unknown_session_is_404(client: httpx.Client, method: str, path: str) -> None:
+    response = client.request(method, path, json={"code": "1"})
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] in ("session_not_found", "not_found")
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"not json", 400),
+        (b"{", 400),
+        (b"", 400),
+        (b"[1, 2]", 422),
+        (b'{"timeout": 1}', 422),
+        (b'{"code": 5}', 422),
+        (b'{"code": "1", "timeout": -1}', 422),
+        (b'{"code": "1", "timeout": "soon"}', 422),
+        (b'{"code": "1", "timeout": true}', 422),
+        (b'{"code": "1", "timeout": 1e9}', 422),
+        (b'{"code": "1", "extra": 1}', 422),
+    ],
+)
+def test_malformed_execute(client: httpx.Client, session_id: str, body: bytes, status: int) -> None:
+    response = client.post(f"/sessions/{session_id}/execute", content=body)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["type"] in ("bad_request", "invalid_request")
+    assert error["message"]
+
+
+def test_oversized_body_is_413(client: httpx.Client, session_id: str) -> None:
+    code = "x = '" + "a" * (3 * 1024 * 1024) + "'"
+    response = client.post(f"/sessions/{session_id}/execute", json={"code": code})
+    assert response.status_code == 413
+    assert response.json()["error"]["type"] == "payload_too_large"
+
+
+def test_unknown_route_and_method(client: httpx.Client) -> None:
+    assert client.get("/nowhere").json()["error"]["type"] == "not_found"
+    response = client.put("/sessions")
+    assert response.status_code == 405
+    assert response.json()["error"]["type"] == "method_not_allowed"
