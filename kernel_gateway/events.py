@@ -1,7 +1,8 @@
 """Jupyter IOPub messages -> the events clients see. Pure functions, no I/O.
 
     stream (stdout/stderr)      -> stdout / stderr   {"text"}
-    display_data                -> display           {"data", "metadata", "display_id", "update": false}
+    display_data                -> display           {"data", "metadata", "display_id",
+                                                      "update": false}
     update_display_data         -> display           {... "update": true}
     execute_result              -> result            {"data", "metadata", "execution_count"}
     clear_output                -> clear             {"wait"}
@@ -63,7 +64,9 @@ def translate(msg: Message) -> Event | None:
 
 
 def is_idle(msg: Message) -> bool:
-    return msg["header"]["msg_type"] == "status" and msg["content"].get("execution_state") == "idle"
+    return bool(
+        msg["header"]["msg_type"] == "status" and msg["content"].get("execution_state") == "idle"
+    )
 
 
 def error_event(ename: str, evalue: str) -> Event:

@@ -59,7 +59,9 @@ class Execution:
         if not self._finished:
             self._events.put_nowait(event)
 
-    def finish(self, status: DoneStatus, duration_ms: float, restarted: bool, **extra: object) -> None:
+    def finish(
+        self, status: DoneStatus, duration_ms: float, restarted: bool, **extra: object
+    ) -> None:
         """Emit the one and only `done` event; later calls are ignored."""
         if self._finished:
             return

@@ -101,7 +101,10 @@ class Kernel:
     # -- sending -----------------------------------------------------------------------------
 
     async def _send(
-        self, sock: zmq.asyncio.Socket, msg_type: str, content: dict[str, Any],
+        self,
+        sock: zmq.asyncio.Socket,
+        msg_type: str,
+        content: dict[str, Any],
         listener: Listener | None = None,
     ) -> tuple[str, asyncio.Future[Message]]:
         msg = self._session.msg(msg_type, content)
@@ -136,26 +139,27 @@ class Kernel:
         if future is not None and not future.done():
             future.cancel()
 
-    async def wait_ready(self, timeout: float) -> None:
+    async def wait_ready(self, seconds: float) -> None:
         """Wait until the kernel answers on shell and its IOPub output reaches us.
 
         A SUB socket misses what is published before its subscription lands, so
         readiness needs an IOPub message for our own kernel_info_request too.
         """
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + seconds
         while True:
             if self.exited.done():
-                raise KernelUnavailable(f"kernel died while starting: {self.exited.result().describe()}")
+                exit_info = self.exited.result().describe()
+                raise KernelUnavailable(f"kernel died while starting: {exit_info}")
             seen = asyncio.Event()
-            msg_id, reply = await self._send(
-                self._shell, "kernel_info_request", {}, lambda _msg: seen.set()
-            )
+            msg_id, reply = await self._send(self._shell, "kernel_info_request", {}, _setter(seen))
             try:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise KernelUnavailable(f"kernel did not become ready within {timeout:g} s")
+                    raise KernelUnavailable(f"kernel did not become ready within {seconds:g} s")
+                waiting: set[asyncio.Future[Any]] = {reply, self.exited}
                 done, _ = await asyncio.wait(
-                    {reply, self.exited}, timeout=min(remaining, 1.0),
+                    waiting,
+                    timeout=min(remaining, 1.0),
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 if reply in done:
@@ -185,3 +189,7 @@ class Kernel:
         self._listeners.clear()
         # cleanup() guarantees the process has ended, so `exited` resolves on its own.
         await self.process.cleanup()
+
+
+def _setter(event: asyncio.Event) -> Listener:
+    return lambda _msg: event.set()

@@ -10,8 +10,11 @@ it and its output is published under that cell's parent; the gateway routes by
 parent, so the output reaches the right execution, or nobody once it is done.
 """
 
+from __future__ import annotations
+
 import sys
 import threading
+from typing import Any
 
 
 def _install_thread_output_routing() -> None:
@@ -21,26 +24,26 @@ def _install_thread_output_routing() -> None:
     original_write = OutStream.write
     original_start = threading.Thread.start
 
-    def current_parent():
-        origin = getattr(local, "origin", None)
+    def current_parent() -> dict[str, Any] | None:
+        origin: dict[str, Any] | None = getattr(local, "origin", None)
         if origin is not None:
             return origin
         header = getattr(sys.stdout, "parent_header", None)
         return dict(header) if isinstance(header, dict) else None
 
-    def start(self, *args, **kwargs):
+    def start(self: threading.Thread, *args: Any, **kwargs: Any) -> None:
         origin = current_parent()
         if origin is not None:
             run = self.run
 
-            def run_with_origin():
+            def run_with_origin() -> None:
                 local.origin = origin
                 run()
 
-            self.run = run_with_origin
-        return original_start(self, *args, **kwargs)
+            self.run = run_with_origin  # type: ignore[method-assign]
+        original_start(self, *args, **kwargs)
 
-    def write(self, string):
+    def write(self: Any, string: str) -> int | None:
         origin = getattr(local, "origin", None)
         if origin is None or self.pub_thread is None or not isinstance(string, str):
             return original_write(self, string)
@@ -50,11 +53,11 @@ def _install_thread_output_routing() -> None:
             pub.schedule(lambda: session.send(pub, msg, ident=topic))
         return len(string)
 
-    threading.Thread.start = start
-    OutStream.write = write
+    threading.Thread.start = start  # type: ignore[method-assign]
+    OutStream.write = write  # type: ignore[method-assign]
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
     _install_thread_output_routing()
     from ipykernel.kernelapp import launch_new_instance
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from .backends.base import ExitInfo
 from .errors import KernelUnavailable, SessionBusy, SessionClosed
@@ -215,7 +216,8 @@ class Session:
                         self.touch()
         except Exception as exc:  # never leave a client without its `done`
             logger.exception("session %s: execution failed", self.id)
-            execution.emit(error_event("GatewayError", f"the gateway failed to run this cell: {exc}"))
+            message = f"the gateway failed to run this cell: {exc}"
+            execution.emit(error_event("GatewayError", message))
             execution.finish("died", (time.monotonic() - started) * 1000, False)
 
     async def _execute(self, execution: Execution) -> None:
@@ -239,10 +241,11 @@ class Session:
             started = time.monotonic()
 
         msg_id, reply = await kernel.execute(execution.code, execution.on_message)
-        idle = asyncio.ensure_future(execution.idle.wait())
+        idle: asyncio.Future[Any] = asyncio.ensure_future(execution.idle.wait())
         try:
+            waiting: set[asyncio.Future[Any]] = {idle, kernel.exited}
             done, _ = await asyncio.wait(
-                {idle, kernel.exited}, timeout=execution.timeout, return_when=asyncio.FIRST_COMPLETED
+                waiting, timeout=execution.timeout, return_when=asyncio.FIRST_COMPLETED
             )
             if idle in done:
                 status = await self._finished_status(execution, reply)
@@ -280,13 +283,14 @@ class Session:
         self,
         execution: Execution,
         kernel: Kernel,
-        idle: asyncio.Future[object],
+        idle: asyncio.Future[Any],
         elapsed_ms: Callable[[], float],
         restarted: bool,
     ) -> None:
         await kernel.interrupt()
+        waiting: set[asyncio.Future[Any]] = {idle, kernel.exited}
         done, _ = await asyncio.wait(
-            {idle, kernel.exited},
+            waiting,
             timeout=self._settings.interrupt_grace,
             return_when=asyncio.FIRST_COMPLETED,
         )
@@ -316,12 +320,11 @@ class Session:
             execution.finish("interrupted", elapsed_ms(), True)
             return
         if execution.restarting:
-            execution.emit(error_event("KernelRestarted", "the session was restarted during this cell"))
+            message = "the session was restarted during this cell"
+            execution.emit(error_event("KernelRestarted", message))
             execution.finish("interrupted", elapsed_ms(), True)
             return
-        execution.emit(
-            error_event("KernelDied", f"{exit_info.describe()}; its state is lost")
-        )
+        execution.emit(error_event("KernelDied", f"{exit_info.describe()}; its state is lost"))
         execution.finish("died", elapsed_ms(), False, reason=exit_info.reason)
         self._restart_notice = True
         with contextlib.suppress(KernelUnavailable):

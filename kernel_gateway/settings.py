@@ -127,7 +127,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--pool-size", type=int, help="warm kernels kept ready (default 2)")
     add("--max-sessions", type=int, help="most sessions at once (default 32)")
     add("--token", help="require 'Authorization: Bearer TOKEN' on every route but /health")
-    add("--no-auth", action="store_const", const=True, help="allow a non-loopback host without a token")
+    add(
+        "--no-auth",
+        action="store_const",
+        const=True,
+        help="allow a non-loopback host without a token",
+    )
     add("--image", help=f"kernel image for the docker backend (default {DEFAULT_IMAGE})")
     add("--exec-timeout", type=float, help="default execution timeout, seconds (default 60)")
     add("--idle-timeout", type=float, help="idle session lifetime, seconds (default 1200)")

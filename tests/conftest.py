@@ -63,9 +63,7 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def gateway(
-    backend_name: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerThread]:
+def gateway(backend_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     """One real server per backend, shared by the API tests."""
     settings = settings_for(backend_name, tmp_path_factory.mktemp(f"rt-{backend_name}"))
     with ServerThread(settings) as server:

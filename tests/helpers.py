@@ -31,6 +31,7 @@ class ServerThread:
 
     def _run(self) -> None:
         self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
         try:
             self.loop.run_until_complete(self.server.serve())
         finally:

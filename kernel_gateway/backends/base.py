@@ -174,7 +174,11 @@ def ipc_connection(prefix: str) -> ConnectionInfo:
         key=secrets.token_hex(32),
         signature_scheme="hmac-sha256",
         kernel_name="python3",
-        **IPC_PORTS,  # type: ignore[typeddict-item]
+        shell_port=IPC_PORTS["shell_port"],
+        iopub_port=IPC_PORTS["iopub_port"],
+        stdin_port=IPC_PORTS["stdin_port"],
+        control_port=IPC_PORTS["control_port"],
+        hb_port=IPC_PORTS["hb_port"],
     )
 
 
@@ -194,8 +198,8 @@ def write_connection_file(path: Path, info: ConnectionInfo) -> None:
         json.dump(info, f)
 
 
-async def wait_for_exit(process: KernelProcess, timeout: float) -> ExitInfo | None:
+async def wait_for_exit(process: KernelProcess, seconds: float) -> ExitInfo | None:
     try:
-        return await asyncio.wait_for(asyncio.shield(process.wait()), timeout)
+        return await asyncio.wait_for(asyncio.shield(process.wait()), seconds)
     except TimeoutError:
         return None

@@ -64,7 +64,12 @@ def _exit_info(code: int, oom: bool) -> ExitInfo:
 
 class DockerKernel(KernelProcess):
     def __init__(
-        self, backend: DockerBackend, kernel_id: str, name: str, conn_dir: Path, info: ConnectionInfo
+        self,
+        backend: DockerBackend,
+        kernel_id: str,
+        name: str,
+        conn_dir: Path,
+        info: ConnectionInfo,
     ) -> None:
         self.id = kernel_id
         self.name = name
@@ -217,9 +222,12 @@ class DockerBackend(Backend):
                 os.chown(path, *self._owner)
         kernel = DockerKernel(self, kernel_id, name, conn_dir, info)
         self._kernels[name] = kernel  # before create: a death event may come at once
+        home_tmpfs = f"rw,nosuid,nodev,size=64m,mode=700,uid={self._uid},gid={self._uid}"
         host_config = self.client.api.create_host_config(
-            binds={str(conn_dir): {"bind": "/conn", "mode": "rw"},
-                   str(workspace): {"bind": "/workspace", "mode": "rw"}},
+            binds={
+                str(conn_dir): {"bind": "/conn", "mode": "rw"},
+                str(workspace): {"bind": "/workspace", "mode": "rw"},
+            },
             network_mode="none",
             cap_drop=["ALL"],
             security_opt=["no-new-privileges:true"],
@@ -227,7 +235,7 @@ class DockerBackend(Backend):
             read_only=True,
             tmpfs={
                 "/tmp": "rw,nosuid,nodev,size=512m,mode=1777",
-                "/home/sandbox": f"rw,nosuid,nodev,size=64m,mode=700,uid={self._uid},gid={self._uid}",
+                "/home/sandbox": home_tmpfs,
             },
             mem_limit=s.memory_limit,
             memswap_limit=s.memory_limit,
@@ -301,6 +309,6 @@ class DockerBackend(Backend):
 
 def ipc_connection_inside(info: ConnectionInfo) -> ConnectionInfo:
     """The same connection as the kernel sees it: the folder is mounted at /conn."""
-    inside = dict(info)
+    inside = info.copy()
     inside["ip"] = "/conn/" + Path(info["ip"]).name
-    return inside  # type: ignore[return-value]
+    return inside

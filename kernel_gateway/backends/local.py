@@ -118,7 +118,7 @@ class LocalBackend(Backend):
         home = conn_dir / "home"
         home.mkdir()
         env = dict(self._env, HOME=str(home), IPYTHONDIR=str(home / ".ipython"))
-        log = open(conn_dir / "kernel.log", "wb")  # noqa: SIM115 - the child owns it
+        log = (conn_dir / "kernel.log").open("wb")  # the child inherits it
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,

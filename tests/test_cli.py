@@ -1,0 +1,181 @@
+"""The `kernel-gateway` command as a user runs it: a real process, real containers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import docker
+import httpx
+
+from .conftest import IMAGE, require_docker
+
+LABEL_INSTANCE = "io.kernel-gateway.instance"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def serve(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernel_gateway",
+        "serve",
+        "--port",
+        str(port),
+        "--runtime-dir",
+        str(tmp_path / "rt"),
+        "--image",
+        IMAGE,
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.1)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def containers_of(instance: str) -> list[str]:
+    client = docker.from_env()
+    try:
+        return [
+            c.name
+            for c in client.containers.list(
+                all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}
+            )
+        ]
+    finally:
+        client.close()
+
+
+def test_module_and_console_script_both_work() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "kernel_gateway", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "serve" in out and "build-image" in out
+    script = Path(sys.executable).parent / "kernel-gateway"
+    out = subprocess.run(
+        [str(script), "serve", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for flag in (
+        "--host",
+        "--port",
+        "--backend",
+        "--pool-size",
+        "--max-sessions",
+        "--token",
+        "--no-auth",
+        "--image",
+        "--exec-timeout",
+        "--idle-timeout",
+    ):
+        assert flag in out
+
+
+def test_refuses_a_network_address_without_a_token(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernel_gateway",
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--runtime-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "refusing to listen on 0.0.0.0 without a token" in result.stderr
+
+
+def test_auto_falls_back_to_local_and_warns(tmp_path: Path) -> None:
+    env = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock", "KG_POOL_SIZE": "0"}
+    with serve(tmp_path, env=env) as (proc, url):
+        assert httpx.get(url + "/health").json()["backend"] == "local"
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=30)[0]
+    assert "falling back to local" in output
+    assert "WARNING: the local backend runs code as YOUR USER ON THIS HOST" in output
+
+
+def test_shutdown_removes_every_container(tmp_path: Path) -> None:
+    require_docker()
+    with serve(tmp_path, "--backend", "docker", "--pool-size", "2") as (proc, url):
+        health = httpx.get(url + "/health").json()
+        assert health["backend"] == "docker"
+        instance = health["instance"]
+        sid = httpx.post(url + "/sessions", timeout=60).json()["id"]
+        body = httpx.post(
+            url + f"/sessions/{sid}/execute",
+            json={"code": "print('in box')"},
+            headers={"Accept": "application/json"},
+            timeout=60,
+        ).json()
+        assert body["stdout"] == "in box\n"
+        assert len(containers_of(instance)) >= 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+    assert containers_of(instance) == []
+
+
+def test_startup_reclaims_orphans_of_a_crashed_gateway(tmp_path: Path) -> None:
+    require_docker()
+    with serve(tmp_path, "--backend", "docker", "--pool-size", "1") as (proc, url):
+        instance = httpx.get(url + "/health").json()["instance"]
+        deadline = time.monotonic() + 30
+        while not containers_of(instance) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.kill()  # no cleanup: its containers are now orphans
+        proc.wait()
+    assert containers_of(instance), "the crashed gateway should have left a container behind"
+    with serve(tmp_path, "--backend", "docker", "--pool-size", "0") as (_, url):
+        assert httpx.get(url + "/health").json()["instance"] != instance
+        assert containers_of(instance) == []
