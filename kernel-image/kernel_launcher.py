@@ -16,7 +16,7 @@ import sys
 
 
 def _seed_font_cache() -> None:
-    source = os.environ.get("KG_FONT_CACHE")
+    source = os.environ.get("MPL_FONT_CACHE_SEED")
     target = os.environ.get("MPLCONFIGDIR")
     if not source or not target or not os.path.isdir(source):
         return

@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -166,10 +167,9 @@ class DockerBackend(Backend):
                 f"kernel image {self._settings.image} not found; run `kernel-gateway build-image`"
             ) from exc
         await self.reclaim_orphans()
+        # Open the stream before any launch, so no death can be missed.
         self._events = await self.call(
-            self.client.events,
-            decode=True,
-            filters={"type": "container", "label": f"{LABEL_INSTANCE}={self._runtime.instance}"},
+            self.client.events, decode=True, filters=self._event_filters()
         )
         self._watcher = threading.Thread(target=self._watch, name="docker-events", daemon=True)
         self._watcher.start()
@@ -288,23 +288,45 @@ class DockerBackend(Backend):
                     raise
 
     def _watch(self) -> None:
-        """Turn the engine's die/oom events into calls on the event loop."""
+        """Turn the engine's die/oom events into calls on the event loop.
+
+        If the stream breaks (engine restart, socket error) it is reopened with
+        `since` set to the last event seen, so the engine replays what was missed.
+        """
         assert self._loop is not None
-        try:
-            for event in self._events:
-                action = event.get("Action") or event.get("status")
-                attrs = event.get("Actor", {}).get("Attributes", {})
-                kernel = self._kernels.get(attrs.get("name", ""))
-                if kernel is None:
-                    continue
-                if action == "oom":
-                    self._loop.call_soon_threadsafe(kernel._on_oom)
-                elif action == "die":
-                    code = int(attrs.get("exitCode", -1))
-                    self._loop.call_soon_threadsafe(kernel._on_die, code)
-        except Exception:
+        since: int | None = None
+        while not self._closing:
+            try:
+                if self._events is None:
+                    self._events = self.client.events(
+                        decode=True, since=since, filters=self._event_filters()
+                    )
+                for event in self._events:
+                    since = event.get("time", since)
+                    self._dispatch(event)
+            except Exception as exc:
+                if self._closing:
+                    return
+                logger.warning("Docker events stream broke (%s); reopening", exc)
+            self._events = None
             if not self._closing:
-                logger.exception("the Docker events stream broke; kernel deaths go unseen")
+                time.sleep(1.0)
+
+    def _event_filters(self) -> dict[str, Any]:
+        return {"type": "container", "label": f"{LABEL_INSTANCE}={self._runtime.instance}"}
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        assert self._loop is not None
+        action = event.get("Action") or event.get("status")
+        attrs = event.get("Actor", {}).get("Attributes", {})
+        kernel = self._kernels.get(attrs.get("name", ""))
+        if kernel is None:
+            return
+        if action == "oom":
+            self._loop.call_soon_threadsafe(kernel._on_oom)
+        elif action == "die":
+            code = int(attrs.get("exitCode", -1))
+            self._loop.call_soon_threadsafe(kernel._on_die, code)
 
 
 def ipc_connection_inside(info: ConnectionInfo) -> ConnectionInfo:

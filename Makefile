@@ -1,0 +1,42 @@
+# The two commands a newcomer needs:
+#   make serve   set up, build the kernel image if Docker answers, and start the gateway
+#   make test    set up, build the kernel image if Docker answers, lint, type-check, run tests
+# Both create ./.venv on first use; nothing is installed outside it.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+ARGS   ?=
+
+.PHONY: serve test lint image setup clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+# Builds (or refreshes from cache, ~1 s) the kernel image when a Docker engine answers.
+image: setup
+	@if docker info >/dev/null 2>&1; then \
+		$(BIN)/kernel-gateway build-image; \
+	else \
+		echo "no Docker engine answers: skipping the kernel image (the local backend will be used)"; \
+	fi
+
+serve: setup
+	-@$(MAKE) --no-print-directory image
+	$(BIN)/kernel-gateway serve $(ARGS)
+
+lint: setup
+	$(BIN)/ruff check kernel_gateway tests
+	$(BIN)/ruff format --check kernel_gateway tests
+	$(BIN)/mypy
+
+test: image lint
+	$(BIN)/python -m pytest $(ARGS)
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache test-output

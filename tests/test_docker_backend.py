@@ -1,0 +1,113 @@
+"""The docker backend against the real engine: hardening, deaths from outside, OOM."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import docker
+import httpx
+import pytest
+
+from .conftest import require_docker, settings_for
+from .helpers import ServerThread, execute
+
+LABEL_INSTANCE = "io.kernel-gateway.instance"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    require_docker()
+    settings = settings_for(
+        "docker", tmp_path_factory.mktemp("dk"), pool_size=0, memory_limit="256m", token="tok"
+    )
+    with ServerThread(settings) as s:
+        yield s
+
+
+@pytest.fixture
+def client(server: ServerThread) -> Iterator[httpx.Client]:
+    headers = {"Authorization": "Bearer tok"}
+    with httpx.Client(base_url=server.url, timeout=60, headers=headers) as c:
+        yield c
+
+
+@pytest.fixture
+def sid(client: httpx.Client) -> Iterator[str]:
+    session_id: str = client.post("/sessions").json()["id"]
+    yield session_id
+    client.delete(f"/sessions/{session_id}")
+
+
+@pytest.fixture
+def engine() -> Iterator[docker.DockerClient]:
+    client = docker.from_env()
+    yield client
+    client.close()
+
+
+def session_container(
+    client: httpx.Client, engine: docker.DockerClient, sid: str
+) -> docker.models.containers.Container:
+    """The running container of a session (the pool is empty, so there is only one)."""
+    instance = client.get("/health").json()["instance"]
+    running = engine.containers.list(filters={"label": f"{LABEL_INSTANCE}={instance}"})
+    assert len(running) == 1, [c.name for c in running]
+    return running[0]
+
+
+def test_container_is_hardened(client: httpx.Client, engine: docker.DockerClient, sid: str) -> None:
+    container = session_container(client, engine, sid)
+    host = container.attrs["HostConfig"]
+    assert host["NetworkMode"] == "none"
+    assert host["CapDrop"] == ["ALL"]
+    assert "no-new-privileges:true" in host["SecurityOpt"]
+    assert host["ReadonlyRootfs"] is True
+    assert host["Init"] is True
+    assert host["Memory"] == 256 * 1024 * 1024
+    assert host["MemorySwap"] == host["Memory"]  # no swap
+    assert host["NanoCpus"] > 0 and host["PidsLimit"] > 0
+    assert not any("docker.sock" in b for b in host.get("Binds") or [])
+    assert container.attrs["Config"]["User"] != "0:0"
+
+    code = (
+        "import os, socket\n"
+        "print(os.getuid() != 0)\n"
+        "print(any(k.startswith('KG_') for k in os.environ))\n"
+        "try:\n"
+        "    socket.create_connection(('1.1.1.1', 53), timeout=2); print('net')\n"
+        "except OSError:\n"
+        "    print('no net')\n"
+        "try:\n"
+        "    open('/usr/evil', 'w'); print('wrote')\n"
+        "except OSError:\n"
+        "    print('read-only')\n"
+        "print(os.getcwd())\n"
+    )
+    stream = execute(client, sid, code)
+    assert stream.stdout == "True\nFalse\nno net\nread-only\n/workspace\n"
+
+
+def test_container_killed_from_outside(
+    client: httpx.Client, engine: docker.DockerClient, sid: str
+) -> None:
+    execute(client, sid, "state = 1")
+    container = session_container(client, engine, sid)
+    threading.Timer(1.0, container.kill).start()
+    started = time.monotonic()
+    stream = execute(client, sid, "import time; time.sleep(60)")
+    assert time.monotonic() - started < 10
+    assert stream.done["status"] == "died"
+    assert stream.done["reason"] == "killed"
+    after = execute(client, sid, "print('state' in globals())")
+    assert after.stdout == "False\n"
+    assert after.done["restarted"] is True
+
+
+def test_out_of_memory_is_a_death_with_its_reason(client: httpx.Client, sid: str) -> None:
+    stream = execute(client, sid, "x = bytearray(1024 ** 3)")
+    assert stream.done["status"] == "died"
+    assert stream.done["reason"] == "out_of_memory"
+    assert "out of memory" in stream.named("error")[0]["evalue"]
+    assert execute(client, sid, "print('back')").stdout == "back\n"
