@@ -12,6 +12,8 @@ parent, so the output reaches the right execution, or nobody once it is done.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import threading
 from typing import Any
@@ -57,11 +59,31 @@ def _install_thread_output_routing() -> None:
     OutStream.write = write  # type: ignore[method-assign]
 
 
+def _config(connection_file: str) -> Any:
+    """Kernel configuration from `startup.json`, written by the gateway beside the connection."""
+    from traitlets.config import Config
+
+    config = Config()
+    path = os.path.join(os.path.dirname(connection_file), "startup.json")
+    try:
+        with open(path) as f:
+            settings = json.load(f)
+    except (OSError, ValueError):
+        return config
+    formats = settings.get("figure_formats")
+    if formats:
+        config.InlineBackend.figure_formats = set(formats)
+    dpi = settings.get("figure_dpi")
+    if dpi:
+        config.InlineBackend.print_figure_kwargs = {"bbox_inches": "tight", "dpi": dpi}
+    return config
+
+
 def main(argv: list[str]) -> None:
     _install_thread_output_routing()
     from ipykernel.kernelapp import launch_new_instance
 
-    launch_new_instance(argv=argv)
+    launch_new_instance(argv=argv, config=_config(argv[argv.index("-f") + 1]))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from .kernel import Kernel
 from .session import Session
 from .settings import Settings
 from .types import JSON
+from .workspace import Workspace
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,8 @@ class Pool:
             warm = await self.acquire()
         finally:
             self._reserved -= 1
-        session = Session(uuid.uuid4().hex, warm.kernel, warm.workspace, self.launch, self.settings)
+        workspace = Workspace(warm.workspace, self.backend.workspace_owner)
+        session = Session(uuid.uuid4().hex, warm.kernel, workspace, self.launch, self.settings)
         self._sessions[session.id] = session
         return session
 

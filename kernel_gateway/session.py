@@ -13,21 +13,32 @@ the next execution its state was lost (`restarted: true`).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from .backends.base import ExitInfo
-from .errors import KernelUnavailable, SessionBusy, SessionClosed
+from .errors import GatewayError, KernelUnavailable, SessionBusy, SessionClosed
 from .events import OutputLimiter, error_event
 from .execution import Execution
 from .kernel import Kernel
 from .settings import Settings
-from .types import JSON, DoneStatus
+from .types import JSON, DoneStatus, Event
+from .workspace import (
+    INLINE_IMAGE_TYPES,
+    Snapshot,
+    Workspace,
+    changed_files,
+    file_url,
+    guess_mime,
+    split_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +54,18 @@ def _exit_of(kernel: Kernel) -> ExitInfo:
 
 class Session:
     def __init__(
-        self, session_id: str, kernel: Kernel, workspace: Path, launch: Launcher, settings: Settings
+        self,
+        session_id: str,
+        kernel: Kernel,
+        workspace: Workspace,
+        launch: Launcher,
+        settings: Settings,
     ) -> None:
         self.id = session_id
         self.kernel: Kernel | None = kernel
-        self.workspace = workspace
+        self.files = workspace
+        self.workspace = workspace.root
+        self._baseline: Snapshot = {}
         self._launch = launch
         self._settings = settings
         self._lock = asyncio.Lock()
@@ -205,27 +223,37 @@ class Session:
                 if self.closed:
                     execution.emit(error_event("SessionClosed", f"session {self.id} was deleted"))
                     execution.finish("interrupted", 0.0, False)
-                elif execution.interrupted:
+                    return
+                if execution.interrupted:
                     execution.finish("interrupted", 0.0, False)
-                else:
-                    self.current = execution
-                    try:
-                        await self._execute(execution)
-                    finally:
-                        self.current = None
-                        self.touch()
+                    return
+                self.current = execution
+                try:
+                    outcome = await self._execute(execution)
+                    await self._report_files(execution)
+                    execution.finish(
+                        outcome.status, outcome.duration_ms, outcome.restarted, **outcome.extra
+                    )
+                finally:
+                    self.current = None
+                    self.touch()
+                if outcome.replace_kernel:
+                    with contextlib.suppress(KernelUnavailable):
+                        await self._replace_kernel()
         except Exception as exc:  # never leave a client without its `done`
             logger.exception("session %s: execution failed", self.id)
             message = f"the gateway failed to run this cell: {exc}"
             execution.emit(error_event("GatewayError", message))
             execution.finish("died", (time.monotonic() - started) * 1000, False)
 
-    async def _execute(self, execution: Execution) -> None:
+    async def _execute(self, execution: Execution) -> Outcome:
         restarted, self._restart_notice = self._restart_notice, False
         started = time.monotonic()
 
-        def elapsed_ms() -> float:
-            return (time.monotonic() - started) * 1000
+        def outcome(status: DoneStatus, restarted: bool, **extra: Any) -> Outcome:
+            replace = bool(extra.pop("replace_kernel", False))
+            elapsed = (time.monotonic() - started) * 1000
+            return Outcome(status, elapsed, restarted, extra, replace)
 
         kernel = self.kernel
         if kernel is None or kernel.exited.done():
@@ -233,8 +261,7 @@ class Session:
                 await self._replace_kernel()
             except KernelUnavailable as exc:
                 execution.emit(error_event("KernelUnavailable", exc.message))
-                execution.finish("died", elapsed_ms(), True, reason="start_failed")
-                return
+                return outcome("died", True, reason="start_failed")
             restarted = True
             kernel = self.kernel
             assert kernel is not None
@@ -244,21 +271,53 @@ class Session:
         idle: asyncio.Future[Any] = asyncio.ensure_future(execution.idle.wait())
         try:
             waiting: set[asyncio.Future[Any]] = {idle, kernel.exited}
-            done, _ = await asyncio.wait(
+            await asyncio.wait(
                 waiting, timeout=execution.timeout, return_when=asyncio.FIRST_COMPLETED
             )
-            if idle in done:
+            if idle.done():
                 status = await self._finished_status(execution, reply)
                 self._count(execution)
-                execution.finish(status, elapsed_ms(), restarted)
-                return
+                return outcome(status, restarted)
             if not kernel.exited.done():
-                await self._on_timeout(execution, kernel, idle, elapsed_ms, restarted)
-                return
+                # Timed out: interrupt, and restart if the kernel does not stop in time.
+                await kernel.interrupt()
+                await asyncio.wait(
+                    waiting,
+                    timeout=self._settings.interrupt_grace,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                self._count(execution)
+                if idle.done():
+                    return outcome("timeout", restarted)
+                execution.emit(
+                    error_event(
+                        "TimeoutError",
+                        f"execution exceeded {execution.timeout:g} s and did not stop when "
+                        "interrupted; the kernel was restarted and its state is lost",
+                    )
+                )
+                await kernel.process.kill()
+                return outcome("timeout", True, replace_kernel=True)
         finally:
             idle.cancel()
             kernel.forget(msg_id)
-        await self._on_death(execution, kernel, elapsed_ms)
+        return self._on_death(execution, kernel, outcome)
+
+    def _on_death(
+        self, execution: Execution, kernel: Kernel, outcome: Callable[..., Outcome]
+    ) -> Outcome:
+        exit_info = _exit_of(kernel)
+        self._count(execution)
+        if self.closed:
+            execution.emit(error_event("SessionClosed", f"session {self.id} was deleted"))
+            return outcome("interrupted", True)
+        if execution.restarting:
+            message = "the session was restarted during this cell"
+            execution.emit(error_event("KernelRestarted", message))
+            return outcome("interrupted", True)
+        execution.emit(error_event("KernelDied", f"{exit_info.describe()}; its state is lost"))
+        self._restart_notice = True
+        return outcome("died", False, reason=exit_info.reason, replace_kernel=True)
 
     async def _finished_status(
         self, execution: Execution, reply: asyncio.Future[JSON]
@@ -279,53 +338,55 @@ class Session:
         if execution.execution_count is not None:
             self.execution_count = execution.execution_count
 
-    async def _on_timeout(
-        self,
-        execution: Execution,
-        kernel: Kernel,
-        idle: asyncio.Future[Any],
-        elapsed_ms: Callable[[], float],
-        restarted: bool,
-    ) -> None:
-        await kernel.interrupt()
-        waiting: set[asyncio.Future[Any]] = {idle, kernel.exited}
-        done, _ = await asyncio.wait(
-            waiting,
-            timeout=self._settings.interrupt_grace,
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-        self._count(execution)
-        if idle in done:
-            execution.finish("timeout", elapsed_ms(), restarted)
-            return
-        execution.emit(
-            error_event(
-                "TimeoutError",
-                f"execution exceeded {execution.timeout:g} s and did not stop when interrupted; "
-                "the kernel was restarted and its state is lost",
-            )
-        )
-        await kernel.process.kill()
-        execution.finish("timeout", elapsed_ms(), True)
-        with contextlib.suppress(KernelUnavailable):
-            await self._replace_kernel()
-
-    async def _on_death(
-        self, execution: Execution, kernel: Kernel, elapsed_ms: Callable[[], float]
-    ) -> None:
-        exit_info = _exit_of(kernel)
-        self._count(execution)
+    async def _report_files(self, execution: Execution) -> None:
+        """Emit a `file` event for each file the cell created or changed."""
         if self.closed:
-            execution.emit(error_event("SessionClosed", f"session {self.id} was deleted"))
-            execution.finish("interrupted", elapsed_ms(), True)
             return
-        if execution.restarting:
-            message = "the session was restarted during this cell"
-            execution.emit(error_event("KernelRestarted", message))
-            execution.finish("interrupted", elapsed_ms(), True)
-            return
-        execution.emit(error_event("KernelDied", f"{exit_info.describe()}; its state is lost"))
-        execution.finish("died", elapsed_ms(), False, reason=exit_info.reason)
-        self._restart_notice = True
-        with contextlib.suppress(KernelUnavailable):
-            await self._replace_kernel()
+        s = self._settings
+        after, _ = await asyncio.to_thread(self.files.scan)
+        changed = changed_files(self._baseline, after)
+        self._baseline = after
+        for path in changed[: s.max_file_events]:
+            size = after[path][0]
+            data: JSON = {
+                "path": path,
+                "size": size,
+                "mime": guess_mime(path),
+                "url": file_url(self.id, path),
+            }
+            if data["mime"] in INLINE_IMAGE_TYPES and size <= s.max_inline_file_bytes:
+                content = await asyncio.to_thread(self._read_quietly, path)
+                if content is not None:
+                    data["data"] = base64.b64encode(content).decode()
+            execution.emit(Event("file", data))
+        if len(changed) > s.max_file_events:
+            execution.emit(
+                Event(
+                    "stderr",
+                    {
+                        "text": f"[{len(changed) - s.max_file_events} more changed "
+                        "files not reported; see GET /files]\n"
+                    },
+                )
+            )
+
+    def _read_quietly(self, path: str) -> bytes | None:
+        try:
+            return self.files.read_bytes(path, self._settings.max_inline_file_bytes)
+        except GatewayError:
+            return None  # replaced by a symlink or removed since the scan
+
+    def note_upload(self, path: str) -> None:
+        """An upload is not something the code produced: keep it out of `file` events."""
+        state = self.files.state_of(path)
+        if state is not None:
+            self._baseline["/".join(split_path(path))] = state
+
+
+@dataclass
+class Outcome:
+    status: DoneStatus
+    duration_ms: float
+    restarted: bool
+    extra: dict[str, Any]
+    replace_kernel: bool = False

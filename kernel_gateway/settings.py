@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 BackendName = Literal["auto", "docker", "local"]
 DEFAULT_IMAGE = "kernel-gateway-kernel:latest"
+FIGURE_FORMATS = frozenset({"png", "retina", "jpeg", "svg", "pdf"})
 
 
 def _default_runtime_dir() -> Path:
@@ -43,6 +44,11 @@ class Settings:
     max_output_bytes: int = 1024 * 1024
     max_display_bytes: int = 16 * 1024 * 1024
     max_body_bytes: int = 2 * 1024 * 1024
+    max_upload_bytes: int = 100 * 1024 * 1024
+    max_inline_file_bytes: int = 5 * 1024 * 1024
+    max_file_events: int = 100
+    figure_formats: str = "png"
+    figure_dpi: int = 100
     memory_limit: str = "1g"
     cpu_limit: float = 1.0
     pids_limit: int = 256
@@ -61,6 +67,18 @@ class Settings:
         for name in ("exec_timeout", "idle_timeout", "interrupt_grace", "kernel_start_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+        unknown = set(self.figure_format_list) - FIGURE_FORMATS
+        if unknown or not self.figure_format_list:
+            raise ValueError(
+                f"figure_formats must list some of {', '.join(sorted(FIGURE_FORMATS))} "
+                f"(got {self.figure_formats!r})"
+            )
+        if not 10 <= self.figure_dpi <= 600:
+            raise ValueError("figure_dpi must be between 10 and 600")
+
+    @property
+    def figure_format_list(self) -> list[str]:
+        return [f.strip() for f in self.figure_formats.split(",") if f.strip()]
 
     @property
     def auth_required(self) -> bool:
@@ -139,6 +157,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--memory-limit", help="memory per kernel container, docker syntax (default 1g)")
     add("--cpu-limit", type=float, help="CPUs per kernel container (default 1.0)")
     add("--pids-limit", type=int, help="processes per kernel container (default 256)")
+    add("--figure-formats", help="inline chart formats, e.g. png or png,svg (default png)")
+    add("--figure-dpi", type=int, help="inline chart resolution (default 100)")
+    add("--max-upload-bytes", type=int, help="largest file upload (default 100 MiB)")
     add("--runtime-dir", type=Path, help="where connection files and workspaces live")
     add("--log-level", choices=["debug", "info", "warning", "error"], help="(default info)")
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from ..settings import Settings
 from ..types import ConnectionInfo
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def isolation(self) -> str:
         """One line for the startup log: what separates kernel code from the host."""
+
+    @property
+    def workspace_owner(self) -> tuple[int, int] | None:
+        """uid/gid the kernel runs as, for files the gateway writes into a workspace."""
+        return None
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -185,10 +191,12 @@ def ipc_connection(prefix: str) -> ConnectionInfo:
 STARTUP_SOURCE = Path(__file__).resolve().parent.parent / "kernel_startup.py"
 
 
-def write_startup_file(conn_dir: Path) -> Path:
-    """Put the in-kernel startup code next to the connection file; the kernel runs it."""
+def write_startup_file(conn_dir: Path, settings: Settings) -> Path:
+    """Put the in-kernel startup code and its settings next to the connection file."""
     path = conn_dir / "startup.py"
     shutil.copyfile(STARTUP_SOURCE, path)
+    config = {"figure_formats": settings.figure_format_list, "figure_dpi": settings.figure_dpi}
+    (conn_dir / "startup.json").write_text(json.dumps(config))
     return path
 
 

@@ -143,6 +143,10 @@ class DockerBackend(Backend):
         )
 
     @property
+    def workspace_owner(self) -> tuple[int, int] | None:
+        return self._owner
+
+    @property
     def client(self) -> docker.DockerClient:
         assert self._client is not None, "DockerBackend.start() was not awaited"
         return self._client
@@ -216,9 +220,9 @@ class DockerBackend(Backend):
         name = f"kg-{self._runtime.instance}-{kernel_id}"
         info = ipc_connection(str(conn_dir / "k"))
         write_connection_file(conn_dir / "kernel.json", ipc_connection_inside(info))
-        write_startup_file(conn_dir)
+        write_startup_file(conn_dir, self._settings)
         if self._owner is not None:
-            for path in (conn_dir, conn_dir / "kernel.json", conn_dir / "startup.py", workspace):
+            for path in (conn_dir, *conn_dir.iterdir(), workspace):
                 os.chown(path, *self._owner)
         kernel = DockerKernel(self, kernel_id, name, conn_dir, info)
         self._kernels[name] = kernel  # before create: a death event may come at once

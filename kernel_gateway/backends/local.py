@@ -94,6 +94,7 @@ class LocalBackend(Backend):
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
             "MPLBACKEND": "module://matplotlib_inline.backend_inline",
             "MPLCONFIGDIR": str(runtime.root / "matplotlib"),
             "OPENBLAS_NUM_THREADS": "1",
@@ -122,7 +123,7 @@ class LocalBackend(Backend):
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
-                str(write_startup_file(conn_dir)),
+                str(write_startup_file(conn_dir, self._settings)),
                 "-f",
                 str(conn_file),
                 cwd=workspace,

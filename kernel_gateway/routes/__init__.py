@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from . import health, sessions
+from . import files, health, sessions
 
 routes = [
     Route("/health", health.health, methods=["GET"]),
@@ -15,4 +15,8 @@ routes = [
     Route("/sessions/{session_id}/execute", sessions.execute, methods=["POST"]),
     Route("/sessions/{session_id}/interrupt", sessions.interrupt, methods=["POST"]),
     Route("/sessions/{session_id}/restart", sessions.restart, methods=["POST"]),
+    Route("/sessions/{session_id}/files", files.list_files, methods=["GET"]),
+    Route("/sessions/{session_id}/files/{path:path}", files.download, methods=["GET"]),
+    Route("/sessions/{session_id}/files/{path:path}", files.upload, methods=["PUT"]),
+    Route("/sessions/{session_id}/files/{path:path}", files.delete, methods=["DELETE"]),
 ]
