@@ -14,7 +14,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .auth import BearerAuth
+from .auth import BearerAuth, LoopbackHostGuard
 from .backends.base import Backend, RuntimeDir
 from .backends.docker import BackendUnavailable, DockerBackend
 from .backends.local import LocalBackend
@@ -22,7 +22,7 @@ from .errors import GatewayError
 from .http import JSONResponse, error_response
 from .pool import Pool
 from .routes import routes
-from .settings import Settings
+from .settings import Settings, is_loopback
 
 logger = logging.getLogger("kernel_gateway")
 
@@ -90,7 +90,13 @@ def create_app(settings: Settings) -> Starlette:
 
     return Starlette(
         routes=routes,
-        middleware=[Middleware(BearerAuth, token=settings.token)],
+        middleware=[
+            Middleware(
+                LoopbackHostGuard,
+                enabled=settings.token is None and is_loopback(settings.host),
+            ),
+            Middleware(BearerAuth, token=settings.token),
+        ],
         exception_handlers={
             GatewayError: _gateway_error,
             HTTPException: _http_error,

@@ -13,10 +13,11 @@ import hmac
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import Unauthorized
+from .errors import BadRequest, Unauthorized
 from .http import error_response
 
 PUBLIC_PATHS = frozenset({"/health"})
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
 def _digest(token: str) -> bytes:
@@ -38,4 +39,30 @@ class BearerAuth:
             response = error_response(Unauthorized("missing or invalid bearer token"))
             await response(scope, receive, send)
             return
+        await self.app(scope, receive, send)
+
+
+class LoopbackHostGuard:
+    """Without a token, answer only requests addressed to a loopback name.
+
+    A web page can rebind its own domain to 127.0.0.1 and then call this API as
+    "same origin"; its requests still carry that domain in `Host`, so they are
+    refused here.
+    """
+
+    def __init__(self, app: ASGIApp, enabled: bool) -> None:
+        self.app = app
+        self.enabled = enabled
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.enabled and scope["type"] == "http":
+            host = Headers(scope=scope).get("host", "")
+            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+            if name.lower() not in LOOPBACK_NAMES and not name.startswith("127."):
+                message = (
+                    f"Host {host!r} is not a loopback name; a gateway without a token only "
+                    "answers localhost. Set --token to serve other names."
+                )
+                await error_response(BadRequest(message))(scope, receive, send)
+                return
         await self.app(scope, receive, send)

@@ -10,6 +10,7 @@
     │   ├── SessionBusy               409 session_busy        (too many queued executions)
     │   └── SessionClosed             409 session_closed      (deleted while the request waited)
     ├── PayloadTooLarge               413 payload_too_large
+    ├── UnsupportedMediaType          415 unsupported_media_type (JSON body without its type)
     ├── InvalidRequest                422 invalid_request     (well-formed JSON, wrong fields)
     ├── TooManySessions               429 too_many_sessions   (+ Retry-After)
     └── KernelUnavailable             503 kernel_unavailable  (+ Retry-After: no kernel could start)
@@ -74,6 +75,11 @@ class SessionClosed(Conflict):
 class PayloadTooLarge(GatewayError):
     status_code = 413
     error_type = "payload_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    status_code = 415
+    error_type = "unsupported_media_type"
 
 
 class InvalidRequest(GatewayError):

@@ -92,28 +92,56 @@ def done_event(
 
 
 class OutputLimiter:
-    """Caps the text and rich output of one execution.
+    """Caps everything one execution may send, so no cell can exhaust gateway memory.
 
-    Stream text past `max_output_bytes` is cut at the limit and a visible marker
-    is appended once; a display or result bigger than `max_display_bytes` is
-    replaced by a short text/plain note saying so.
+    - stream text past `max_output_bytes` is cut at the limit, with a visible marker;
+    - a display or result bigger than `max_display_bytes` becomes a short note;
+    - rich output (display, result, error) past `max_rich_bytes` in total, or any
+      output past `max_events` events, is dropped after one marker.
     """
 
-    def __init__(self, max_output_bytes: int, max_display_bytes: int) -> None:
+    def __init__(
+        self,
+        max_output_bytes: int,
+        max_display_bytes: int,
+        max_rich_bytes: int = 64 * 1024 * 1024,
+        max_events: int = 10_000,
+    ) -> None:
         self.max_output_bytes = max_output_bytes
         self.max_display_bytes = max_display_bytes
+        self.max_rich_bytes = max_rich_bytes
+        self.max_events = max_events
         self.output_bytes = 0
-        self.truncated = False
+        self.rich_bytes = 0
+        self.events = 0
+        self.text_truncated = False
+        self.rich_truncated = False
+
+    @property
+    def truncated(self) -> bool:
+        return self.text_truncated or self.rich_truncated
 
     def limit(self, event: Event) -> Event | None:
+        if self.rich_truncated:
+            return None
+        if self.events >= self.max_events:
+            return self._stop(f"more than {self.max_events} output events")
         if event.name in ("stdout", "stderr"):
-            return self._limit_text(event)
-        if event.name in ("display", "result"):
-            return self._limit_rich(event)
-        return event
+            limited = self._limit_text(event)
+        elif event.name in ("display", "result", "error"):
+            limited = self._limit_rich(event)
+        else:
+            limited = event
+        if limited is not None:
+            self.events += 1
+        return limited
+
+    def _stop(self, why: str) -> Event:
+        self.rich_truncated = True
+        return Event("stderr", {"text": f"\n[output truncated: this execution produced {why}]\n"})
 
     def _limit_text(self, event: Event) -> Event | None:
-        if self.truncated:
+        if self.text_truncated:
             return None
         text: str = event.data["text"]
         size = len(text.encode("utf-8", "surrogatepass"))
@@ -123,17 +151,31 @@ class OutputLimiter:
         room = self.max_output_bytes - self.output_bytes
         head = text.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore")
         self.output_bytes = self.max_output_bytes
-        self.truncated = True
+        self.text_truncated = True
         marker = TRUNCATION_MARKER.format(limit=self.max_output_bytes)
         return Event(event.name, {"text": head + marker})
 
     def _limit_rich(self, event: Event) -> Event:
-        data = event.data["data"]
-        size = sum(len(v) if isinstance(v, str) else len(str(v)) for v in data.values())
-        if size <= self.max_display_bytes:
-            return event
-        note = (
-            f"[output omitted: this {event.name} was {size} bytes, "
-            f"over the {self.max_display_bytes}-byte limit]"
-        )
-        return Event(event.name, {**event.data, "data": {"text/plain": note}, "metadata": {}})
+        size = _rough_size(event.data)
+        if size > self.max_display_bytes and event.name != "error":
+            note = (
+                f"[output omitted: this {event.name} was {size} bytes, "
+                f"over the {self.max_display_bytes}-byte limit]"
+            )
+            event = Event(event.name, {**event.data, "data": {"text/plain": note}, "metadata": {}})
+            size = len(note)
+        self.rich_bytes += size
+        if self.rich_bytes > self.max_rich_bytes:
+            return self._stop(f"more than {self.max_rich_bytes} bytes of rich output")
+        return event
+
+
+def _rough_size(value: Any) -> int:
+    """Bytes a JSON value will take, near enough, without serializing it."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(str(k)) + _rough_size(v) for k, v in value.items()) + 2
+    if isinstance(value, list | tuple):
+        return sum(_rough_size(v) for v in value) + 2
+    return 8

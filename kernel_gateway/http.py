@@ -13,7 +13,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .errors import BadRequest, GatewayError, InvalidRequest, PayloadTooLarge
+from .errors import (
+    BadRequest,
+    GatewayError,
+    InvalidRequest,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
 from .sse import dumps
 from .types import JSON
 
@@ -60,6 +66,11 @@ async def read_json(request: Request, limit: int, *, optional: bool = False) -> 
         if optional:
             return {}
         raise BadRequest("request body is empty; expected a JSON object")
+    # Browsers can send text/plain or form bodies cross-site without asking; a JSON
+    # content type needs a CORS preflight, which this server never grants.
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        raise UnsupportedMediaType("send the body as JSON with 'Content-Type: application/json'")
     try:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -81,8 +92,14 @@ def number_field(body: JSON, name: str, *, minimum: float, maximum: float) -> fl
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidRequest(f"'{name}' must be a number")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise InvalidRequest(f"'{name}' must be a finite number")
     if not minimum < value <= maximum:
         raise InvalidRequest(f"'{name}' must be greater than {minimum:g} and at most {maximum:g}")
     return float(value)
@@ -94,6 +111,10 @@ def string_field(body: JSON, name: str) -> str:
         raise InvalidRequest(f"'{name}' is required")
     if not isinstance(value, str):
         raise InvalidRequest(f"'{name}' must be a string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(f"'{name}' is not valid Unicode (lone surrogate)") from None
     return value
 
 

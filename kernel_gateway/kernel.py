@@ -108,12 +108,13 @@ class Kernel:
         listener: Listener | None = None,
     ) -> tuple[str, asyncio.Future[Message]]:
         msg = self._session.msg(msg_type, content)
+        frames = self._session.serialize(msg)
         msg_id: str = msg["header"]["msg_id"]
         reply: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._replies[msg_id] = reply
         if listener is not None:
             self._listeners[msg_id] = listener
-        await sock.send_multipart(self._session.serialize(msg))
+        await sock.send_multipart(frames)
         return msg_id, reply
 
     async def execute(self, code: str, listener: Listener) -> tuple[str, asyncio.Future[Message]]:

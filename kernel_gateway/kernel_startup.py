@@ -31,7 +31,8 @@ def _install_thread_output_routing() -> None:
         if origin is not None:
             return origin
         header = getattr(sys.stdout, "parent_header", None)
-        return dict(header) if isinstance(header, dict) else None
+        # An empty header means "no cell" (ipykernel's own threads): leave those alone.
+        return dict(header) if isinstance(header, dict) and header else None
 
     def start(self: threading.Thread, *args: Any, **kwargs: Any) -> None:
         origin = current_parent()
@@ -55,8 +56,55 @@ def _install_thread_output_routing() -> None:
             pub.schedule(lambda: session.send(pub, msg, ident=topic))
         return len(string)
 
+    def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        # Pool workers outlive the cell that started them: take the cell that submits.
+        origin = current_parent()
+
+        def call(*a: Any, **k: Any) -> Any:
+            previous = getattr(local, "origin", None)
+            local.origin = origin
+            try:
+                return fn(*a, **k)
+            finally:
+                local.origin = previous
+
+        return original_submit(self, call, *args, **kwargs)
+
+    def publish(
+        self: Any,
+        data: Any,
+        metadata: Any = None,
+        transient: Any = None,
+        update: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        origin = getattr(local, "origin", None)
+        if origin is None:
+            original_publish(  # type: ignore[no-untyped-call]
+                self, data, metadata, transient=transient, update=update, **kwargs
+            )
+            return
+        content = {
+            "data": encode_images(data),  # type: ignore[no-untyped-call]
+            "metadata": metadata or {},
+            "transient": transient or {},
+        }
+        msg_type = "update_display_data" if update else "display_data"
+        clean = json_clean(content)  # type: ignore[no-untyped-call]
+        msg = self.session.msg(msg_type, clean, parent=origin)
+        self.session.send(self.pub_socket, msg, ident=self.topic)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ipykernel.jsonutil import encode_images, json_clean
+    from ipykernel.zmqshell import ZMQDisplayPublisher
+
+    original_submit = ThreadPoolExecutor.submit
+    original_publish = ZMQDisplayPublisher.publish
     threading.Thread.start = start  # type: ignore[method-assign]
     OutStream.write = write  # type: ignore[method-assign]
+    ThreadPoolExecutor.submit = submit  # type: ignore[method-assign]
+    ZMQDisplayPublisher.publish = publish  # type: ignore[method-assign]
 
 
 def _config(connection_file: str) -> Any:

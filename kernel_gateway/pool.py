@@ -9,7 +9,6 @@ pool recovers as fast as the backend can start kernels.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import time
@@ -70,8 +69,11 @@ class Pool:
 
     async def close(self) -> None:
         self._closed = True
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        # Let cancelled starts finish their cleanup before the backend removes containers.
+        await asyncio.gather(*tasks, return_exceptions=True)
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_exception(KernelUnavailable("the gateway is shutting down"))
@@ -260,8 +262,12 @@ class Pool:
             for session in list(self._sessions.values()):
                 if session.idle_seconds() >= timeout:
                     logger.info("session %s idle for %.0f s; removing it", session.id, timeout)
-                    with contextlib.suppress(SessionNotFound):
+                    try:
                         await self.delete_session(session.id)
+                    except SessionNotFound:
+                        pass
+                    except Exception:
+                        logger.exception("removing idle session %s failed", session.id)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)

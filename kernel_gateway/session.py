@@ -70,6 +70,7 @@ class Session:
         self._settings = settings
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: set[Execution] = set()
         self.current: Execution | None = None
         self.queued = 0
         self.execution_count = 0
@@ -98,6 +99,7 @@ class Session:
             OutputLimiter(s.max_output_bytes, s.max_display_bytes),
         )
         self.queued += 1
+        self._pending.add(execution)
         self.touch()
         execution.task = self._spawn(self._run(execution))
         return execution
@@ -125,6 +127,8 @@ class Session:
         """Replace the kernel now, even if a cell is stuck in it; state is lost."""
         self.touch()
         old = self.kernel
+        for waiting in self._pending:  # cells queued behind a stuck one are dropped
+            waiting.interrupted = True
         if self.current is not None:
             self.current.restarting = True
         if old is not None:
@@ -141,9 +145,10 @@ class Session:
             self.current.restarting = True
         if kernel is not None:
             await kernel.close()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(task, 5)
+        for waiting in self._pending:
+            waiting.interrupted = True
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -240,11 +245,15 @@ class Session:
                 if outcome.replace_kernel:
                     with contextlib.suppress(KernelUnavailable):
                         await self._replace_kernel()
-        except Exception as exc:  # never leave a client without its `done`
+        except Exception as exc:
             logger.exception("session %s: execution failed", self.id)
             message = f"the gateway failed to run this cell: {exc}"
             execution.emit(error_event("GatewayError", message))
             execution.finish("died", (time.monotonic() - started) * 1000, False)
+        finally:  # never leave a client without its `done`, even when cancelled
+            if not execution.finished:
+                execution.finish("interrupted", (time.monotonic() - started) * 1000, True)
+            self._pending.discard(execution)
 
     async def _execute(self, execution: Execution) -> Outcome:
         restarted, self._restart_notice = self._restart_notice, False

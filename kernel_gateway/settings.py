@@ -86,7 +86,7 @@ class Settings:
 
     def check_exposure(self) -> None:
         """Refuse to serve code execution to a network without a token, unless told to."""
-        if self.token or self.no_auth or _is_loopback(self.host):
+        if self.token or self.no_auth or is_loopback(self.host):
             return
         raise ValueError(
             f"refusing to listen on {self.host} without a token: code execution would be open "
@@ -94,7 +94,7 @@ class Settings:
         )
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:

@@ -158,6 +158,8 @@ class Workspace:
                 info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
                 if stat.S_ISDIR(info.st_mode):
                     raise BadRequest(f"{raw_path!r} is a directory")
+                if stat.S_ISLNK(info.st_mode):
+                    raise Forbidden(f"{raw_path!r} is a symlink; symlinks are not followed")
             tmp = f".upload-{secrets.token_hex(8)}"
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(tmp, flags, 0o644, dir_fd=dir_fd)

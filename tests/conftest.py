@@ -48,6 +48,7 @@ def settings_for(backend: str, tmp: Path, **overrides: object) -> Settings:
         "image": IMAGE,
         "pool_size": 1,
         "max_sessions": 8,
+        "max_upload_bytes": 1024 * 1024,
         "runtime_dir": tmp,
         "interrupt_grace": 1.0,
     }

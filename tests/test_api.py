@@ -245,7 +245,11 @@ def test_unknown_session_is_404(client: httpx.Client, method: str, path: str) ->
     ],
 )
 def test_malformed_execute(client: httpx.Client, session_id: str, body: bytes, status: int) -> None:
-    response = client.post(f"/sessions/{session_id}/execute", content=body)
+    response = client.post(
+        f"/sessions/{session_id}/execute",
+        content=body,
+        headers={"Content-Type": "application/json"},
+    )
     assert response.status_code == status
     error = response.json()["error"]
     assert error["type"] in ("bad_request", "invalid_request")
@@ -264,3 +268,25 @@ def test_unknown_route_and_method(client: httpx.Client) -> None:
     response = client.put("/sessions")
     assert response.status_code == 405
     assert response.json()["error"]["type"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"]
+)
+def test_json_bodies_need_a_json_content_type(
+    client: httpx.Client, session_id: str, content_type: str | None
+) -> None:
+    # What a cross-site <form> or fetch without preflight could send must not run code.
+    headers = {"Content-Type": content_type} if content_type else {}
+    response = client.post(
+        f"/sessions/{session_id}/execute", content=b'{"code": "1"}', headers=headers
+    )
+    assert response.status_code == 415
+    assert response.json()["error"]["type"] == "unsupported_media_type"
+
+
+def test_a_rebound_host_name_is_refused(client: httpx.Client) -> None:
+    response = client.post("/sessions", headers={"Host": "attacker.example:8888"})
+    assert response.status_code == 400
+    assert "loopback" in response.json()["error"]["message"]
+    assert client.get("/health", headers={"Host": "localhost:1"}).status_code == 200

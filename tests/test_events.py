@@ -170,3 +170,28 @@ def test_limiter_leaves_other_events_alone() -> None:
     limiter = OutputLimiter(max_output_bytes=1, max_display_bytes=1)
     for event in (Event("clear", {"wait": False}), error_event("E", "v")):
         assert limiter.limit(event) is event
+
+
+def test_limiter_caps_total_rich_output() -> None:
+    limiter = OutputLimiter(max_output_bytes=100, max_display_bytes=1000, max_rich_bytes=2500)
+    display = Event(
+        "display",
+        {"data": {"text/plain": "x" * 900}, "metadata": {}, "display_id": None, "update": False},
+    )
+    assert limiter.limit(display) is display
+    assert limiter.limit(display) is display
+    marker = limiter.limit(display)
+    assert marker is not None and marker.name == "stderr"
+    assert "[output truncated" in marker.data["text"]
+    assert limiter.truncated
+    assert limiter.limit(display) is None
+    assert limiter.limit(Event("stdout", {"text": "late"})) is None
+
+
+def test_limiter_caps_the_number_of_events() -> None:
+    limiter = OutputLimiter(max_output_bytes=10**6, max_display_bytes=10**6, max_events=3)
+    clear = Event("clear", {"wait": False})
+    assert [limiter.limit(clear) for _ in range(3)] == [clear] * 3
+    marker = limiter.limit(clear)
+    assert marker is not None and "more than 3 output events" in marker.data["text"]
+    assert limiter.limit(clear) is None

@@ -104,12 +104,12 @@ class DockerKernel(KernelProcess):
     async def cleanup(self) -> None:
         if self._removed:
             return
-        self._removed = True
         await self._backend.call(self._backend.remove_container, self.name)
+        self._removed = True
         if not self._exit.done():
             self._exit.set_result(ExitInfo(None, "killed"))
         self._backend.forget(self)
-        shutil.rmtree(self._conn_dir, ignore_errors=True)
+        await asyncio.to_thread(shutil.rmtree, self._conn_dir, True)
 
 
 class DockerBackend(Backend):
@@ -246,6 +246,10 @@ class DockerBackend(Backend):
             nano_cpus=int(s.cpu_limit * 1e9),
             pids_limit=s.pids_limit,
             ulimits=[docker.types.Ulimit(name="nofile", soft=1024, hard=1024)],
+            # ipykernel echoes fd-level output to the container's stdout: keep that bounded.
+            log_config=docker.types.LogConfig(
+                type="json-file", config={"max-size": "1m", "max-file": "1"}
+            ),
         )
         try:
             await self.call(
@@ -261,9 +265,11 @@ class DockerBackend(Backend):
                 host_config=host_config,
                 environment={"HOME": "/home/sandbox"},
             )
-        except docker.errors.DockerException as exc:
-            await kernel.cleanup()
-            raise BackendUnavailable(f"could not start a kernel container: {exc}") from exc
+        except BaseException as exc:
+            await asyncio.shield(kernel.cleanup())
+            if isinstance(exc, Exception):
+                raise BackendUnavailable(f"could not start a kernel container: {exc}") from exc
+            raise
         return kernel
 
     @property

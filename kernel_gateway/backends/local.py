@@ -73,11 +73,10 @@ class LocalKernel(KernelProcess):
             os.killpg(self._proc.pid, signal.SIGKILL)
 
     async def cleanup(self) -> None:
-        if self._proc.returncode is None:
-            await self.kill()
+        await self.kill()  # also when the kernel is gone: its children may live on
         if await wait_for_exit(self, 5.0) is None:
             logger.warning("local kernel %s did not exit after SIGKILL", self.id)
-        shutil.rmtree(self._conn_dir, ignore_errors=True)
+        await asyncio.to_thread(shutil.rmtree, self._conn_dir, True)
 
 
 class LocalBackend(Backend):
@@ -119,22 +118,20 @@ class LocalBackend(Backend):
         home = conn_dir / "home"
         home.mkdir()
         env = dict(self._env, HOME=str(home), IPYTHONDIR=str(home / ".ipython"))
-        log = (conn_dir / "kernel.log").open("wb")  # the child inherits it
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                str(write_startup_file(conn_dir, self._settings)),
-                "-f",
-                str(conn_file),
-                cwd=workspace,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
+        # ipykernel echoes all fd-level output to its own stdout: discard it, or a
+        # `while True: print()` would fill the disk with a log nobody reads.
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(write_startup_file(conn_dir, self._settings)),
+            "-f",
+            str(conn_file),
+            cwd=workspace,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
         kernel = LocalKernel(kernel_id, conn_dir, proc, connection)
         (conn_dir / "pid").write_text(str(proc.pid))
         self._kernels.add(kernel)
