@@ -290,3 +290,86 @@ def test_a_rebound_host_name_is_refused(client: httpx.Client) -> None:
     assert response.status_code == 400
     assert "loopback" in response.json()["error"]["message"]
     assert client.get("/health", headers={"Host": "localhost:1"}).status_code == 200
+
+
+def test_subprocess_and_fd_level_output_reach_the_stream(
+    client: httpx.Client, session_id: str
+) -> None:
+    code = (
+        "import subprocess, os\n"
+        "subprocess.run(['ls', '/no/such/dir'])\n"
+        "os.system('echo from-the-shell')\n"
+    )
+    stream = execute(client, session_id, code)
+    stderr = "".join(d["text"] for d in stream.named("stderr"))
+    assert "/no/such/dir" in stderr
+    assert "from-the-shell" in stream.stdout
+
+
+def test_thread_display_goes_to_the_cell_that_started_it(
+    client: httpx.Client, session_id: str
+) -> None:
+    code = (
+        "import threading, time\n"
+        "from IPython.display import display\n"
+        "def later():\n"
+        "    time.sleep(0.3); display('from-thread')\n"
+        "threading.Thread(target=later).start()\n"
+    )
+    first = execute(client, session_id, code)
+    assert first.named("display") == []
+    second = execute(client, session_id, "import time; time.sleep(0.6)")
+    assert second.named("display") == []
+
+
+def test_executor_output_goes_to_the_submitting_cell(client: httpx.Client, session_id: str) -> None:
+    execute(
+        client,
+        session_id,
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "pool = ThreadPoolExecutor(2)\npool.submit(print, 'warm').result()",
+    )
+    stream = execute(client, session_id, "pool.submit(print, 'in-this-cell').result()")
+    assert stream.stdout == "in-this-cell\n"
+
+
+def test_restart_drops_cells_queued_behind_a_stuck_one(
+    client: httpx.Client, session_id: str
+) -> None:
+    import threading
+
+    results: list[str] = []
+
+    def run(code: str) -> None:
+        results.append(execute(client, session_id, code).done["status"])
+
+    stuck = threading.Thread(target=run, args=("import time; time.sleep(60)",))
+    stuck.start()
+    time.sleep(0.5)
+    queued = threading.Thread(target=run, args=("import time; time.sleep(60)",))
+    queued.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert client.post(f"/sessions/{session_id}/restart").status_code == 200
+    stuck.join(15)
+    queued.join(15)
+    assert time.monotonic() - started < 15
+    assert sorted(results) == ["interrupted", "interrupted"]
+    assert execute(client, session_id, "print('fresh')").stdout == "fresh\n"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"code": "1", "timeout": 1' + b"0" * 400 + b"}",
+        b'{"code": "\\ud800"}',
+    ],
+)
+def test_unusual_values_are_422_not_500(client: httpx.Client, session_id: str, body: bytes) -> None:
+    response = client.post(
+        f"/sessions/{session_id}/execute",
+        content=body,
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status_code == 422
+    assert execute(client, session_id, "print('ok')").stdout == "ok\n"

@@ -106,3 +106,27 @@ def test_queued_executions_beyond_the_limit_are_409(
                 third = c.post(f"/sessions/{sid}/execute", json={"code": "2"})
                 assert third.status_code == 409
                 assert third.json()["error"]["type"] == "session_busy"
+
+
+def test_deleting_a_session_kills_its_kernels_children(client: httpx.Client) -> None:
+    import os
+
+    sid = client.post("/sessions").json()["id"]
+    stream = execute(
+        client,
+        sid,
+        "import subprocess; p = subprocess.Popen(['sleep', '1000']); print(p.pid)",
+    )
+    pid = int(stream.stdout)
+    assert os.path.exists(f"/proc/{pid}")
+    execute(client, sid, "import os; os._exit(1)")  # the kernel dies; its child lives on
+    assert client.delete(f"/sessions/{sid}").status_code == 204
+
+    def gone() -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split()[2] == "Z"
+        except FileNotFoundError:
+            return True
+
+    wait_for(gone, timeout=10)
