@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import base64
 import time
 
 import httpx
 import pytest
 
 from .helpers import execute
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_health(client: httpx.Client, backend_name: str) -> None:
@@ -58,15 +55,6 @@ def test_error_event(client: httpx.Client, session_id: str) -> None:
     assert error["traceback"]
     assert stream.done["status"] == "error"
     assert stream.names[-1] == "done"
-
-
-def test_chart_arrives_as_png(client: httpx.Client, session_id: str) -> None:
-    code = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"
-    stream = execute(client, session_id, code)
-    assert stream.done["status"] == "ok"
-    (display,) = stream.named("display")
-    assert display["update"] is False
-    assert base64.b64decode(display["data"]["image/png"]).startswith(PNG_MAGIC)
 
 
 def test_display_update_and_clear(client: httpx.Client, session_id: str) -> None:
