@@ -6,6 +6,8 @@ so an oversized upload is never held in memory whole.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 from typing import Any
@@ -22,6 +24,7 @@ from .errors import (
 )
 from .sse import dumps
 from .types import JSON
+from .workspace import split_path
 
 
 class JSONResponse(Response):
@@ -122,3 +125,31 @@ def wants_json(request: Request) -> bool:
     """JSON instead of SSE when the client asks for it and not for event-stream."""
     accept = request.headers.get("accept", "")
     return "application/json" in accept and "text/event-stream" not in accept
+
+
+def files_field(body: JSON, name: str, limit: int) -> list[tuple[str, bytes]]:
+    """`[{"path": str, "data": base64}]` -> decoded (path, bytes) pairs, each validated."""
+    value = body.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidRequest(f"'{name}' must be a list of {{path, data}} objects")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or set(item) != {"path", "data"}:
+            raise InvalidRequest(f"'{name}[{i}]' must be an object with 'path' and 'data'")
+        path, data = item["path"], item["data"]
+        if not isinstance(path, str) or not isinstance(data, str):
+            raise InvalidRequest(f"'{name}[{i}]': 'path' and 'data' must be strings")
+        try:
+            split_path(path)
+        except GatewayError as exc:
+            raise InvalidRequest(f"'{name}[{i}].path': {exc.message}") from None
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidRequest(f"'{name}[{i}].data' is not valid base64") from None
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"'{name}[{i}]' exceeds the {limit}-byte upload limit")
+        out.append((path, raw))
+    return out

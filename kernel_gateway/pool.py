@@ -56,6 +56,8 @@ class Pool:
         self._failures = 0
         self._retry_at = 0.0
         self._sessions: dict[str, Session] = {}
+        self._ephemeral: set[Session] = set()
+        self._stateless = 0
         self._reserved = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -77,7 +79,8 @@ class Pool:
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_exception(KernelUnavailable("the gateway is shutting down"))
-        sessions, self._sessions = list(self._sessions.values()), {}
+        sessions = [*self._sessions.values(), *self._ephemeral]
+        self._sessions, self._ephemeral = {}, set()
         warm, self._warm = list(self._warm), deque()
         await asyncio.gather(
             *(self._close_session(s) for s in sessions),
@@ -97,6 +100,8 @@ class Pool:
             "target": self.settings.pool_size,
             "sessions": len(self._sessions),
             "max_sessions": self.settings.max_sessions,
+            "stateless": self._stateless,
+            "max_stateless": self.settings.max_stateless,
             "kernels_started": self.kernels_started,
         }
 
@@ -118,6 +123,34 @@ class Pool:
         session = Session(uuid.uuid4().hex, warm.kernel, workspace, self.launch, self.settings)
         self._sessions[session.id] = session
         return session
+
+    async def ephemeral_session(self) -> Session:
+        """A fresh kernel for one stateless execution; `release()` destroys it after."""
+        if self._stateless >= self.settings.max_stateless:
+            raise TooManySessions(
+                f"{self.settings.max_stateless} stateless executions are already running; "
+                "retry shortly",
+                retry_after=1,
+            )
+        self._stateless += 1  # held from here until release()
+        try:
+            warm = await self.acquire()
+        except BaseException:
+            self._stateless -= 1
+            raise
+        workspace = Workspace(warm.workspace, self.backend.workspace_owner)
+        session = Session(
+            uuid.uuid4().hex, warm.kernel, workspace, self.launch, self.settings, ephemeral=True
+        )
+        self._ephemeral.add(session)
+        return session
+
+    def release(self, session: Session) -> None:
+        """Destroy a stateless session's kernel and files, in the background."""
+        if session in self._ephemeral:
+            self._ephemeral.discard(session)
+            self._stateless -= 1
+            self._spawn(self._close_session(session))
 
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)

@@ -60,8 +60,12 @@ class Session:
         workspace: Workspace,
         launch: Launcher,
         settings: Settings,
+        *,
+        ephemeral: bool = False,
     ) -> None:
         self.id = session_id
+        self.ephemeral = ephemeral
+        """One execution, then gone: never restarted, files sent whole in events."""
         self.kernel: Kernel | None = kernel
         self.files = workspace
         self.workspace = workspace.root
@@ -191,7 +195,12 @@ class Session:
         """Notice a kernel that dies while no cell runs, and replace it right away."""
 
         def on_exit(_: object) -> None:
-            if not self.closed and self.kernel is kernel and self.current is None:
+            if (
+                not self.closed
+                and not self.ephemeral
+                and self.kernel is kernel
+                and self.current is None
+            ):
                 self._spawn(self._recover(kernel))
 
         kernel.exited.add_done_callback(on_exit)
@@ -242,7 +251,7 @@ class Session:
                 finally:
                     self.current = None
                     self.touch()
-                if outcome.replace_kernel:
+                if outcome.replace_kernel and not self.ephemeral:
                     with contextlib.suppress(KernelUnavailable):
                         await self._replace_kernel()
         except Exception as exc:
@@ -361,9 +370,11 @@ class Session:
                 "path": path,
                 "size": size,
                 "mime": guess_mime(path),
-                "url": file_url(self.id, path),
+                # A stateless kernel is gone after the response: no URL, the bytes instead.
+                "url": None if self.ephemeral else file_url(self.id, path),
             }
-            if data["mime"] in INLINE_IMAGE_TYPES and size <= s.max_inline_file_bytes:
+            inline = self.ephemeral or data["mime"] in INLINE_IMAGE_TYPES
+            if inline and size <= s.max_inline_file_bytes:
                 content = await asyncio.to_thread(self._read_quietly, path)
                 if content is not None:
                     data["data"] = base64.b64encode(content).decode()

@@ -31,6 +31,7 @@ class Settings:
     backend: BackendName = "auto"
     pool_size: int = 2
     max_sessions: int = 32
+    max_stateless: int = 16
     token: str | None = None
     no_auth: bool = False
     image: str = DEFAULT_IMAGE
@@ -44,6 +45,7 @@ class Settings:
     max_output_bytes: int = 1024 * 1024
     max_display_bytes: int = 16 * 1024 * 1024
     max_body_bytes: int = 2 * 1024 * 1024
+    max_stateless_body_bytes: int = 32 * 1024 * 1024
     max_upload_bytes: int = 100 * 1024 * 1024
     max_inline_file_bytes: int = 5 * 1024 * 1024
     max_file_events: int = 100
@@ -61,7 +63,13 @@ class Settings:
         for name in ("pool_size",):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
-        for name in ("max_sessions", "max_concurrent_starts", "max_output_bytes", "pids_limit"):
+        for name in (
+            "max_sessions",
+            "max_stateless",
+            "max_concurrent_starts",
+            "max_output_bytes",
+            "pids_limit",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         for name in ("exec_timeout", "idle_timeout", "interrupt_grace", "kernel_start_timeout"):
@@ -144,6 +152,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--backend", choices=get_args(BackendName), help="where kernels run (default auto)")
     add("--pool-size", type=int, help="warm kernels kept ready (default 2)")
     add("--max-sessions", type=int, help="most sessions at once (default 32)")
+    add("--max-stateless", type=int, help="most stateless executions at once (default 16)")
     add("--token", help="require 'Authorization: Bearer TOKEN' on every route but /health")
     add(
         "--no-auth",

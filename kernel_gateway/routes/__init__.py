@@ -8,6 +8,7 @@ from . import files, health, sessions
 
 routes = [
     Route("/health", health.health, methods=["GET"]),
+    Route("/execute", sessions.execute_stateless, methods=["POST"]),
     Route("/sessions", sessions.create, methods=["POST"]),
     Route("/sessions", sessions.list_all, methods=["GET"]),
     Route("/sessions/{session_id}", sessions.get, methods=["GET"]),

@@ -1,9 +1,18 @@
 from __future__ import annotations
 
+import asyncio
+
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..http import JSONResponse, number_field, read_json, reject_unknown, string_field
+from ..http import (
+    JSONResponse,
+    files_field,
+    number_field,
+    read_json,
+    reject_unknown,
+    string_field,
+)
 from ..pool import Pool
 from ..session import Session
 from ..settings import Settings
@@ -63,3 +72,34 @@ async def restart(request: Request) -> Response:
     session = _session(request)
     await session.restart()
     return JSONResponse(session.to_json())
+
+
+async def execute_stateless(request: Request) -> Response:
+    """Run one cell in a fresh kernel that is destroyed afterwards."""
+    pool = _pool(request)
+    settings = pool.settings
+    body = await read_json(request, settings.max_stateless_body_bytes)
+    reject_unknown(body, {"code", "timeout", "files"})
+    code = string_field(body, "code")
+    timeout = number_field(body, "timeout", minimum=0, maximum=settings.max_exec_timeout)
+    files = files_field(body, "files", settings.max_upload_bytes)
+    session = await pool.ephemeral_session()
+    try:
+        for path, data in files:
+            await asyncio.to_thread(_write_file, session, path, data, settings.max_upload_bytes)
+            session.note_upload(path)
+        execution = session.submit(code, timeout)
+    except BaseException:
+        pool.release(session)
+        raise
+    return await respond(request, session, execution, on_close=lambda: pool.release(session))
+
+
+def _write_file(session: Session, path: str, data: bytes, limit: int) -> None:
+    upload = session.files.begin_upload(path, limit)
+    try:
+        upload.write(data)
+        upload.commit()
+    except BaseException:
+        upload.abort()
+        raise

@@ -7,7 +7,7 @@ on for nobody.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
@@ -22,33 +22,51 @@ PING_SECONDS = 10
 SEND_TIMEOUT_SECONDS = 60
 
 
-async def respond(request: Request, session: Session, execution: Execution) -> Response:
+async def respond(
+    request: Request,
+    session: Session,
+    execution: Execution,
+    on_close: Callable[[], None] | None = None,
+) -> Response:
+    """Send the execution's events; `on_close` runs once the client has them or is gone."""
     if wants_json(request):
-        return await _collected(request, session, execution)
+        return await _collected(request, session, execution, on_close)
     return EventSourceResponse(
-        _live(session, execution), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT_SECONDS
+        _live(session, execution, on_close), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT_SECONDS
     )
 
 
-async def _live(session: Session, execution: Execution) -> AsyncIterator[bytes]:
+async def _live(
+    session: Session, execution: Execution, on_close: Callable[[], None] | None
+) -> AsyncIterator[bytes]:
     try:
         async for chunk in as_sse(execution.stream()):
             yield chunk
     finally:
         session.abandon(execution)
+        if on_close is not None:
+            on_close()
 
 
-async def _collected(request: Request, session: Session, execution: Execution) -> Response:
+async def _collected(
+    request: Request,
+    session: Session,
+    execution: Execution,
+    on_close: Callable[[], None] | None,
+) -> Response:
     collector = asyncio.ensure_future(collect(execution.stream()))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({collector, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
-    if collector.done():
+        if not collector.done():
+            collector.cancel()
+            session.abandon(execution)
+        if on_close is not None:
+            on_close()
+    if collector.done() and not collector.cancelled():
         return JSONResponse(collector.result())
-    collector.cancel()
-    session.abandon(execution)
     return Response(status_code=499)
 
 
