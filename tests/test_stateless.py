@@ -1,0 +1,84 @@
+"""POST /execute: a fresh kernel per request, on both backends."""
+
+from __future__ import annotations
+
+import base64
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from kernel_gateway.client import Client, RateLimitError
+
+from .conftest import settings_for
+from .helpers import ServerThread, parse_sse
+
+
+def run(client: httpx.Client, body: dict[str, object]) -> dict[str, object]:
+    response = client.post("/execute", json=body, headers={"Accept": "application/json"})
+    assert response.status_code == 200, response.text
+    result: dict[str, object] = response.json()
+    return result
+
+
+def test_nothing_leaks_between_requests(client: httpx.Client) -> None:
+    assert run(client, {"code": "secret = 1\nopen('left.txt', 'w').write('x')"})["status"] == "ok"
+    second = run(client, {"code": "import os\nprint(os.listdir('.'))\nprint(secret)"})
+    assert second["stdout"] == "[]\n"
+    assert second["error"]["ename"] == "NameError"  # type: ignore[index]
+
+
+def test_concurrent_requests_get_their_own_output(client: httpx.Client) -> None:
+    def one(i: int) -> str:
+        return str(run(client, {"code": f"import time; time.sleep(0.1); print({i} * 3)"})["stdout"])
+
+    with ThreadPoolExecutor(8) as pool:
+        outputs = list(pool.map(one, range(16)))
+    assert outputs == [f"{i * 3}\n" for i in range(16)]
+
+
+def test_sse_stream_with_files_in_and_out(client: httpx.Client) -> None:
+    body = {
+        "code": "import pandas as pd\n"
+        "df = pd.read_csv('in.csv')\n"
+        "df.assign(double=df.n * 2).to_csv('out.csv', index=False)\n"
+        "print(df.n.sum())",
+        "files": [{"path": "in.csv", "data": base64.b64encode(b"n\n1\n2\n").decode()}],
+    }
+    with client.stream("POST", "/execute", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = list(parse_sse(response.iter_lines()))
+    names = [n for n, _ in events]
+    assert names[-1] == "done"
+    assert ("stdout", {"text": "3\n"}) in events
+    (file_event,) = [d for n, d in events if n == "file"]
+    assert file_event["path"] == "out.csv"
+    assert file_event["url"] is None  # the kernel is gone: the bytes come inline
+    assert base64.b64decode(file_event["data"]) == b"n,double\n1,2\n2,4\n"
+
+
+@pytest.mark.parametrize(
+    ("files", "status"),
+    [
+        ("nope", 422),
+        ([{"path": "a"}], 422),
+        ([{"path": "../x", "data": ""}], 422),
+        ([{"path": "a", "data": "***"}], 422),
+    ],
+)
+def test_bad_files_are_refused(client: httpx.Client, files: object, status: int) -> None:
+    response = client.post("/execute", json={"code": "1", "files": files})
+    assert response.status_code == status
+    assert response.json()["error"]["type"] == "invalid_request"
+
+
+def test_beyond_the_limit_is_429(tmp_path_factory: pytest.TempPathFactory) -> None:
+    settings = settings_for("local", tmp_path_factory.mktemp("sl"), pool_size=1, max_stateless=1)
+    with ServerThread(settings) as server, Client(server.url) as c:
+        stream = c.stream("import time; print('started', flush=True); time.sleep(3)")
+        assert next(stream).text == "started\n"  # type: ignore[union-attr]
+        with pytest.raises(RateLimitError) as caught:
+            c.run("1")
+        assert caught.value.status_code == 429
+        assert caught.value.retry_after == 1
+        stream.close()
