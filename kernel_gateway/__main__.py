@@ -1,4 +1,4 @@
-"""The `kernel-gateway` command: serve the API, or build the kernel image."""
+"""The `kernel-gateway` command: serve the API, build the kernel image, or run code."""
 
 from __future__ import annotations
 
@@ -28,6 +28,16 @@ def _parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build-image", help="build the kernel container image")
     build.add_argument("--tag", help=f"image name (default: KG_IMAGE or {DEFAULT_IMAGE})")
     build.add_argument("--context", type=Path, help="the kernel-image folder (default: bundled)")
+
+    from .run import add_arguments
+
+    run_parser = commands.add_parser(
+        "run",
+        help="send code to a running gateway and print the results",
+        description="Exit status: 0 ok, 1 error, 124 timeout, 130 interrupted, 137 died, "
+        "2 when the gateway could not run the code.",
+    )
+    add_arguments(run_parser)
     return parser
 
 
@@ -72,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args)
     if args.command == "build-image":
         return build_image_command(args)
+    if args.command == "run":
+        from .run import run_from_cli
+
+        return run_from_cli(args)
     raise AssertionError(args.command)
 
 
