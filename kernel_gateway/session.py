@@ -125,7 +125,23 @@ class Session:
             return
         execution.interrupted = True
         if self.current is execution and self.kernel is not None:
-            self._spawn(self.kernel.interrupt())
+            self._spawn(self._stop_abandoned(execution, self.kernel))
+
+    async def _stop_abandoned(self, execution: Execution, kernel: Kernel) -> None:
+        """Interrupt, again if need be, and replace the kernel if the cell will not stop."""
+        for _ in range(2):
+            if execution.finished or self.current is not execution:
+                return
+            logger.debug("session %s: interrupting an abandoned cell", self.id)
+            await kernel.interrupt()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.shield(execution.idle.wait()), self._settings.interrupt_grace
+                )
+        if not execution.finished and self.current is execution and kernel is self.kernel:
+            logger.info("session %s: an abandoned cell ignored interrupts; restarting", self.id)
+            execution.restarting = True
+            await kernel.process.kill()
 
     async def restart(self) -> None:
         """Replace the kernel now, even if a cell is stuck in it; state is lost."""

@@ -130,3 +130,22 @@ def test_deleting_a_session_kills_its_kernels_children(client: httpx.Client) -> 
             return True
 
     wait_for(gone, timeout=10)
+
+
+def test_disconnect_stops_even_code_that_ignores_interrupts(client: httpx.Client) -> None:
+    sid = client.post("/sessions").json()["id"]
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "print('going', flush=True)\n"
+        "time.sleep(60)"
+    )
+    with client.stream("POST", f"/sessions/{sid}/execute", json={"code": code}) as response:
+        for line in response.iter_lines():
+            if "going" in line:
+                break
+    started = time.monotonic()
+    stream = execute(client, sid, "print('next')")
+    assert time.monotonic() - started < 10
+    assert stream.stdout == "next\n"
+    assert stream.done["restarted"] is True
