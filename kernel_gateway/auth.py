@@ -1,4 +1,4 @@
-"""Bearer-token authentication for every route but `/health`.
+"""Bearer-token authentication for every route but `/health` and the UI's static page.
 
 Tokens are compared as SHA-256 digests with `hmac.compare_digest`, so neither
 the time taken nor the answer says how much of a guess was right, and a
@@ -16,7 +16,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .errors import BadRequest, Unauthorized
 from .http import error_response
 
-PUBLIC_PATHS = frozenset({"/health"})
+PUBLIC_PATHS = frozenset({"/health", "/"})
+PUBLIC_PREFIXES = ("/static/",)
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
@@ -30,7 +31,12 @@ class BearerAuth:
         self._digest = _digest(token) if token else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self._digest is None or scope["path"] in PUBLIC_PATHS:
+        if (
+            scope["type"] != "http"
+            or self._digest is None
+            or scope["path"] in PUBLIC_PATHS
+            or scope["path"].startswith(PUBLIC_PREFIXES)
+        ):
             await self.app(scope, receive, send)
             return
         scheme, _, value = Headers(scope=scope).get("authorization", "").partition(" ")

@@ -29,6 +29,8 @@ class Execution:
         self.abandoned = False
         """Set when no client listens any more (it disconnected)."""
         self.idle = asyncio.Event()
+        self.signalled_at = -1e9
+        """When the gateway last sent this cell a SIGINT (monotonic seconds)."""
         self.task: asyncio.Task[None] | None = None
         self._limiter = limiter
         self._events: asyncio.Queue[Event] = asyncio.Queue()

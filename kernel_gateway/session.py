@@ -43,6 +43,7 @@ from .workspace import (
 logger = logging.getLogger(__name__)
 
 Launcher = Callable[[Path], Awaitable[Kernel]]
+SIGNAL_SPACING = 0.5  # seconds between two SIGINTs to the same cell
 
 
 def _exit_of(kernel: Kernel) -> ExitInfo:
@@ -73,6 +74,8 @@ class Session:
         self._launch = launch
         self._settings = settings
         self._lock = asyncio.Lock()
+        self._signalling = asyncio.Lock()
+        """Held while a signal is on its way, so it cannot land in the next cell."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending: set[Execution] = set()
         self.current: Execution | None = None
@@ -115,8 +118,48 @@ class Session:
         if execution is None or kernel is None:
             return False
         execution.interrupted = True
-        await kernel.interrupt()
+        await self._signal(execution, kernel)
+        self._spawn(self._keep_interrupting(execution, kernel))
         return True
+
+    async def _keep_interrupting(self, execution: Execution, kernel: Kernel) -> None:
+        await self._interrupt(execution, kernel, 4 * self._settings.interrupt_grace)
+
+    async def _signal(self, execution: Execution, kernel: Kernel) -> None:
+        """SIGINT, but only while `execution` still runs (checked under the lock).
+
+        Signals to one cell are spaced out: a second one landing while the kernel
+        is still handling the first can cost the cell its reply.
+        """
+        async with self._signalling:
+            now = time.monotonic()
+            if (
+                self.current is execution
+                and not execution.idle.is_set()
+                and now - execution.signalled_at >= SIGNAL_SPACING
+            ):
+                execution.signalled_at = now
+                await kernel.interrupt()
+
+    async def _interrupt(self, execution: Execution, kernel: Kernel, within: float) -> bool:
+        """SIGINT until the cell is idle; True if it stopped within `within` seconds.
+
+        A signal can be lost (seen when it lands just as the cell prints), so it
+        is sent again every 0.5 s. That is harmless: between cells the kernel
+        ignores SIGINT, and the next cell is only sent once this one is idle.
+        """
+        deadline = time.monotonic() + within
+        while not execution.idle.is_set() and not kernel.exited.done():
+            if self.current is not execution:
+                return True
+            await self._signal(execution, kernel)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            pause = min(SIGNAL_SPACING, remaining)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(execution.idle.wait()), pause)
+        return execution.idle.is_set()
 
     def abandon(self, execution: Execution) -> None:
         """The client stopped listening: stop the cell rather than run it for nobody."""
@@ -128,16 +171,9 @@ class Session:
             self._spawn(self._stop_abandoned(execution, self.kernel))
 
     async def _stop_abandoned(self, execution: Execution, kernel: Kernel) -> None:
-        """Interrupt, again if need be, and replace the kernel if the cell will not stop."""
-        for _ in range(2):
-            if execution.finished or self.current is not execution:
-                return
-            logger.debug("session %s: interrupting an abandoned cell", self.id)
-            await kernel.interrupt()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.shield(execution.idle.wait()), self._settings.interrupt_grace
-                )
+        """Interrupt, and replace the kernel if the cell will not stop."""
+        if await self._interrupt(execution, kernel, 2 * self._settings.interrupt_grace):
+            return
         if not execution.finished and self.current is execution and kernel is self.kernel:
             logger.info("session %s: an abandoned cell ignored interrupts; restarting", self.id)
             execution.restarting = True
@@ -301,7 +337,8 @@ class Session:
             assert kernel is not None
             started = time.monotonic()
 
-        msg_id, reply = await kernel.execute(execution.code, execution.on_message)
+        async with self._signalling:  # no SIGINT meant for the previous cell is in flight
+            msg_id, reply = await kernel.execute(execution.code, execution.on_message)
         idle: asyncio.Future[Any] = asyncio.ensure_future(execution.idle.wait())
         try:
             waiting: set[asyncio.Future[Any]] = {idle, kernel.exited}
@@ -314,12 +351,7 @@ class Session:
                 return outcome(status, restarted)
             if not kernel.exited.done():
                 # Timed out: interrupt, and restart if the kernel does not stop in time.
-                await kernel.interrupt()
-                await asyncio.wait(
-                    waiting,
-                    timeout=self._settings.interrupt_grace,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
+                await self._interrupt(execution, kernel, self._settings.interrupt_grace)
                 self._count(execution)
                 if idle.done():
                     return outcome("timeout", restarted)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
-from . import files, health, sessions
+from . import files, health, sessions, web
 
 routes = [
+    Route("/", web.index, methods=["GET"]),
+    Mount("/static", app=web.static, name="static"),
     Route("/health", health.health, methods=["GET"]),
     Route("/execute", sessions.execute_stateless, methods=["POST"]),
     Route("/sessions", sessions.create, methods=["POST"]),

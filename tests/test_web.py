@@ -1,0 +1,204 @@
+"""The browser UI in real headless Chromium (Debian's), driven by Playwright."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import settings_for
+from .helpers import ServerThread
+
+CHROMIUM = Path("/usr/bin/chromium")
+OUTPUT = Path(__file__).resolve().parent.parent / "test-output" / "web"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        message = "Chromium is not installed (apt-get install chromium)"
+        if os.environ.get("KG_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"KG_REQUIRE_BROWSER=1 but {message}")
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        yield instance
+        instance.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    settings = settings_for("local", tmp_path_factory.mktemp("web"), pool_size=2, max_sessions=16)
+    with ServerThread(settings) as s:
+        yield s
+
+
+@pytest.fixture
+def page(browser: Any, server: ServerThread, request: pytest.FixtureRequest) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    page.goto(server.url + "/")
+    page.wait_for_selector("#session-state:has-text('idle')")
+    yield page
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(OUTPUT / f"{request.node.name}.png"), full_page=True)
+    sid = page.evaluate("sessionStorage.getItem('kg-session')")
+    context.close()
+    if sid:
+        httpx.delete(f"{server.url}/sessions/{sid}")
+
+
+def run_cell(page: Any, code: str, wait: bool = True) -> Any:
+    """Type a cell, run it with Shift+Enter, and return its answer element."""
+    count = page.locator(".turn").count()
+    page.fill("#code", code)
+    page.press("#code", "Shift+Enter")
+    answer = page.locator(".turn").nth(count).locator(".answer")
+    if wait:
+        answer.locator(".done").wait_for(timeout=30_000)
+    return answer
+
+
+def test_print_appears(page: Any) -> None:
+    answer = run_cell(page, "print('hi')")
+    assert answer.locator(".stream.stdout").inner_text() == "hi\n"
+    assert answer.get_attribute("data-status") == "ok"
+    assert "Variables persist" in page.inner_text("#notice")
+
+
+def test_output_is_live(page: Any) -> None:
+    answer = run_cell(
+        page, "import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')", wait=False
+    )
+    answer.locator(".stream:has-text('first')").wait_for(timeout=10_000)
+    assert answer.locator(".done").count() == 0  # still running
+    assert "second" not in answer.inner_text()
+    assert page.is_visible("#interrupt")
+    answer.locator(".done").wait_for(timeout=10_000)
+    assert "second" in answer.inner_text()
+
+
+def test_chart_is_an_image(page: Any) -> None:
+    answer = run_cell(page, "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")
+    img = answer.locator("img.output-image")
+    img.wait_for()
+    assert page.evaluate("(img) => img.complete && img.naturalWidth", img.element_handle()) > 0
+
+
+def test_traceback_is_shown(page: Any) -> None:
+    answer = run_cell(page, "1/0")
+    block = answer.locator(".error-block")
+    assert "ZeroDivisionError" in block.inner_text()
+    assert "\x1b" not in block.inner_text()  # ANSI codes became colours
+    assert answer.get_attribute("data-status") == "error"
+
+
+def test_html_output_cannot_run_script(page: Any) -> None:
+    answer = run_cell(
+        page,
+        "from IPython.display import HTML, display\n"
+        "display(HTML('<img src=x onerror=\"window.parent.__pwned=1; window.__pwned=1\">'))",
+    )
+    frame = answer.locator("iframe.html-output")
+    frame.wait_for()
+    assert frame.get_attribute("sandbox") == "allow-same-origin"
+    time.sleep(0.5)  # give an onerror handler every chance to fire
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    svg = run_cell(
+        page,
+        "from IPython.display import SVG, display\n"
+        'display(SVG(\'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10">'
+        '<script>parent.__pwned=2</script><rect width="10" height="10"/></svg>\'))',
+    )
+    assert svg.locator("img.output-image").count() == 1
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+
+
+def test_interrupt_a_long_sleep(page: Any) -> None:
+    answer = run_cell(page, "import time\ntime.sleep(60)", wait=False)
+    page.wait_for_selector("#interrupt:visible")
+    time.sleep(0.5)
+    started = time.monotonic()
+    page.click("#interrupt")
+    answer.locator(".done").wait_for(timeout=10_000)
+    assert time.monotonic() - started < 5
+    assert answer.get_attribute("data-status") == "interrupted"
+
+
+def test_state_persists_and_survives_a_reload(page: Any) -> None:
+    run_cell(page, "kept = 'across reloads'")
+    page.reload()
+    page.wait_for_selector(".system:has-text('Reconnected')")
+    answer = run_cell(page, "print(kept)")
+    assert answer.locator(".stream").inner_text() == "across reloads\n"
+
+
+def test_files_and_restart(page: Any) -> None:
+    answer = run_cell(
+        page,
+        "import pandas as pd\n"
+        "pd.DataFrame({'a': [1, 2]}).to_csv('table.csv')\n"
+        "pd.DataFrame({'a': [1, 2]})",
+    )
+    assert answer.locator(".file-link a:has-text('table.csv')").count() == 1
+    assert answer.locator("iframe.html-output").count() == 1  # the DataFrame's HTML
+    page.click("#restart")
+    page.wait_for_selector(".system:has-text('Kernel restarted')")
+    after = run_cell(page, "print('pd' in globals())")
+    assert after.locator(".stream").inner_text() == "False\n"
+
+
+def test_errors_from_the_api_are_shown(page: Any, server: ServerThread) -> None:
+    sid = page.evaluate("sessionStorage.getItem('kg-session')")
+    httpx.delete(f"{server.url}/sessions/{sid}")
+    answer = run_cell(page, "print('recovered')")
+    assert answer.locator(".stream").inner_text() == "recovered\n"
+    assert page.locator(".system:has-text('expired')").count() == 1
+
+
+def test_phone_width(browser: Any, server: ServerThread) -> None:
+    context = browser.new_context(viewport={"width": 390, "height": 800})
+    page = context.new_page()
+    page.goto(server.url + "/")
+    page.wait_for_selector("#session-state:has-text('idle')")
+    answer = run_cell(page, "print('small screen')")
+    assert answer.locator(".stream").inner_text() == "small screen\n"
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(OUTPUT / "test_phone_width.png"))
+    context.close()
+
+
+def test_token_is_asked_once(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    settings = settings_for(
+        "local", tmp_path_factory.mktemp("webtok"), token="let-me-in", pool_size=1
+    )
+    with ServerThread(settings) as secured:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(secured.url + "/")
+        page.wait_for_selector("#token-dialog[open]")
+        page.fill("#token-input", "let-me-in")
+        page.click("#token-form button")
+        page.wait_for_selector("#session-state:has-text('idle')")
+        answer = run_cell(page, "print('authorised')")
+        assert answer.locator(".stream").inner_text() == "authorised\n"
+        page.reload()
+        page.wait_for_selector(".system:has-text('Reconnected')")
+        assert page.locator("#token-dialog[open]").count() == 0
+        context.close()
