@@ -202,3 +202,28 @@ def test_token_is_asked_once(browser: Any, tmp_path_factory: pytest.TempPathFact
         page.wait_for_selector(".system:has-text('Reconnected')")
         assert page.locator("#token-dialog[open]").count() == 0
         context.close()
+
+
+def test_chat_with_text_chart_and_traceback(browser: Any, server: ServerThread) -> None:
+    """The picture in the README: text output, a chart and a traceback in one chat."""
+    context = browser.new_context(viewport={"width": 1100, "height": 1250})
+    page = context.new_page()
+    page.goto(server.url + "/")
+    page.wait_for_selector("#session-state:has-text('idle')")
+    run_cell(
+        page,
+        "import pandas as pd\nsales = pd.Series([12, 19, 7, 24], "
+        "index=['Q1', 'Q2', 'Q3', 'Q4'])\nprint(sales.describe().round(1).to_string())",
+    )
+    chart = run_cell(
+        page,
+        "import matplotlib.pyplot as plt\n"
+        "sales.plot.bar(color='#6366f1', title='Sales by quarter')\n"
+        "plt.tight_layout(); plt.show()",
+    )
+    chart.locator("img.output-image").wait_for()
+    error = run_cell(page, "growth = int('twelve percent')")
+    assert "ValueError" in error.locator(".error-block").inner_text()
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(OUTPUT / "chat.png"))
+    context.close()

@@ -270,16 +270,25 @@ function image(src, alt) {
   return img;
 }
 
+// Base look for HTML output (pandas tables and the like); the output's own styles win.
+const FRAME_STYLE =
+  "<style>html{color-scheme:light}body{margin:0;font:13px/1.45 system-ui,sans-serif;color:#1f2330}" +
+  "table{border-collapse:collapse;font-variant-numeric:tabular-nums}" +
+  "th,td{padding:4px 10px;border:0;border-bottom:1px solid #e4e5ee;text-align:right}" +
+  "thead th{border-bottom:2px solid #c9cbd8}tbody th{font-weight:600}" +
+  "tbody tr:nth-child(odd){background:#fafafd}.dataframe{border:0}</style>";
+
 function htmlFrame(html) {
   // No allow-scripts: nothing in it can run. allow-same-origin only lets this
   // page measure its height; without scripts the frame cannot use that origin.
   const frame = el("iframe", "html-output");
   frame.setAttribute("sandbox", "allow-same-origin");
   frame.setAttribute("referrerpolicy", "no-referrer");
-  frame.srcdoc = html;
+  frame.srcdoc = FRAME_STYLE + html;
   frame.addEventListener("load", () => {
     try {
-      frame.style.height = `${frame.contentDocument.documentElement.scrollHeight + 4}px`;
+      const doc = frame.contentDocument;
+      frame.style.height = `${Math.max(doc.body.scrollHeight, 16) + 6}px`;
     } catch {
       frame.style.height = "320px";
     }
@@ -303,6 +312,22 @@ function renderMime(data) {
   const pre = el("pre", "stream");
   pre.appendChild(ansiFragment(String(text)));
   return pre;
+}
+
+function fileIcon() {
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("viewBox", "0 0 16 16");
+  svg.setAttribute("width", "16");
+  svg.setAttribute("height", "16");
+  svg.setAttribute("aria-hidden", "true");
+  const path = document.createElementNS(ns, "path");
+  path.setAttribute("d", "M4 1.5h5l3.5 3.5v9.5h-8.5zM9 1.5v3.5h3.5");
+  path.setAttribute("fill", "none");
+  path.setAttribute("stroke", "currentColor");
+  path.setAttribute("stroke-linejoin", "round");
+  svg.appendChild(path);
+  return svg;
 }
 
 function formatSize(bytes) {
@@ -432,7 +457,7 @@ class Answer {
       box.appendChild(figure);
     } else {
       const line = el("span", "file-link");
-      line.appendChild(el("span", "", "📄"));
+      line.appendChild(fileIcon());
       if (data.url) {
         const link = el("a", "", data.path);
         link.href = "#";
