@@ -333,7 +333,12 @@ def _execute_body(
     return body
 
 
-def _decode(name: str, data: str) -> Event | None:
+def _event_of_line(decoder: SSEDecoder, line: str) -> Event | None:
+    """Feed one line; the typed event it completes, if any."""
+    parsed = decoder.feed(line)
+    if parsed is None:
+        return None
+    name, data = parsed
     try:
         payload = json.loads(data)
     except ValueError as exc:
@@ -434,10 +439,7 @@ class Client:
                     response.read()
                     _raise_for(response)
                 for line in response.iter_lines():
-                    parsed = decoder.feed(line)
-                    if parsed is None:
-                        continue
-                    event = _decode(*parsed)
+                    event = _event_of_line(decoder, line)
                     if event is not None:
                         yield event
                         if isinstance(event, Done):
@@ -590,10 +592,7 @@ class AsyncClient:
                     await response.aread()
                     _raise_for(response)
                 async for line in response.aiter_lines():
-                    parsed = decoder.feed(line)
-                    if parsed is None:
-                        continue
-                    event = _decode(*parsed)
+                    event = _event_of_line(decoder, line)
                     if event is not None:
                         yield event
                         if isinstance(event, Done):
