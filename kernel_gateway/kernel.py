@@ -140,6 +140,24 @@ class Kernel:
         if future is not None and not future.done():
             future.cancel()
 
+    async def run_silent(self, code: str, seconds: float) -> bool:
+        """Run code the user never sees: no output, no history, no execution count."""
+        content = {
+            "code": code,
+            "silent": True,
+            "store_history": False,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": False,
+        }
+        msg_id, reply = await self._send(self._shell, "execute_request", content)
+        try:
+            waiting: set[asyncio.Future[Any]] = {reply, self.exited}
+            await asyncio.wait(waiting, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            return reply.done() and reply.result()["content"].get("status") == "ok"
+        finally:
+            self.forget(msg_id)
+
     async def wait_ready(self, seconds: float) -> None:
         """Wait until the kernel answers on shell and its IOPub output reaches us.
 

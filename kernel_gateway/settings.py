@@ -51,6 +51,7 @@ class Settings:
     max_file_events: int = 100
     figure_formats: str = "png"
     figure_dpi: int = 100
+    preload: str = "numpy,pandas,matplotlib"
     memory_limit: str = "1g"
     cpu_limit: float = 1.0
     pids_limit: int = 256
@@ -81,8 +82,15 @@ class Settings:
                 f"figure_formats must list some of {', '.join(sorted(FIGURE_FORMATS))} "
                 f"(got {self.figure_formats!r})"
             )
+        for module in self.preload_list:
+            if not all(part.isidentifier() for part in module.split(".")):
+                raise ValueError(f"preload: {module!r} is not a module name")
         if not 10 <= self.figure_dpi <= 600:
             raise ValueError("figure_dpi must be between 10 and 600")
+
+    @property
+    def preload_list(self) -> list[str]:
+        return [m.strip() for m in self.preload.split(",") if m.strip()]
 
     @property
     def figure_format_list(self) -> list[str]:
@@ -168,6 +176,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--pids-limit", type=int, help="processes per kernel container (default 256)")
     add("--figure-formats", help="inline chart formats, e.g. png or png,svg (default png)")
     add("--figure-dpi", type=int, help="inline chart resolution (default 100)")
+    add(
+        "--preload",
+        help="modules imported into pooled kernels before hand-out, comma-separated "
+        "(default numpy,pandas,matplotlib; empty for none)",
+    )
     add("--max-upload-bytes", type=int, help="largest file upload (default 100 MiB)")
     add("--runtime-dir", type=Path, help="where connection files and workspaces live")
     add("--log-level", choices=["debug", "info", "warning", "error"], help="(default info)")

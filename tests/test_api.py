@@ -361,3 +361,18 @@ def test_unusual_values_are_422_not_500(client: httpx.Client, session_id: str, b
     )
     assert response.status_code == 422
     assert execute(client, session_id, "print('ok')").stdout == "ok\n"
+
+
+def test_preloading_leaves_no_names_behind(client: httpx.Client, session_id: str) -> None:
+    code = (
+        "import sys\n"
+        "user = sorted(k for k in globals() if not k.startswith('_') and k != 'sys')\n"
+        "print(user)\n"
+        "print('__kg_preload' in globals(), 'matplotlib.pyplot' in sys.modules)\n"
+    )
+    stream = execute(client, session_id, code)
+    assert stream.done["execution_count"] == 1  # preloading did not count as a cell
+    names, flags = stream.stdout.splitlines()
+    # Exactly what IPython itself defines (ipykernel 7 adds `open`), nothing preloaded.
+    assert set(eval(names)) <= {"In", "Out", "exit", "get_ipython", "open", "quit"}
+    assert flags == "False True"
