@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: serve test lint image setup clean
+.PHONY: serve test lint image setup clean bench
 
 setup: $(VENV)/.installed
 
@@ -31,12 +31,16 @@ serve: setup
 	$(BIN)/kernel-gateway serve $(ARGS)
 
 lint: setup
-	$(BIN)/ruff check kernel_gateway tests
-	$(BIN)/ruff format --check kernel_gateway tests
+	$(BIN)/ruff check kernel_gateway tests bench
+	$(BIN)/ruff format --check kernel_gateway tests bench
 	$(BIN)/mypy
 
 test: image lint
 	$(BIN)/python -m pytest $(ARGS)
+
+# Speed figures (docker backend): prints a table, writes bench/results/latest.json.
+bench: image
+	$(BIN)/python bench/run.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache test-output

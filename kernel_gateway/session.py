@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 Launcher = Callable[[Path], Awaitable[Kernel]]
 SIGNAL_SPACING = 0.5  # seconds between two SIGINTs to the same cell
+INLINE_SCAN_FILES = 64  # workspaces this small are scanned on the event loop
 
 
 def _exit_of(kernel: Kernel) -> ExitInfo:
@@ -389,7 +390,11 @@ class Session:
         self, execution: Execution, reply: asyncio.Future[JSON]
     ) -> DoneStatus:
         try:
-            msg = await asyncio.wait_for(asyncio.shield(reply), 2.0)
+            msg = (
+                reply.result()
+                if reply.done()
+                else await asyncio.wait_for(asyncio.shield(reply), 2.0)
+            )
             content = msg["content"]
             ok = content.get("status") == "ok"
             if content.get("execution_count") is not None:
@@ -409,7 +414,10 @@ class Session:
         if self.closed:
             return
         s = self._settings
-        after, _ = await asyncio.to_thread(self.files.scan)
+        if len(self._baseline) < INLINE_SCAN_FILES:
+            after, _ = self.files.scan()  # a few entries: cheaper than a thread hop
+        else:
+            after, _ = await asyncio.to_thread(self.files.scan)
         changed = changed_files(self._baseline, after)
         self._baseline = after
         for path in changed[: s.max_file_events]:

@@ -1,0 +1,661 @@
+"""Benchmarks for kernel-gateway: prints a table and writes JSON. Asserts nothing.
+
+    python bench/run.py                 # full run, docker backend (a few minutes)
+    python bench/run.py --smoke         # tiny run, to check the bench works
+    python bench/run.py --compare-jkg   # also measure Jupyter Kernel Gateway, same workloads
+
+It starts its own gateway (`kernel-gateway serve` in a subprocess) and, for the
+baseline, a kernel container from the same image driven by plain jupyter_client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+from jupyter_client.blocking.client import BlockingKernelClient
+
+from kernel_gateway.backends.base import RuntimeDir
+from kernel_gateway.backends.docker import DockerBackend
+from kernel_gateway.client import Client, Display, Done, Stdout
+from kernel_gateway.kernel import Kernel
+from kernel_gateway.settings import DEFAULT_IMAGE, Settings
+
+ROOT = Path(__file__).resolve().parent
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+# -- statistics --------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summary(values_s: list[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in values_s]
+    return {
+        "n": len(ms),
+        "p50_ms": round(pct(ms, 0.5), 3),
+        "p90_ms": round(pct(ms, 0.9), 3),
+        "p99_ms": round(pct(ms, 0.99), 3),
+        "mean_ms": round(statistics.fmean(ms), 3) if ms else float("nan"),
+    }
+
+
+def timed(fn: Callable[[], object], n: int, warmup: int = 3) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+# -- the machine -------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    engine = docker.from_env()
+    try:
+        version = engine.version().get("Version", "?")
+    finally:
+        engine.close()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_gib, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "docker": version,
+    }
+
+
+# -- the gateway under test --------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def gateway(args: argparse.Namespace, runtime: Path, pool: int, **extra: str) -> Iterator[str]:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernel_gateway",
+        "serve",
+        "--backend",
+        "docker",
+        "--port",
+        str(port),
+        "--pool-size",
+        str(pool),
+        "--max-sessions",
+        str(max(args.density + 10, 40)),
+        "--max-stateless",
+        "16",
+        "--image",
+        args.image,
+        "--runtime-dir",
+        str(runtime),
+        "--log-level",
+        "warning",
+    ]
+    for key, value in extra.items():
+        cmd += [f"--{key.replace('_', '-')}", value]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: proc.poll() is None and _health(url) is not None, 60, proc)
+        wait_warm(url, pool)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if proc.stderr:
+            proc.stderr.close()
+
+
+def _health(url: str) -> dict[str, Any] | None:
+    try:
+        result: dict[str, Any] = httpx.get(url + "/health", timeout=2).json()
+        return result
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def wait_until(
+    predicate: Callable[[], bool], seconds: float, proc: subprocess.Popen[str] | None = None
+) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"the gateway exited: {proc.stderr.read() if proc.stderr else ''}")
+        if time.monotonic() > deadline:
+            raise SystemExit("timed out waiting for the gateway")
+        time.sleep(0.05)
+
+
+def wait_warm(url: str, n: int) -> None:
+    def warm() -> bool:
+        health = _health(url)
+        return health is not None and health["pool"]["warm"] >= n
+
+    wait_until(warm, 120)
+
+
+# -- workloads ---------------------------------------------------------------------------------
+
+
+def raw_round_trip(args: argparse.Namespace, runtime: Path) -> dict[str, Any]:
+    """Plain jupyter_client to a kernel container from the same image: the floor."""
+
+    async def launch() -> tuple[DockerBackend, Any, RuntimeDir]:
+        rt = RuntimeDir(runtime / "raw")
+        rt.open()
+        backend = DockerBackend(Settings(image=args.image, runtime_dir=runtime / "raw"), rt)
+        await backend.start()
+        process = await backend.launch(rt.new_workspace())
+        return backend, process, rt
+
+    loop = asyncio.new_event_loop()
+    backend, process, rt = loop.run_until_complete(launch())
+    client = BlockingKernelClient()
+    client.load_connection_info(dict(process.connection))  # type: ignore[arg-type]
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+
+        def once() -> None:
+            client.execute_interactive("1+1", timeout=30, output_hook=lambda msg: None)
+
+        samples = timed(once, args.iterations, warmup=10)
+    finally:
+        client.stop_channels()
+        loop.run_until_complete(process.cleanup())
+        loop.run_until_complete(backend.close())
+        rt.close()
+        loop.close()
+    return summary(samples)
+
+
+def sse_round_trip(http: httpx.Client, session_id: str, code: str) -> None:
+    with http.stream(
+        "POST", f"/sessions/{session_id}/execute", json={"code": code}, headers=JSON_HEADERS
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("event: done"):
+                return
+    raise RuntimeError("no done event")
+
+
+def warm_round_trip(url: str, n: int, pool: int) -> dict[str, Any]:
+    with httpx.Client(base_url=url, timeout=60) as http:
+        sid = http.post("/sessions").json()["id"]
+        wait_warm(url, pool)  # steady state: no kernel starting in the background
+        samples = timed(lambda: sse_round_trip(http, sid, "1+1"), n, warmup=10)
+        http.delete(f"/sessions/{sid}")
+    return summary(samples)
+
+
+def session_acquisition(url: str, n: int, pool: int) -> dict[str, Any]:
+    samples = []
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for _ in range(n):
+            wait_warm(url, pool)
+            t = time.perf_counter()
+            sid = http.post("/sessions").json()["id"]
+            samples.append(time.perf_counter() - t)
+            http.delete(f"/sessions/{sid}")
+    return summary(samples)
+
+
+def stateless_sequential(url: str, n: int, pool: int) -> dict[str, Any]:
+    samples = []
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for _ in range(n):
+            wait_warm(url, pool)
+            t = time.perf_counter()
+            with http.stream(
+                "POST", "/execute", json={"code": "print(1)"}, headers=JSON_HEADERS
+            ) as response:
+                for line in response.iter_lines():
+                    if line.startswith("event: done"):
+                        break
+            samples.append(time.perf_counter() - t)
+    return summary(samples)
+
+
+def stateless_throughput(url: str, seconds: float, concurrency: int) -> dict[str, Any]:
+    before = _health(url) or {"pool": {"kernels_started": 0}}
+    stop = time.monotonic() + seconds
+    ok = refused = 0
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        nonlocal ok, refused
+        with httpx.Client(base_url=url, timeout=120) as http:
+            while time.monotonic() < stop:
+                t = time.perf_counter()
+                response = http.post(
+                    "/execute",
+                    json={"code": "print(1)"},
+                    headers={**JSON_HEADERS, "Accept": "application/json"},
+                )
+                with lock:
+                    if response.status_code == 200:
+                        ok += 1
+                        latencies.append(time.perf_counter() - t)
+                    else:
+                        refused += 1
+                if response.status_code != 200:
+                    time.sleep(float(response.headers.get("retry-after", "1")))
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(concurrency) as pool:
+        for _ in range(concurrency):
+            pool.submit(worker)
+    elapsed = time.monotonic() - started
+    after = _health(url) or {"pool": {"kernels_started": 0}}
+    kernels = after["pool"]["kernels_started"] - before["pool"]["kernels_started"]
+    return {
+        "seconds": round(elapsed, 1),
+        "concurrency": concurrency,
+        "completed": ok,
+        "refused_429_503": refused,
+        "requests_per_s": round(ok / elapsed, 2),
+        "kernel_starts_per_s": round(kernels / elapsed, 2),
+        "latency": summary(latencies),
+    }
+
+
+FIRST_CHART = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()"
+
+
+def first_chart(url: str, n: int, pool: int) -> dict[str, Any]:
+    samples = []
+    with Client(url) as client:
+        for _ in range(n):
+            wait_warm(url, pool)
+            with client.session() as session:
+                t = time.perf_counter()
+                for event in session.stream(FIRST_CHART):
+                    if isinstance(event, Display) and event.png:
+                        samples.append(time.perf_counter() - t)
+                        break
+                else:
+                    raise RuntimeError("no chart")
+    return summary(samples)
+
+
+LAG_CELL = (
+    "import time\n"
+    "for _ in range({n}):\n"
+    "    print(repr(time.time()), flush=True)\n"
+    "    time.sleep(0.1)\n"
+)
+
+
+def streaming_lag(url: str, lines: int) -> dict[str, Any]:
+    lags = []
+    with Client(url) as client, client.session() as session:
+        for event in session.stream(LAG_CELL.format(n=lines)):
+            now = time.time()
+            if isinstance(event, Stdout):
+                for line in event.text.split():
+                    lags.append(now - float(line))
+            elif isinstance(event, Done):
+                break
+    return summary(lags)
+
+
+def cold_start(args: argparse.Namespace, runtime: Path, n: int) -> dict[str, Any]:
+    """Container create -> kernel answers (before any preloading)."""
+
+    async def measure() -> list[float]:
+        rt = RuntimeDir(runtime / "cold")
+        rt.open()
+        backend = DockerBackend(Settings(image=args.image, runtime_dir=runtime / "cold"), rt)
+        await backend.start()
+        import zmq.asyncio
+
+        context = zmq.asyncio.Context()
+        samples = []
+        try:
+            for _ in range(n):
+                t = time.perf_counter()
+                kernel = Kernel(await backend.launch(rt.new_workspace()), context)
+                await kernel.wait_ready(60)
+                samples.append(time.perf_counter() - t)
+                await kernel.close()
+        finally:
+            await backend.close()
+            context.destroy(linger=0)
+            rt.close()
+        return samples
+
+    return summary(asyncio.run(measure()))
+
+
+def container_memory_mib(instance: str) -> list[float]:
+    engine = docker.from_env()
+    try:
+        containers = engine.containers.list(
+            filters={"label": f"io.kernel-gateway.instance={instance}"}
+        )
+        out = []
+        for c in containers:
+            stats: dict[str, Any] = c.stats(stream=False)  # type: ignore[assignment]
+            usage = stats["memory_stats"].get("usage", 0)
+            cache = stats["memory_stats"].get("stats", {}).get("cache", 0)
+            out.append((usage - cache) / 2**20)
+        return out
+    finally:
+        engine.close()
+
+
+def _round_trip_of(http: httpx.Client, session_id: str) -> Callable[[], None]:
+    return lambda: sse_round_trip(http, session_id, "1+1")
+
+
+def density(url: str, sessions: int, n: int, single_p50_ms: float) -> dict[str, Any]:
+    with httpx.Client(base_url=url, timeout=120) as http:
+        ids: list[str] = []
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(lambda _: http.post("/sessions").json()["id"], range(sessions)))
+        for sid in ids:  # every kernel has run something: a realistic idle session
+            sse_round_trip(http, sid, "x = 1")
+        wait_warm(url, 1)
+        instance = http.get("/health").json()["instance"]
+        memory = container_memory_mib(instance)
+        per_session = [
+            statistics.fmean(timed(_round_trip_of(http, sid), 5, 1))
+            for sid in ids[:: max(1, len(ids) // 20)]
+        ]
+        samples = timed(lambda: sse_round_trip(http, ids[0], "1+1"), n, warmup=5)
+        for sid in ids:
+            http.delete(f"/sessions/{sid}")
+    stats = summary(samples)
+    return {
+        "sessions": sessions,
+        "idle_container_memory_mib": {
+            "mean": round(statistics.fmean(memory), 1) if memory else None,
+            "max": round(max(memory), 1) if memory else None,
+            "containers": len(memory),
+        },
+        "warm_1plus1": stats,
+        "mean_across_sessions_ms": round(statistics.fmean(per_session) * 1000, 3),
+        "ratio_to_single_session_p50": round(stats["p50_ms"] / single_p50_ms, 2),
+    }
+
+
+# -- Jupyter Kernel Gateway, optionally ---------------------------------------------------------
+
+JKG_CLIENT = r"""
+import json, statistics, sys, time, uuid, urllib.request
+import websocket
+base = sys.argv[1]; n = int(sys.argv[2])
+req = urllib.request.Request(base + "/api/kernels", data=b"{}", method="POST",
+                             headers={"Content-Type": "application/json"})
+kernel = json.load(urllib.request.urlopen(req))["id"]
+ws = websocket.create_connection(f"ws{base[4:]}/api/kernels/{kernel}/channels")
+def run(code):
+    msg_id = uuid.uuid4().hex
+    ws.send(json.dumps({"header": {"msg_id": msg_id, "msg_type": "execute_request",
+        "username": "", "session": "bench", "version": "5.3", "date": ""},
+        "parent_header": {}, "metadata": {}, "channel": "shell",
+        "content": {"code": code, "silent": False, "store_history": True,
+                    "user_expressions": {}, "allow_stdin": False}}))
+    while True:
+        m = json.loads(ws.recv())
+        if (m.get("parent_header", {}).get("msg_id") == msg_id and m["msg_type"] == "status"
+                and m["content"]["execution_state"] == "idle"):
+            return
+for _ in range(10): run("1+1")
+out = []
+for _ in range(n):
+    t = time.perf_counter(); run("1+1"); out.append(time.perf_counter() - t)
+print(json.dumps(out))
+"""
+
+
+def jupyter_kernel_gateway(n: int, workdir: Path) -> dict[str, Any]:
+    venv = workdir / "jkg-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "jupyter_kernel_gateway", "ipykernel", "websocket-client"], check=True)
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            str(venv / "bin" / "jupyter"),
+            "kernelgateway",
+            f"--KernelGatewayApp.port={port}",
+            "--KernelGatewayApp.ip=127.0.0.1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _jkg_up(base), 60)
+        script = workdir / "jkg_client.py"
+        script.write_text(JKG_CLIENT)
+        result = subprocess.run(
+            [str(venv / "bin" / "python"), str(script), base, str(n)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return {"warm_1plus1": summary(json.loads(result.stdout)), "kernels": "local processes"}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _jkg_up(base: str) -> bool:
+    try:
+        return httpx.get(base + "/api", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def table(results: dict[str, Any]) -> str:
+    r = results
+    raw, warm = r["raw_jupyter_client"], r["warm_round_trip"]
+    rows = [
+        (
+            "warm 1+1, raw jupyter_client (floor)",
+            f"{raw['p50_ms']:.2f}",
+            f"{raw['p99_ms']:.2f}",
+            "",
+        ),
+        (
+            "warm 1+1 through HTTP + SSE",
+            f"{warm['p50_ms']:.2f}",
+            f"{warm['p99_ms']:.2f}",
+            f"p50 {r['ratios']['warm_p50_vs_raw']}x raw (≤1.3), "
+            f"p99 {r['ratios']['warm_p99_vs_raw']}x (≤2)",
+        ),
+        (
+            "POST /sessions (warm pool)",
+            f"{r['session_acquisition']['p50_ms']:.2f}",
+            f"{r['session_acquisition']['p99_ms']:.2f}",
+            "target p50 ≤ 20 ms",
+        ),
+        (
+            "POST /execute print(1), sequential",
+            f"{r['stateless_sequential']['p50_ms']:.2f}",
+            f"{r['stateless_sequential']['p99_ms']:.2f}",
+            "target p50 ≤ 30 ms",
+        ),
+        (
+            "first chart in a fresh session",
+            f"{r['first_chart']['p50_ms']:.2f}",
+            f"{r['first_chart']['p99_ms']:.2f}",
+            "target p50 ≤ 150 ms",
+        ),
+        (
+            "streaming lag (print → client)",
+            f"{r['streaming_lag']['p50_ms']:.2f}",
+            f"{r['streaming_lag']['p99_ms']:.2f}",
+            "target p50 ≤ 20 ms",
+        ),
+        (
+            "cold start: container → kernel ready",
+            f"{r['cold_start']['p50_ms']:.0f}",
+            f"{r['cold_start']['p99_ms']:.0f}",
+            "target p50 ≤ 800 ms",
+        ),
+    ]
+    d = r.get("density")
+    if d:
+        rows.append(
+            (
+                f"warm 1+1 with {d['sessions']} sessions open",
+                f"{d['warm_1plus1']['p50_ms']:.2f}",
+                f"{d['warm_1plus1']['p99_ms']:.2f}",
+                f"{d['ratio_to_single_session_p50']}x single (≤1.5)",
+            )
+        )
+    if "jupyter_kernel_gateway" in r:
+        j = r["jupyter_kernel_gateway"]["warm_1plus1"]
+        rows.append(
+            (
+                "Jupyter Kernel Gateway 1+1 (local kernel)",
+                f"{j['p50_ms']:.2f}",
+                f"{j['p99_ms']:.2f}",
+                "same workload, its websocket API",
+            )
+        )
+    width = max(len(row[0]) for row in rows)
+    lines = [f"{'measure':<{width}}  {'p50 ms':>9}  {'p99 ms':>9}  note", "-" * (width + 40)]
+    lines += [f"{a:<{width}}  {b:>9}  {c:>9}  {d_}" for a, b, c, d_ in rows]
+    t = r["stateless_throughput"]
+    lines.append(
+        f"stateless at concurrency {t['concurrency']} for {t['seconds']} s: "
+        f"{t['requests_per_s']} req/s ({t['completed']} ok, {t['refused_429_503']} refused), "
+        f"kernel starts {t['kernel_starts_per_s']}/s"
+    )
+    if d:
+        m = d["idle_container_memory_mib"]
+        lines.append(
+            f"idle session memory (container cgroup): mean {m['mean']} MiB, "
+            f"max {m['max']} MiB over {m['containers']} containers"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny run to check the bench works")
+    parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--density", type=int, default=100, help="sessions for the density run")
+    parser.add_argument("--throughput-seconds", type=float, default=30)
+    parser.add_argument("--image", default=os.environ.get("KG_IMAGE", DEFAULT_IMAGE))
+    parser.add_argument(
+        "--compare-jkg", action="store_true", help="also install and measure Jupyter Kernel Gateway"
+    )
+    parser.add_argument("--json", type=Path, default=ROOT / "results" / "latest.json")
+    args = parser.parse_args()
+    if args.smoke:
+        args.iterations, args.density, args.throughput_seconds = 10, 3, 2.0
+    n = args.iterations
+    small = max(5, n // 15)
+    pool = 4
+
+    results: dict[str, Any] = {"machine": machine(), "mode": "smoke" if args.smoke else "full"}
+    runtime = Path(tempfile.mkdtemp(prefix="kg-bench-"))
+    try:
+        print("raw jupyter_client round trip…", flush=True)
+        results["raw_jupyter_client"] = raw_round_trip(args, runtime)
+        print("cold start…", flush=True)
+        results["cold_start"] = cold_start(args, runtime, small)
+        with gateway(args, runtime / "gw", pool) as url:
+            print("warm round trip…", flush=True)
+            results["warm_round_trip"] = warm_round_trip(url, n, pool)
+            print("session acquisition…", flush=True)
+            results["session_acquisition"] = session_acquisition(url, small, pool)
+            print("stateless…", flush=True)
+            results["stateless_sequential"] = stateless_sequential(url, small, pool)
+            results["stateless_throughput"] = stateless_throughput(url, args.throughput_seconds, 8)
+            wait_warm(url, pool)
+            print("first chart…", flush=True)
+            results["first_chart"] = first_chart(url, small, pool)
+            print("streaming lag…", flush=True)
+            results["streaming_lag"] = streaming_lag(url, 30 if not args.smoke else 5)
+            print(f"density ({args.density} sessions)…", flush=True)
+            results["density"] = density(
+                url, args.density, n // 3, results["warm_round_trip"]["p50_ms"]
+            )
+        if args.compare_jkg:
+            print("Jupyter Kernel Gateway…", flush=True)
+            try:
+                results["jupyter_kernel_gateway"] = jupyter_kernel_gateway(n, runtime)
+            except (subprocess.CalledProcessError, SystemExit) as exc:
+                print(f"could not measure Jupyter Kernel Gateway: {exc}", flush=True)
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+    raw, warm = results["raw_jupyter_client"], results["warm_round_trip"]
+    results["ratios"] = {
+        "warm_p50_vs_raw": round(warm["p50_ms"] / raw["p50_ms"], 2),
+        "warm_p99_vs_raw": round(warm["p99_ms"] / raw["p99_ms"], 2),
+    }
+    m = results["machine"]
+    print(
+        f"\n{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}, "
+        f"Docker {m['docker']}, Python {m['python']} ({results['mode']} run)\n"
+    )
+    print(table(results))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

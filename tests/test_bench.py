@@ -1,0 +1,42 @@
+"""The benchmark runs (smoke mode). Timing is reported by the bench, never asserted here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import require_docker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_smoke_run_writes_every_figure(tmp_path: Path) -> None:
+    require_docker()
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warm 1+1 through HTTP + SSE" in result.stdout
+    figures = json.loads(out.read_text())
+    for key in (
+        "raw_jupyter_client",
+        "warm_round_trip",
+        "session_acquisition",
+        "stateless_sequential",
+        "stateless_throughput",
+        "first_chart",
+        "streaming_lag",
+        "cold_start",
+        "density",
+        "ratios",
+        "machine",
+    ):
+        assert key in figures, key
+    assert figures["warm_round_trip"]["n"] == 10
