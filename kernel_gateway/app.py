@@ -67,7 +67,12 @@ def create_app(settings: Settings) -> Starlette:
         try:
             backend = await select_backend(settings, runtime)
             logger.info("backend: %s; isolation: %s", backend.name, backend.isolation)
-            if backend.name == "local":
+            if isinstance(backend, LocalBackend) and backend.isolated:
+                logger.warning(
+                    "local backend: kernels run in a bubblewrap sandbox but share this host's "
+                    "kernel; prefer the docker backend (with --runtime runsc) for untrusted code"
+                )
+            elif isinstance(backend, LocalBackend):
                 logger.warning(
                     "\n%s\nWARNING: the local backend runs code as YOUR USER ON THIS HOST, with no "
                     "isolation.\nUse it only for code you trust. Build the kernel image "

@@ -8,7 +8,8 @@
     │   └── SessionNotFound           404 session_not_found
     ├── Conflict                      409 conflict
     │   ├── SessionBusy               409 session_busy        (too many queued executions)
-    │   └── SessionClosed             409 session_closed      (deleted while the request waited)
+    │   ├── SessionClosed             409 session_closed      (deleted while the request waited)
+    │   └── SessionFailed             409 session_failed      (its kernel kept dying: gave up)
     ├── PayloadTooLarge               413 payload_too_large
     ├── UnsupportedMediaType          415 unsupported_media_type (JSON body without its type)
     ├── InvalidRequest                422 invalid_request     (well-formed JSON, wrong fields)
@@ -70,6 +71,10 @@ class SessionBusy(Conflict):
 
 class SessionClosed(Conflict):
     error_type = "session_closed"
+
+
+class SessionFailed(Conflict):
+    error_type = "session_failed"
 
 
 class PayloadTooLarge(GatewayError):

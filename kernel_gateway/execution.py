@@ -29,6 +29,8 @@ class Execution:
         self.abandoned = False
         """Set when no client listens any more (it disconnected)."""
         self.idle = asyncio.Event()
+        self.exit_requested = False
+        """The cell called exit(): the kernel is replaced after it."""
         self.signalled_at = -1e9
         """When the gateway last sent this cell a SIGINT (monotonic seconds)."""
         self.task: asyncio.Task[None] | None = None

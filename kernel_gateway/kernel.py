@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 Listener = Callable[[Message], None]
 DELIM = b"<IDS|MSG>"
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
 def _url(info: ConnectionInfo, port: str) -> str:
@@ -74,6 +75,8 @@ class Kernel:
         # The kernel binds its sockets a few hundred ms after start: retry quickly.
         sock.setsockopt(zmq.RECONNECT_IVL, 10)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 100)
+        # A kernel cannot make the gateway buffer an absurd message: past this ZMQ drops it.
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sock.connect(url)
         return sock
 

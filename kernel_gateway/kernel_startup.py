@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import threading
 from typing import Any
@@ -127,7 +128,49 @@ def _config(connection_file: str) -> Any:
     return config
 
 
+def _seed_font_cache() -> None:
+    """Start from a prebuilt matplotlib font cache: a cold font scan costs seconds."""
+    source = os.environ.get("MPL_FONT_CACHE_SEED")
+    target = os.environ.get("MPLCONFIGDIR")
+    if not source or not target or not os.path.isdir(source):
+        return
+    os.makedirs(target, exist_ok=True)
+    for name in os.listdir(source):
+        if name.endswith(".json") and not os.path.exists(os.path.join(target, name)):
+            shutil.copy(os.path.join(source, name), target)
+
+
+def _install_tolerant_fd_capture() -> None:
+    """Keep fd-level output flowing whatever bytes a program writes.
+
+    ipykernel 6 decodes what it reads from the stdout/stderr pipes strictly: one
+    invalid UTF-8 byte from a subprocess ends its watcher thread, and all later
+    C-level and subprocess output of the kernel is silently lost. This version
+    decodes incrementally (a character split across reads survives) and replaces
+    invalid bytes.
+    """
+    import codecs
+
+    from ipykernel.iostream import OutStream
+
+    def _watch_pipe_fd(self: Any) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        try:
+            data = os.read(self._fid, 4096)
+            while data and self._should_watch:
+                self.write(decoder.decode(data))
+                os.write(self._original_stdstream_copy, data)
+                data = os.read(self._fid, 4096)
+        except Exception:
+            self._exc = sys.exc_info()
+
+    if hasattr(OutStream, "_watch_pipe_fd"):
+        OutStream._watch_pipe_fd = _watch_pipe_fd  # type: ignore[method-assign]
+
+
 def main(argv: list[str]) -> None:
+    _seed_font_cache()
+    _install_tolerant_fd_capture()
     _install_thread_output_routing()
     from ipykernel.kernelapp import launch_new_instance
 

@@ -172,7 +172,13 @@ class Pool:
         try:
             await session.close()
         finally:
-            await asyncio.to_thread(shutil.rmtree, session.workspace, True)
+            await self._remove_workspace(session.workspace)
+
+    async def _remove_workspace(self, path: Path) -> None:
+        try:
+            await self.backend.release_workspace(path)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, path, True)
 
     # -- kernels -----------------------------------------------------------------------------
 
@@ -240,9 +246,12 @@ class Pool:
     async def _start_one(self) -> None:
         workspace = self._runtime.new_workspace()
         try:
+            await self.backend.prepare_workspace(workspace)
             kernel = await self.launch(workspace)
-        except Exception as exc:
-            shutil.rmtree(workspace, ignore_errors=True)
+        except BaseException as exc:
+            await asyncio.shield(self._remove_workspace(workspace))
+            if not isinstance(exc, Exception):
+                raise
             self._on_start_failure(exc)
             return
         finally:
@@ -293,7 +302,7 @@ class Pool:
         try:
             await warm.kernel.close()
         finally:
-            await asyncio.to_thread(shutil.rmtree, warm.workspace, True)
+            await self._remove_workspace(warm.workspace)
 
     async def _reap_idle(self) -> None:
         timeout = self.settings.idle_timeout

@@ -17,6 +17,7 @@ import base64
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends.base import ExitInfo
-from .errors import GatewayError, KernelUnavailable, SessionBusy, SessionClosed
+from .errors import GatewayError, KernelUnavailable, SessionBusy, SessionClosed, SessionFailed
 from .events import OutputLimiter, error_event
 from .execution import Execution
 from .kernel import Kernel
@@ -87,6 +88,9 @@ class Session:
         self.last_activity = time.monotonic()
         self._restart_notice = False
         self.closed = False
+        self.failed: str | None = None
+        """Why the session gave up on its kernel (too many deaths), or None."""
+        self._deaths: deque[float] = deque()
         self._watch(kernel)
 
     # -- public ------------------------------------------------------------------------------
@@ -95,6 +99,8 @@ class Session:
         """Queue a cell; its events can be read from the returned Execution at once."""
         if self.closed:
             raise SessionClosed(f"session {self.id} was deleted")
+        if self.failed:
+            raise SessionFailed(self.failed)
         if self.queued >= self._settings.max_queued_executions:
             raise SessionBusy(
                 f"session {self.id} already has {self.queued} executions waiting; "
@@ -219,6 +225,8 @@ class Session:
     def status(self) -> str:
         if self.closed:
             return "closed"
+        if self.failed:
+            return "failed"
         if self.current is not None:
             return "busy"
         if self.kernel is None or self.kernel.exited.done():
@@ -234,6 +242,7 @@ class Session:
             "execution_count": self.execution_count,
             "queued": self.queued,
             "restarts": self.restarts,
+            "failed": self.failed,
         }
 
     # -- internals ---------------------------------------------------------------------------
@@ -264,8 +273,10 @@ class Session:
                 return
             logger.info("session %s: %s; restarting", self.id, _exit_of(kernel).describe())
             self._restart_notice = True
-            with contextlib.suppress(KernelUnavailable):
-                await self._replace_kernel()
+            if self._record_death():
+                await asyncio.sleep(self._backoff())
+                with contextlib.suppress(KernelUnavailable):
+                    await self._replace_kernel()
 
     async def _replace_kernel(self) -> None:
         old, self.kernel = self.kernel, None
@@ -304,7 +315,8 @@ class Session:
                 finally:
                     self.current = None
                     self.touch()
-                if outcome.replace_kernel and not self.ephemeral:
+                if outcome.replace_kernel and not self.ephemeral and not self.failed:
+                    await asyncio.sleep(outcome.backoff)
                     with contextlib.suppress(KernelUnavailable):
                         await self._replace_kernel()
         except Exception as exc:
@@ -323,8 +335,9 @@ class Session:
 
         def outcome(status: DoneStatus, restarted: bool, **extra: Any) -> Outcome:
             replace = bool(extra.pop("replace_kernel", False))
+            backoff = float(extra.pop("backoff", 0.0))
             elapsed = (time.monotonic() - started) * 1000
-            return Outcome(status, elapsed, restarted, extra, replace)
+            return Outcome(status, elapsed, restarted, extra, replace, backoff)
 
         kernel = self.kernel
         if kernel is None or kernel.exited.done():
@@ -349,6 +362,9 @@ class Session:
             if idle.done():
                 status = await self._finished_status(execution, reply)
                 self._count(execution)
+                if execution.exit_requested:
+                    self._restart_notice = True
+                    return outcome(status, restarted, replace_kernel=True)
                 return outcome(status, restarted)
             if not kernel.exited.done():
                 # Timed out: interrupt, and restart if the kernel does not stop in time.
@@ -384,7 +400,33 @@ class Session:
             return outcome("interrupted", True)
         execution.emit(error_event("KernelDied", f"{exit_info.describe()}; its state is lost"))
         self._restart_notice = True
-        return outcome("died", False, reason=exit_info.reason, replace_kernel=True)
+        if not self._record_death():
+            execution.emit(error_event("SessionFailed", self.failed or ""))
+            return outcome("died", False, reason=exit_info.reason, session_failed=True)
+        return outcome(
+            "died", False, reason=exit_info.reason, replace_kernel=True, backoff=self._backoff()
+        )
+
+    def _record_death(self) -> bool:
+        """Count an unexpected death; False once the budget is spent (the session fails)."""
+        now = time.monotonic()
+        self._deaths.append(now)
+        while self._deaths and now - self._deaths[0] > self._settings.restart_window:
+            self._deaths.popleft()
+        if len(self._deaths) > self._settings.restart_budget:
+            self.failed = (
+                f"the kernel of session {self.id} died {len(self._deaths)} times within "
+                f"{self._settings.restart_window:g} s, so it is not restarted again; "
+                "delete this session and start a new one"
+            )
+            logger.warning("session %s failed: %s", self.id, self.failed)
+            return False
+        return True
+
+    def _backoff(self) -> float:
+        """Seconds to wait before the next restart: 0, 0.5, 1, 2, 4, 8 for repeated deaths."""
+        recent = len(self._deaths)
+        return 0.0 if recent <= 1 else min(8.0, 0.5 * 2 ** (recent - 2))
 
     async def _finished_status(
         self, execution: Execution, reply: asyncio.Future[JSON]
@@ -397,6 +439,9 @@ class Session:
             )
             content = msg["content"]
             ok = content.get("status") == "ok"
+            # exit() asks the frontend to end the kernel; the gateway is the frontend.
+            payloads = content.get("payload") or []
+            execution.exit_requested = any(p.get("source") == "ask_exit" for p in payloads)
             if content.get("execution_count") is not None:
                 execution.execution_count = content["execution_count"]
         except (TimeoutError, asyncio.CancelledError):
@@ -466,3 +511,4 @@ class Outcome:
     restarted: bool
     extra: dict[str, Any]
     replace_kernel: bool = False
+    backoff: float = 0.0

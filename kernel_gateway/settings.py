@@ -55,6 +55,11 @@ class Settings:
     memory_limit: str = "1g"
     cpu_limit: float = 1.0
     pids_limit: int = 256
+    network: str = "none"
+    runtime: str | None = None
+    workspace_size: str = "1g"
+    restart_budget: int = 5
+    restart_window: float = 300.0
     runtime_dir: Path = field(default_factory=_default_runtime_dir)
     log_level: str = "info"
 
@@ -174,6 +179,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--memory-limit", help="memory per kernel container, docker syntax (default 1g)")
     add("--cpu-limit", type=float, help="CPUs per kernel container (default 1.0)")
     add("--pids-limit", type=int, help="processes per kernel container (default 256)")
+    add(
+        "--network",
+        help="Docker network for kernels (default none: no network at all; e.g. bridge to "
+        "let code reach the internet, for pip)",
+    )
+    add("--runtime", help="OCI runtime for kernel containers, e.g. runsc for gVisor")
+    add("--workspace-size", help="size cap of each session's working directory (default 1g)")
+    add(
+        "--restart-budget",
+        type=int,
+        help="kernel deaths a session may have within --restart-window before it is failed (5)",
+    )
+    add("--restart-window", type=float, help="seconds the restart budget counts over (300)")
     add("--figure-formats", help="inline chart formats, e.g. png or png,svg (default png)")
     add("--figure-dpi", type=int, help="inline chart resolution (default 100)")
     add(

@@ -192,7 +192,8 @@ class Workspace:
         while stack and seen < MAX_SCAN_ENTRIES:
             prefix, path = stack.pop()
             try:
-                entries = list(os.scandir(path))
+                with os.scandir(path) as iterator:
+                    entries = list(iterator)
             except OSError:
                 continue
             for entry in entries:

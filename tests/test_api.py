@@ -376,3 +376,19 @@ def test_preloading_leaves_no_names_behind(client: httpx.Client, session_id: str
     # Exactly what IPython itself defines (ipykernel 7 adds `open`), nothing preloaded.
     assert set(eval(names)) <= {"In", "Out", "exit", "get_ipython", "open", "quit"}
     assert flags == "False True"
+
+
+def test_invalid_utf8_from_a_subprocess_does_not_silence_later_output(
+    client: httpx.Client, session_id: str
+) -> None:
+    bad = execute(
+        client,
+        session_id,
+        "import subprocess, time\n"
+        "subprocess.run(['printf', 'bad \\\\377\\\\376 bytes\\\\n']); time.sleep(0.5)",
+    )
+    assert "bad" in bad.stdout and "bytes" in bad.stdout
+    later = execute(
+        client, session_id, "import os, time; os.system('echo still here'); time.sleep(0.5)"
+    )
+    assert later.stdout == "still here\n"

@@ -143,7 +143,11 @@ def test_auto_falls_back_to_local_and_warns(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         output = proc.communicate(timeout=30)[0]
     assert "falling back to local" in output
-    assert "WARNING: the local backend runs code as YOUR USER ON THIS HOST" in output
+    assert "backend: local; isolation:" in output
+    assert (
+        "WARNING: the local backend runs code as YOUR USER ON THIS HOST" in output
+        or "kernels run in a bubblewrap sandbox but share this host's kernel" in output
+    )
 
 
 def test_shutdown_removes_every_container(tmp_path: Path) -> None:
@@ -179,3 +183,16 @@ def test_startup_reclaims_orphans_of_a_crashed_gateway(tmp_path: Path) -> None:
     with serve(tmp_path, "--backend", "docker", "--pool-size", "0") as (_, url):
         assert httpx.get(url + "/health").json()["instance"] != instance
         assert containers_of(instance) == []
+
+
+def test_gateways_with_different_runtime_dirs_leave_each_other_alone(tmp_path: Path) -> None:
+    require_docker()
+    with serve(tmp_path / "a", "--backend", "docker", "--pool-size", "1") as (_, url_a):
+        instance = httpx.get(url_a + "/health").json()["instance"]
+        deadline = time.monotonic() + 30
+        while not containers_of(instance) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        mine = containers_of(instance)
+        assert mine
+        with serve(tmp_path / "b", "--backend", "docker", "--pool-size", "0"):
+            assert containers_of(instance) == mine  # a live neighbour's kernels are not orphans

@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import socket
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -87,6 +88,12 @@ class Backend(abc.ABC):
         """uid/gid the kernel runs as, for files the gateway writes into a workspace."""
         return None
 
+    async def prepare_workspace(self, path: Path) -> None:  # noqa: B027 - optional hook
+        """Make a new workspace ready (the docker backend caps its size)."""
+
+    async def release_workspace(self, path: Path) -> None:  # noqa: B027 - optional hook
+        """Undo `prepare_workspace` before the folder is removed."""
+
     @abc.abstractmethod
     async def start(self) -> None:
         """Get ready to launch; reclaim what a crashed earlier gateway left behind."""
@@ -124,28 +131,23 @@ class RuntimeDir:
         self._lock_fd = fd
 
     def close(self) -> None:
+        for mount in mounts_under(self.path):  # a workspace tmpfs left behind
+            subprocess.run(["umount", "-l", mount], capture_output=True)
         shutil.rmtree(self.path, ignore_errors=True)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
             (self.root / f"{self.instance}.lock").unlink(missing_ok=True)
 
+    @property
+    def lock_path(self) -> Path:
+        return self.root / f"{self.instance}.lock"
+
     def is_live(self, instance: str) -> bool:
-        """Whether a gateway with this instance id still runs on this host."""
+        """Whether the gateway with this instance id, in this runtime dir, still runs."""
         if instance == self.instance:
             return True
-        lock = self.root / f"{instance}.lock"
-        try:
-            fd = os.open(lock, os.O_RDWR)
-        except OSError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        finally:
-            os.close(fd)
-        return False
+        return lock_is_held(self.root / f"{instance}.lock")
 
     def stale_instances(self) -> list[str]:
         """Instance ids with a folder here but no live gateway."""
@@ -170,6 +172,32 @@ class RuntimeDir:
         path = self.path / "w" / secrets.token_hex(8)
         path.mkdir(mode=0o700)
         return path
+
+
+def mounts_under(folder: Path) -> list[str]:
+    """Mount points below `folder` (such as workspace tmpfs mounts)."""
+    prefix = str(folder) + "/"
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    points = [fields[1] for fields in (line.split() for line in lines) if len(fields) > 1]
+    return [p for p in points if p.startswith(prefix)]
+
+
+def lock_is_held(path: Path) -> bool:
+    """Whether a live process holds this instance lock (a dead one's lock is released)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def ipc_connection(prefix: str) -> ConnectionInfo:

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,8 @@ from .base import (
     KernelProcess,
     RuntimeDir,
     ipc_connection,
+    lock_is_held,
+    mounts_under,
     write_connection_file,
     write_startup_file,
 )
@@ -46,6 +49,7 @@ T = TypeVar("T")
 LABEL_MANAGED = "io.kernel-gateway.managed"
 LABEL_INSTANCE = "io.kernel-gateway.instance"
 LABEL_HOST = "io.kernel-gateway.host"
+LABEL_LOCK = "io.kernel-gateway.lock"  # the owner's instance lock: held while it lives
 CONTAINER_UID = 1000  # the image's `sandbox` user
 
 
@@ -125,6 +129,7 @@ class DockerBackend(Backend):
         self._watcher: threading.Thread | None = None
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._cap_workspaces = os.getuid() == 0
         if os.getuid() == 0:
             self._user = f"{CONTAINER_UID}:{CONTAINER_UID}"
             self._owner: tuple[int, int] | None = (CONTAINER_UID, CONTAINER_UID)
@@ -136,15 +141,47 @@ class DockerBackend(Backend):
     @property
     def isolation(self) -> str:
         s = self._settings
+        network = "no network" if s.network == "none" else f"network {s.network!r}"
+        runtime = f"runtime {s.runtime}" if s.runtime else "runtime runc (shares the host kernel)"
         return (
-            f"docker containers from {s.image}: no network, user {self._user}, all capabilities "
+            f"docker containers from {s.image}, {runtime}: {network}, user {self._user}, all "
+            "capabilities "
             f"dropped, no-new-privileges, read-only root, memory {s.memory_limit} (no swap), "
-            f"{s.cpu_limit} CPU, {s.pids_limit} pids"
+            f"{s.cpu_limit} CPU, {s.pids_limit} pids, workspace "
+            + (f"tmpfs capped at {s.workspace_size}" if self._cap_workspaces else "uncapped")
         )
 
     @property
     def workspace_owner(self) -> tuple[int, int] | None:
         return self._owner
+
+    async def prepare_workspace(self, path: Path) -> None:
+        """Give the workspace its own size-capped tmpfs, so code cannot fill the host's disk.
+
+        Its pages are charged to the container's memory cgroup. Needs root; without
+        it the workspace stays a plain folder (the startup log says so).
+        """
+        if not self._cap_workspaces:
+            return
+        uid = self._owner[0] if self._owner else os.getuid()
+        options = f"size={self._settings.workspace_size},mode=0700,uid={uid},gid={uid},nosuid,nodev"
+        result = await self.call(
+            subprocess.run,
+            ["mount", "-t", "tmpfs", "-o", options, "kg-workspace", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            self._cap_workspaces = False
+            logger.warning(
+                "cannot mount a size-capped tmpfs for workspaces (%s); workspaces are plain "
+                "folders on the host's disk",
+                result.stderr.strip(),
+            )
+
+    async def release_workspace(self, path: Path) -> None:
+        if self._cap_workspaces or _is_mountpoint(path):
+            await self.call(subprocess.run, ["umount", "-l", str(path)], capture_output=True)
 
     @property
     def client(self) -> docker.DockerClient:
@@ -187,12 +224,15 @@ class DockerBackend(Backend):
             c["Id"]
             for c in containers
             if c["Labels"].get(LABEL_HOST) == self._runtime.hostname
-            and not self._runtime.is_live(c["Labels"].get(LABEL_INSTANCE, ""))
+            and c["Labels"].get(LABEL_INSTANCE) != self._runtime.instance
+            and not lock_is_held(Path(c["Labels"].get(LABEL_LOCK, "/nonexistent")))
         ]
         await asyncio.gather(*(self.call(self.remove_container, cid) for cid in stale))
         if stale:
             logger.info("removed %d orphaned kernel containers", len(stale))
         for instance in self._runtime.stale_instances():
+            for mount in mounts_under(self._runtime.root / instance):
+                await self.call(subprocess.run, ["umount", "-l", mount], capture_output=True)
             self._runtime.remove_instance(instance)
 
     async def close(self) -> None:
@@ -232,13 +272,13 @@ class DockerBackend(Backend):
                 str(conn_dir): {"bind": "/conn", "mode": "rw"},
                 str(workspace): {"bind": "/workspace", "mode": "rw"},
             },
-            network_mode="none",
+            network_mode=s.network,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges:true"],
             init=True,
             read_only=True,
             tmpfs={
-                "/tmp": "rw,nosuid,nodev,size=512m,mode=1777",
+                "/tmp": f"rw,nosuid,nodev,size={s.workspace_size},mode=1777",
                 "/home/sandbox": home_tmpfs,
             },
             mem_limit=s.memory_limit,
@@ -251,6 +291,8 @@ class DockerBackend(Backend):
                 type="json-file", config={"max-size": "1m", "max-file": "1"}
             ),
         )
+        if s.runtime:
+            host_config["Runtime"] = s.runtime
         try:
             await self.call(
                 self._create_and_start,
@@ -261,6 +303,7 @@ class DockerBackend(Backend):
                     LABEL_MANAGED: "1",
                     LABEL_INSTANCE: self._runtime.instance,
                     LABEL_HOST: self._runtime.hostname,
+                    LABEL_LOCK: str(self._runtime.lock_path),
                 },
                 host_config=host_config,
                 environment={"HOME": "/home/sandbox"},
@@ -337,6 +380,10 @@ class DockerBackend(Backend):
         elif action == "die":
             code = int(attrs.get("exitCode", -1))
             self._loop.call_soon_threadsafe(kernel._on_die, code)
+
+
+def _is_mountpoint(path: Path) -> bool:
+    return str(path) in {p for p in mounts_under(path.parent)}
 
 
 def ipc_connection_inside(info: ConnectionInfo) -> ConnectionInfo:

@@ -1,17 +1,24 @@
 """Kernels as local processes: the embedded default where no Docker engine answers.
 
-Code runs with the gateway user's rights on the host. That is fine for a laptop
-and for tests, and never for untrusted code; the startup log says so loudly.
+When bubblewrap (`bwrap`) is installed, each kernel runs inside it: no network,
+a read-only view of the system, a private /tmp, only its own workspace and
+connection folder writable, its own pid namespace (it cannot see the gateway or
+other kernels), all capabilities dropped. Resource limits are rlimits. Without
+bwrap, code runs with the gateway user's rights on the host; the startup log
+says which isolation is active, and warns loudly when there is none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import resource
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -46,10 +53,13 @@ class LocalKernel(KernelProcess):
         conn_dir: Path,
         proc: asyncio.subprocess.Process,
         connection: ConnectionInfo,
+        kernel_pid: int | None = None,
     ) -> None:
         self.id = kernel_id
         self._conn_dir = conn_dir
         self._proc = proc
+        self._kernel_pid = kernel_pid or proc.pid
+        """The kernel itself: inside bwrap it is not the process we started."""
         self.connection = connection
         self._exit: asyncio.Task[ExitInfo] = asyncio.create_task(self._wait())
 
@@ -65,12 +75,15 @@ class LocalKernel(KernelProcess):
     async def send_signal(self, signum: int) -> None:
         if self._proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self._proc.pid, signum)
+                os.kill(self._kernel_pid, signum)
 
     async def kill(self) -> None:
-        # The kernel leads its own process group: take its children with it.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._proc.pid, signal.SIGKILL)
+        # The kernel leads its own process group (or pid namespace): take its children too.
+        for pid in {self._kernel_pid, self._proc.pid}:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
     async def cleanup(self) -> None:
         await self.kill()  # also when the kernel is gone: its children may live on
@@ -86,6 +99,8 @@ class LocalBackend(Backend):
         self._settings = settings
         self._runtime = runtime
         self._kernels: set[LocalKernel] = set()
+        self._bwrap = shutil.which("bwrap")
+        self._font_seed = runtime.root / "matplotlib"
         # The kernel gets a small, explicit environment: never the gateway's own
         # (which may hold its token or cloud credentials).
         self._env = {
@@ -95,20 +110,88 @@ class LocalBackend(Backend):
             "PYTHONUNBUFFERED": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
             "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-            "MPLCONFIGDIR": str(runtime.root / "matplotlib"),
+            "MPL_FONT_CACHE_SEED": str(runtime.root / "matplotlib"),
             "OPENBLAS_NUM_THREADS": "1",
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
         }
 
     @property
+    def isolated(self) -> bool:
+        return self._bwrap is not None
+
+    @property
     def isolation(self) -> str:
-        return "none: kernels are local processes with the gateway user's rights"
+        limits = (
+            f"rlimits: address space {self._settings.memory_limit} x4, 1024 files, "
+            f"file size {self._settings.workspace_size}"
+        )
+        if self._bwrap:
+            return (
+                "bubblewrap sandbox: no network, read-only system, private /tmp, only its "
+                "workspace writable, own pid namespace, all capabilities dropped; " + limits
+            )
+        return "none: kernels are local processes with the gateway user's rights; " + limits
 
     async def start(self) -> None:
         for instance in self._runtime.stale_instances():
             await asyncio.to_thread(_kill_orphans, self._runtime.root / instance)
             self._runtime.remove_instance(instance)
+        await asyncio.to_thread(self._warm_font_cache)
+
+    def _warm_font_cache(self) -> None:
+        """Build matplotlib's font cache once; each kernel starts from a copy of it."""
+        self._font_seed.mkdir(parents=True, exist_ok=True)
+        if any(self._font_seed.glob("fontlist-*.json")):
+            return
+        subprocess.run(
+            [sys.executable, "-c", "import matplotlib.font_manager"],
+            env={**self._env, "MPLCONFIGDIR": str(self._font_seed)},
+            capture_output=True,
+            timeout=120,
+        )
+
+    def _sandbox(self, conn_dir: Path, workspace: Path, info_fd: int) -> list[str]:
+        assert self._bwrap is not None
+        argv = [
+            self._bwrap,
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/tmp",
+        ]
+        root = self._runtime.root
+        if not str(root).startswith("/tmp/"):
+            argv += ["--tmpfs", str(root)]  # hide every other session's files
+        argv += [
+            "--ro-bind", str(self._font_seed), str(self._font_seed),
+            "--bind", str(conn_dir), str(conn_dir),
+            "--bind", str(workspace), str(workspace),
+            "--chdir", str(workspace),
+            "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-pid", "--as-pid-1",
+            "--cap-drop", "ALL",
+            "--die-with-parent", "--new-session",
+            "--info-fd", str(info_fd),
+            "--",
+        ]  # fmt: skip
+        return argv
+
+    def _limits(self) -> None:
+        """Runs in the child before exec: rlimits the kernel inherits."""
+        memory = parse_size(self._settings.memory_limit) * 4  # address space, not RSS
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+        size = parse_size(self._settings.workspace_size)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if os.getuid() != 0:
+            pids = self._settings.pids_limit
+            resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
 
     async def launch(self, workspace: Path) -> KernelProcess:
         kernel_id, conn_dir = self._runtime.new_kernel_dir()
@@ -117,22 +200,38 @@ class LocalBackend(Backend):
         write_connection_file(conn_file, connection)
         home = conn_dir / "home"
         home.mkdir()
-        env = dict(self._env, HOME=str(home), IPYTHONDIR=str(home / ".ipython"))
+        env = dict(
+            self._env,
+            HOME=str(home),
+            IPYTHONDIR=str(home / ".ipython"),
+            MPLCONFIGDIR=str(home / ".matplotlib"),
+        )
         # ipykernel echoes all fd-level output to its own stdout: discard it, or a
         # `while True: print()` would fill the disk with a log nobody reads.
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(write_startup_file(conn_dir, self._settings)),
-            "-f",
-            str(conn_file),
-            cwd=workspace,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        kernel = LocalKernel(kernel_id, conn_dir, proc, connection)
+        command = [sys.executable, str(write_startup_file(conn_dir, self._settings)), "-f",
+                   str(conn_file)]  # fmt: skip
+        read_fd, write_fd = os.pipe() if self._bwrap else (-1, -1)
+        try:
+            if self._bwrap:
+                command = self._sandbox(conn_dir, workspace, write_fd) + command
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                cwd=workspace,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=self._limits,
+                pass_fds=(write_fd,) if self._bwrap else (),
+            )
+        finally:
+            if write_fd >= 0:
+                os.close(write_fd)
+        kernel_pid = None
+        if self._bwrap:
+            kernel_pid = await asyncio.to_thread(_child_pid, read_fd)
+        kernel = LocalKernel(kernel_id, conn_dir, proc, connection, kernel_pid)
         (conn_dir / "pid").write_text(str(proc.pid))
         self._kernels.add(kernel)
         kernel._exit.add_done_callback(lambda _: self._kernels.discard(kernel))
@@ -140,6 +239,33 @@ class LocalBackend(Backend):
 
     async def close(self) -> None:
         await asyncio.gather(*(k.cleanup() for k in list(self._kernels)))
+
+
+def parse_size(text: str) -> int:
+    """Docker-style sizes: 512m, 1g, 1024k, or plain bytes."""
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+    text = text.strip().lower().removesuffix("b")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def _child_pid(fd: int) -> int | None:
+    """The kernel's pid, from bwrap's --info-fd JSON (bwrap itself is its parent)."""
+    data = b""
+    try:
+        while b"}" not in data:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    try:
+        pid = json.loads(data)["child-pid"]
+    except (ValueError, KeyError):
+        return None
+    return int(pid)
 
 
 def _kill_orphans(instance_dir: Path) -> None:
