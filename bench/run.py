@@ -139,6 +139,8 @@ def gateway(args: argparse.Namespace, runtime: Path, pool: int, **extra: str) ->
         "--log-level",
         "warning",
     ]
+    if args.runtime:
+        cmd += ["--runtime", args.runtime]
     for key, value in extra.items():
         cmd += [f"--{key.replace('_', '-')}", value]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -196,10 +198,18 @@ class RawKernel:
         self.rt = RuntimeDir(runtime / "raw")
         self.rt.open()
         self.backend = DockerBackend(
-            Settings(image=args.image, runtime_dir=runtime / "raw"), self.rt
+            Settings(image=args.image, runtime_dir=runtime / "raw", runtime=args.runtime), self.rt
         )
         self.loop.run_until_complete(self.backend.start())
         self.process = self.loop.run_until_complete(self.backend.launch(self.rt.new_workspace()))
+        # Under gVisor the sockets appear a few seconds after start; jupyter_client's
+        # heartbeat check would call the kernel dead before that, so wait for them.
+        prefix = self.process.connection["ip"]
+        deadline = time.monotonic() + 60
+        while not all(Path(f"{prefix}-{n}").exists() for n in range(1, 6)):
+            if time.monotonic() > deadline:
+                raise SystemExit("the raw kernel's sockets never appeared")
+            time.sleep(0.05)
         self.client = BlockingKernelClient()
         self.client.load_connection_info(dict(self.process.connection))  # type: ignore[arg-type]
         self.client.start_channels()
@@ -404,7 +414,9 @@ def cold_start(args: argparse.Namespace, runtime: Path, n: int) -> dict[str, Any
     async def measure() -> list[float]:
         rt = RuntimeDir(runtime / "cold")
         rt.open()
-        backend = DockerBackend(Settings(image=args.image, runtime_dir=runtime / "cold"), rt)
+        backend = DockerBackend(
+            Settings(image=args.image, runtime_dir=runtime / "cold", runtime=args.runtime), rt
+        )
         await backend.start()
         import zmq.asyncio
 
@@ -654,6 +666,8 @@ def run_gateway_workloads(
     results["first_chart"] = first_chart(url, small, pool)
     print("streaming lag…", flush=True)
     results["streaming_lag"] = streaming_lag(url, 30 if not args.smoke else 5)
+    if args.skip_density:
+        return
     print(f"density ({args.density} sessions)…", flush=True)
     results["density"] = density(url, args.density, n // 3, results["warm_round_trip"]["p50_ms"])
 
@@ -668,6 +682,8 @@ def main() -> int:
     parser.add_argument(
         "--compare-jkg", action="store_true", help="also install and measure Jupyter Kernel Gateway"
     )
+    parser.add_argument("--runtime", help="OCI runtime for kernel containers, e.g. runsc")
+    parser.add_argument("--skip-density", action="store_true", help="leave out the density run")
     parser.add_argument("--json", type=Path, default=ROOT / "results" / "latest.json")
     args = parser.parse_args()
     if args.smoke:
@@ -676,7 +692,11 @@ def main() -> int:
     small = max(5, n // 15)
     pool = 4
 
-    results: dict[str, Any] = {"machine": machine(), "mode": "smoke" if args.smoke else "full"}
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "mode": "smoke" if args.smoke else "full",
+        "runtime": args.runtime or "runc",
+    }
     runtime = Path(tempfile.mkdtemp(prefix="kg-bench-"))
     try:
         print("cold start…", flush=True)
@@ -708,7 +728,8 @@ def main() -> int:
     m = results["machine"]
     print(
         f"\n{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}, "
-        f"Docker {m['docker']}, Python {m['python']} ({results['mode']} run)\n"
+        f"Docker {m['docker']} ({results['runtime']}), Python {m['python']} "
+        f"({results['mode']} run)\n"
     )
     print(table(results))
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,13 @@ from kernel_gateway.settings import DEFAULT_IMAGE, Settings
 from .helpers import ServerThread
 
 REQUIRE_DOCKER = os.environ.get("KG_REQUIRE_DOCKER") == "1"
+REQUIRE_GVISOR = os.environ.get("KG_REQUIRE_GVISOR") == "1"
+# Test backend name -> (settings backend, OCI runtime)
+BACKENDS: dict[str, tuple[str, str | None]] = {
+    "local": ("local", None),
+    "docker": ("docker", None),
+    "gvisor": ("docker", "runsc"),
+}
 IMAGE = os.environ.get("KG_TEST_IMAGE", DEFAULT_IMAGE)
 
 
@@ -42,6 +49,33 @@ def require_docker() -> None:
     pytest.skip(reason)
 
 
+def require_gvisor() -> None:
+    require_docker()
+    client = docker.from_env(timeout=10)
+    try:
+        runtimes = client.info().get("Runtimes", {})
+    finally:
+        client.close()
+    if "runsc" in runtimes:
+        return
+    reason = "gVisor's runsc is not registered with Docker (see .ci/run)"
+    if REQUIRE_GVISOR:
+        pytest.fail(f"KG_REQUIRE_GVISOR=1 but {reason}")
+    pytest.skip(reason)
+
+
+def require_backend(name: str) -> None:
+    if name == "docker":
+        require_docker()
+    elif name == "gvisor":
+        require_gvisor()
+
+
+def backend_settings(name: str, tmp: Path, **overrides: object) -> Settings:
+    backend, runtime = BACKENDS[name]
+    return settings_for(backend, tmp, runtime=runtime, **overrides)
+
+
 def settings_for(backend: str, tmp: Path, **overrides: object) -> Settings:
     values: dict[str, object] = {
         "backend": backend,
@@ -58,15 +92,14 @@ def settings_for(backend: str, tmp: Path, **overrides: object) -> Settings:
 
 @pytest.fixture(scope="session", params=["local", "docker"])
 def backend_name(request: pytest.FixtureRequest) -> str:
-    if request.param == "docker":
-        require_docker()
+    require_backend(request.param)
     return str(request.param)
 
 
 @pytest.fixture(scope="session")
 def gateway(backend_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     """One real server per backend, shared by the API tests."""
-    settings = settings_for(backend_name, tmp_path_factory.mktemp(f"rt-{backend_name}"))
+    settings = backend_settings(backend_name, tmp_path_factory.mktemp(f"rt-{backend_name}"))
     with ServerThread(settings) as server:
         yield server
 

@@ -7,13 +7,21 @@ import time
 import httpx
 import pytest
 
+from .conftest import BACKENDS, require_backend
 from .helpers import execute
+
+
+@pytest.fixture(scope="session", params=["local", "docker", "gvisor"])
+def backend_name(request: pytest.FixtureRequest) -> str:
+    """The core tests run on every backend, gVisor included."""
+    require_backend(request.param)
+    return str(request.param)
 
 
 def test_health(client: httpx.Client, backend_name: str) -> None:
     body = client.get("/health").json()
     assert body["status"] == "ok"
-    assert body["backend"] == backend_name
+    assert body["backend"] == BACKENDS[backend_name][0]
     assert {"warm", "starting", "sessions", "max_sessions"} <= set(body["pool"])
 
 
@@ -392,3 +400,15 @@ def test_invalid_utf8_from_a_subprocess_does_not_silence_later_output(
         client, session_id, "import os, time; os.system('echo still here'); time.sleep(0.5)"
     )
     assert later.stdout == "still here\n"
+
+
+def test_kernel_release_shows_the_isolation(
+    client: httpx.Client, session_id: str, backend_name: str
+) -> None:
+    import platform
+
+    release = execute(client, session_id, "import platform; print(platform.release())").stdout
+    if backend_name == "gvisor":
+        assert release == "4.4.0\n"  # gVisor's own kernel, not the host's
+    else:
+        assert release == platform.release() + "\n"  # runc and local share the host kernel

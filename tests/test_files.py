@@ -231,9 +231,9 @@ def test_files_are_gone_with_the_session(gateway: ServerThread, client: httpx.Cl
 def test_svg_and_dpi_are_configurable(
     backend_name: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    from .conftest import settings_for
+    from .conftest import backend_settings
 
-    settings = settings_for(
+    settings = backend_settings(
         backend_name,
         tmp_path_factory.mktemp("svg"),
         pool_size=0,

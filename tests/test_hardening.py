@@ -7,6 +7,7 @@ that a canary session in the same gateway still answers quickly afterwards.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -516,3 +517,43 @@ class running_gateway:  # noqa: N801 - used as a context manager
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def test_local_kernels_run_in_a_bubblewrap_sandbox(tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("bwrap") is None:
+        if os.environ.get("KG_REQUIRE_DOCKER") == "1":
+            pytest.fail("bubblewrap is missing (.ci/run installs it)")
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    settings = settings_for("local", tmp_path, pool_size=0, preload="", token="local-secret")
+    headers = {"Authorization": "Bearer local-secret"}
+    with (
+        ServerThread(settings) as server,
+        httpx.Client(base_url=server.url, timeout=60, headers=headers) as c,
+    ):
+        assert c.get("/health").json()["isolation"].startswith("bubblewrap sandbox")
+        other = c.post("/sessions").json()["id"]
+        execute(c, other, "open('private.txt', 'w').write('other session')")
+        sid = c.post("/sessions").json()["id"]
+        code = (
+            "import os, socket, glob\n"
+            "print('pid', os.getpid(), len([p for p in os.listdir('/proc') if p.isdigit()]))\n"
+            "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')]\n"
+            "print('caps', caps[0])\n"
+            "try:\n"
+            "    socket.create_connection(('1.1.1.1', 53), timeout=2); print('net open')\n"
+            "except OSError:\n"
+            "    print('net closed')\n"
+            "try:\n"
+            "    open('/usr/evil', 'w'); print('wrote /usr')\n"
+            "except OSError:\n"
+            "    print('system read-only')\n"
+            "print('secrets', [k for k in os.environ if 'TOKEN' in k or k.startswith('KG_')])\n"
+            "print('others', glob.glob('/tmp/**/private.txt', recursive=True))\n"
+        )
+        out = execute(c, sid, code).stdout.splitlines()
+    assert out[0].startswith("pid 1 ")  # its own pid namespace: the gateway is invisible
+    assert int(out[0].split()[2]) <= 3
+    assert out[1] == "caps 0000000000000000"
+    assert out[2:] == ["net closed", "system read-only", "secrets []", "others []"]
