@@ -585,6 +585,12 @@ def table(results: dict[str, Any]) -> str:
             f"p99 {r['ratios']['warm_p99_vs_raw']}x (≤2)",
         ),
         (
+            "  the same, measured with the httpx client",
+            f"{warm['with_httpx_client']['p50_ms']:.2f}",
+            f"{warm['with_httpx_client']['p99_ms']:.2f}",
+            "client-library cost included",
+        ),
+        (
             "POST /sessions (warm pool)",
             f"{r['session_acquisition']['p50_ms']:.2f}",
             f"{r['session_acquisition']['p99_ms']:.2f}",

@@ -184,6 +184,7 @@ def test_the_box_has_no_way_out(client: httpx.Client, sid: str) -> None:
         "    except OSError as e:\n"
         "        print('refused', path)\n"
         "print('interfaces', sorted(os.listdir('/sys/class/net')))\n"
+        "print('seccomp', status['Seccomp'].strip())\n"
     )
     out = execute(client, sid, code).stdout.splitlines()
     assert out[0] == "caps 0000000000000000 0000000000000000"
@@ -194,6 +195,7 @@ def test_the_box_has_no_way_out(client: httpx.Client, sid: str) -> None:
     assert out[5] == "net closed"
     assert [line.split()[0] for line in out[6:10]] == ["refused"] * 4
     assert out[10] == "interfaces ['lo']"
+    assert out[11] == "seccomp 2"  # Docker's default seccomp filter is on
 
 
 def test_the_gateway_token_is_nowhere_in_the_box(client: httpx.Client, sid: str) -> None:
@@ -557,3 +559,13 @@ def test_local_kernels_run_in_a_bubblewrap_sandbox(tmp_path: Path) -> None:
     assert int(out[0].split()[2]) <= 3
     assert out[1] == "caps 0000000000000000"
     assert out[2:] == ["net closed", "system read-only", "secrets []", "others []"]
+
+
+def test_network_option_gives_kernels_a_network(tmp_path: Path) -> None:
+    require_docker()
+    settings = settings_for("docker", tmp_path, pool_size=0, preload="", network="bridge")
+    with ServerThread(settings) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        assert "network 'bridge'" in c.get("/health").json()["isolation"]
+        sid = c.post("/sessions").json()["id"]
+        out = execute(c, sid, "import os; print(sorted(os.listdir('/sys/class/net')))").stdout
+    assert "eth0" in out  # an interface to the bridge; nothing is sent in this test
