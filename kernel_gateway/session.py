@@ -197,6 +197,9 @@ class Session:
         if old is not None:
             await old.process.kill()
         async with self._lock:
+            # An explicit restart is a fresh start: it also resets the restart budget.
+            self.failed = None
+            self._deaths.clear()
             if self.kernel is None or self.kernel is old or self.kernel.exited.done():
                 await self._replace_kernel()
             self._restart_notice = False
@@ -301,6 +304,10 @@ class Session:
                 if self.closed:
                     execution.emit(error_event("SessionClosed", f"session {self.id} was deleted"))
                     execution.finish("interrupted", 0.0, False)
+                    return
+                if self.failed:  # queued before the session failed: never restart for it
+                    execution.emit(error_event("SessionFailed", self.failed))
+                    execution.finish("died", 0.0, False, reason="session_failed")
                     return
                 if execution.interrupted:
                     execution.finish("interrupted", 0.0, False)

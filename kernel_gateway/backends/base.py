@@ -189,8 +189,10 @@ def lock_is_held(path: Path) -> bool:
     """Whether a live process holds this instance lock (a dead one's lock is released)."""
     try:
         fd = os.open(path, os.O_RDWR)
-    except OSError:
+    except FileNotFoundError:
         return False
+    except OSError:
+        return True  # not ours to judge (another user's lock): assume it lives
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -225,7 +225,8 @@ class DockerBackend(Backend):
             for c in containers
             if c["Labels"].get(LABEL_HOST) == self._runtime.hostname
             and c["Labels"].get(LABEL_INSTANCE) != self._runtime.instance
-            and not lock_is_held(Path(c["Labels"].get(LABEL_LOCK, "/nonexistent")))
+            and LABEL_LOCK in c["Labels"]
+            and not lock_is_held(Path(c["Labels"][LABEL_LOCK]))
         ]
         await asyncio.gather(*(self.call(self.remove_container, cid) for cid in stale))
         if stale:

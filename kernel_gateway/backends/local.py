@@ -78,6 +78,13 @@ class LocalKernel(KernelProcess):
                 os.kill(self._kernel_pid, signum)
 
     async def kill(self) -> None:
+        if self._proc.returncode is not None:
+            # Gone: inside bwrap its pid namespace died with it. Without bwrap its
+            # children may live on in its process group (never reused while they do).
+            if self._kernel_pid == self._proc.pid:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+            return
         # The kernel leads its own process group (or pid namespace): take its children too.
         for pid in {self._kernel_pid, self._proc.pid}:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -152,22 +159,22 @@ class LocalBackend(Backend):
         )
 
     def _sandbox(self, conn_dir: Path, workspace: Path, info_fd: int) -> list[str]:
+        """bwrap arguments: only what Python needs is visible, read-only.
+
+        Not `/` as a whole: that would expose /run (the Docker socket, session
+        buses), /home and, for a root gateway, root-owned secrets such as
+        /etc/shadow. A private tmpfs serves /tmp, so the runtime dir (and every
+        other session's files) stays hidden unless bound in below.
+        """
         assert self._bwrap is not None
-        argv = [
-            self._bwrap,
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-            "--tmpfs",
-            "/tmp",
-        ]
-        root = self._runtime.root
-        if not str(root).startswith("/tmp/"):
-            argv += ["--tmpfs", str(root)]  # hide every other session's files
+        argv = [self._bwrap]
+        for path in SYSTEM_DIRS:
+            argv += ["--ro-bind-try", path, path]
+        argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", "/etc"]
+        for path in ETC_FILES:
+            argv += ["--ro-bind-try", path, path]
+        for path in python_paths():
+            argv += ["--ro-bind-try", path, path]
         argv += [
             "--ro-bind", str(self._font_seed), str(self._font_seed),
             "--bind", str(conn_dir), str(conn_dir),
@@ -189,9 +196,8 @@ class LocalBackend(Backend):
         size = parse_size(self._settings.workspace_size)
         resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if os.getuid() != 0:
-            pids = self._settings.pids_limit
-            resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
+        # No RLIMIT_NPROC: it counts every process of the user (the gateway and all
+        # kernels), so it cannot limit one kernel; the docker backend has a real pids cap.
 
     async def launch(self, workspace: Path) -> KernelProcess:
         kernel_id, conn_dir = self._runtime.new_kernel_dir()
@@ -225,12 +231,23 @@ class LocalBackend(Backend):
                 preexec_fn=self._limits,
                 pass_fds=(write_fd,) if self._bwrap else (),
             )
+        except BaseException:
+            if read_fd >= 0:
+                os.close(read_fd)
+            raise
         finally:
             if write_fd >= 0:
                 os.close(write_fd)
         kernel_pid = None
         if self._bwrap:
-            kernel_pid = await asyncio.to_thread(_child_pid, read_fd)
+            try:
+                kernel_pid = await asyncio.wait_for(
+                    asyncio.to_thread(_child_pid, read_fd), self._settings.kernel_start_timeout
+                )
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                raise
         kernel = LocalKernel(kernel_id, conn_dir, proc, connection, kernel_pid)
         (conn_dir / "pid").write_text(str(proc.pid))
         self._kernels.add(kernel)
@@ -239,6 +256,30 @@ class LocalBackend(Backend):
 
     async def close(self) -> None:
         await asyncio.gather(*(k.cleanup() for k in list(self._kernels)))
+
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
+ETC_FILES = (
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/ssl",
+    "/etc/fonts",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/mime.types",
+    "/etc/matplotlibrc",
+)
+
+
+def python_paths() -> list[str]:
+    """The interpreter's prefixes and import path, wherever they live (a venv in /tmp too)."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(sys.executable).parent)}
+    paths.update(p for p in sys.path if p and os.path.isdir(p))
+    return sorted(paths)
 
 
 def parse_size(text: str) -> int:
