@@ -553,12 +553,14 @@ def test_local_kernels_run_in_a_bubblewrap_sandbox(tmp_path: Path) -> None:
             "    print('system read-only')\n"
             "print('secrets', [k for k in os.environ if 'TOKEN' in k or k.startswith('KG_')])\n"
             "print('others', glob.glob('/tmp/**/private.txt', recursive=True))\n"
+            "print('host', [p for p in ['/var/run/docker.sock', '/run/docker.sock', "
+            "'/etc/shadow', '/home', '/root'] if os.path.exists(p)])\n"
         )
         out = execute(c, sid, code).stdout.splitlines()
     assert out[0].startswith("pid 1 ")  # its own pid namespace: the gateway is invisible
     assert int(out[0].split()[2]) <= 3
     assert out[1] == "caps 0000000000000000"
-    assert out[2:] == ["net closed", "system read-only", "secrets []", "others []"]
+    assert out[2:] == ["net closed", "system read-only", "secrets []", "others []", "host []"]
 
 
 def test_network_option_gives_kernels_a_network(tmp_path: Path) -> None:
