@@ -554,7 +554,7 @@ def test_local_kernels_run_in_a_bubblewrap_sandbox(tmp_path: Path) -> None:
             "print('secrets', [k for k in os.environ if 'TOKEN' in k or k.startswith('KG_')])\n"
             "print('others', glob.glob('/tmp/**/private.txt', recursive=True))\n"
             "print('host', [p for p in ['/var/run/docker.sock', '/run/docker.sock', "
-            "'/etc/shadow', '/home', '/root'] if os.path.exists(p)])\n"
+            "'/etc/shadow', '/home', '/root/.ssh', '/root/.bash_history'] if os.path.exists(p)])\n"
         )
         out = execute(c, sid, code).stdout.splitlines()
     assert out[0].startswith("pid 1 ")  # its own pid namespace: the gateway is invisible
