@@ -43,15 +43,21 @@ def error_response(exc: GatewayError) -> JSONResponse:
     return JSONResponse(exc.to_json(), status_code=exc.status_code, headers=headers)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+def check_declared_length(request: Request, limit: int) -> None:
+    """413 at once when the client announces more than `limit`, before reading a byte."""
     declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise BadRequest("Content-Length is not a number") from None
-        if size > limit:
-            raise PayloadTooLarge(f"request body of {size} bytes exceeds the {limit}-byte limit")
+    if declared is None:
+        return
+    try:
+        size = int(declared)
+    except ValueError:
+        raise BadRequest("Content-Length is not a number") from None
+    if size > limit:
+        raise PayloadTooLarge(f"request body of {size} bytes exceeds the {limit}-byte limit")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    check_declared_length(request, limit)
     chunks = []
     total = 0
     async for chunk in request.stream():

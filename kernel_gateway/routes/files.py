@@ -15,9 +15,8 @@ from urllib.parse import quote
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ..errors import PayloadTooLarge
-from ..http import JSONResponse
-from ..workspace import INLINE_IMAGE_TYPES, file_url, guess_mime, iso_time
+from ..http import JSONResponse, check_declared_length
+from ..workspace import INLINE_IMAGE_TYPES, FileInfo, file_url, guess_mime, iso_time
 from .sessions import _pool, _session
 
 CHUNK = 256 * 1024
@@ -26,20 +25,17 @@ CHUNK = 256 * 1024
 async def list_files(request: Request) -> Response:
     session = _session(request)
     files = await asyncio.to_thread(session.files.list)
-    return JSONResponse(
-        {
-            "files": [
-                {
-                    "path": f.path,
-                    "size": f.size,
-                    "modified": iso_time(f.modified),
-                    "mime": f.mime,
-                    "url": file_url(session.id, f.path),
-                }
-                for f in files
-            ]
-        }
-    )
+    return JSONResponse({"files": [_file_json(session.id, f) for f in files]})
+
+
+def _file_json(session_id: str, info: FileInfo) -> dict[str, object]:
+    return {
+        "path": info.path,
+        "size": info.size,
+        "modified": iso_time(info.modified),
+        "mime": info.mime,
+        "url": file_url(session_id, info.path),
+    }
 
 
 async def download(request: Request) -> Response:
@@ -80,9 +76,7 @@ async def upload(request: Request) -> Response:
     session = _session(request)
     path = request.path_params["path"]
     limit = _pool(request).settings.max_upload_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"uploads are limited to {limit} bytes")
+    check_declared_length(request, limit)
     pending = await asyncio.to_thread(session.files.begin_upload, path, limit)
     try:
         async for chunk in request.stream():
@@ -93,14 +87,7 @@ async def upload(request: Request) -> Response:
         await asyncio.to_thread(pending.abort)
         raise
     session.note_upload(info.path)
-    body = {
-        "path": info.path,
-        "size": info.size,
-        "modified": iso_time(info.modified),
-        "mime": info.mime,
-        "url": file_url(session.id, info.path),
-    }
-    return JSONResponse(body, status_code=201)
+    return JSONResponse(_file_json(session.id, info), status_code=201)
 
 
 async def delete(request: Request) -> Response:
