@@ -16,9 +16,9 @@ from starlette.responses import Response
 
 from .auth import BearerAuth, LoopbackHostGuard
 from .backends.base import Backend, RuntimeDir
-from .backends.docker import BackendUnavailable, DockerBackend
+from .backends.docker import DockerBackend
 from .backends.local import LocalBackend
-from .errors import GatewayError
+from .errors import BackendUnavailable, GatewayError
 from .http import JSONResponse, error_response
 from .pool import Pool
 from .routes import routes

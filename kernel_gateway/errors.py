@@ -14,7 +14,12 @@
     ├── UnsupportedMediaType          415 unsupported_media_type (JSON body without its type)
     ├── InvalidRequest                422 invalid_request     (well-formed JSON, wrong fields)
     ├── TooManySessions               429 too_many_sessions   (+ Retry-After)
-    └── KernelUnavailable             503 kernel_unavailable  (+ Retry-After: no kernel could start)
+    ├── KernelUnavailable             503 kernel_unavailable  (+ Retry-After: no kernel could start)
+    └── BackendUnavailable            503 backend_unavailable (no engine, no image: at startup)
+
+`Backend.launch` raises only `KernelUnavailable`: each backend maps its own low-level
+failures (Docker API errors, OSError, timeouts) to it at its boundary, so callers that
+replace kernels handle exactly one exception.
 
 Domain code raises these; only `app.py` turns them into responses, as
 `{"error": {"type": ..., "message": ...}}`.
@@ -100,3 +105,10 @@ class TooManySessions(GatewayError):
 class KernelUnavailable(GatewayError):
     status_code = 503
     error_type = "kernel_unavailable"
+
+
+class BackendUnavailable(GatewayError):
+    """The backend cannot run kernels here at all (no engine, no image)."""
+
+    status_code = 503
+    error_type = "backend_unavailable"

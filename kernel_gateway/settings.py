@@ -115,6 +115,27 @@ class Settings:
         )
 
 
+def parse_size(text: str) -> int:
+    """Bytes from a size: plain bytes, or 512m, 1g, 1G, 1GiB, 1gb, 1024k (binary units)."""
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+    raw = text
+    text = text.strip().lower()
+    for suffix in ("ib", "b"):
+        if text.endswith(suffix) and text[: -len(suffix)][-1:] in units:
+            text = text.removesuffix(suffix)
+            break
+    try:
+        if text and text[-1] in units:
+            value = float(text[:-1]) * units[text[-1]]
+        else:
+            value = float(text.removesuffix("b"))
+    except ValueError:
+        raise ValueError(f"{raw!r} is not a size (examples: 512m, 1g, 1GiB, 1048576)") from None
+    if not value >= 1 or value != value:
+        raise ValueError(f"{raw!r} is not a positive size")
+    return int(value)
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True

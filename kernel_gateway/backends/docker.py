@@ -28,7 +28,7 @@ import docker
 import docker.errors
 import docker.types
 
-from ..errors import GatewayError
+from ..errors import BackendUnavailable
 from ..settings import Settings
 from ..types import ConnectionInfo
 from .base import (
@@ -51,10 +51,6 @@ LABEL_INSTANCE = "io.kernel-gateway.instance"
 LABEL_HOST = "io.kernel-gateway.host"
 LABEL_LOCK = "io.kernel-gateway.lock"  # the owner's instance lock: held while it lives
 CONTAINER_UID = 1000  # the image's `sandbox` user
-
-
-class BackendUnavailable(GatewayError):
-    """The backend cannot run kernels here (no engine, no image)."""
 
 
 def _exit_info(code: int, oom: bool) -> ExitInfo:

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..settings import Settings
+from ..settings import Settings, parse_size
 from ..types import ConnectionInfo
 from .base import (
     Backend,
@@ -280,15 +280,6 @@ def python_paths() -> list[str]:
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(sys.executable).parent)}
     paths.update(p for p in sys.path if p and os.path.isdir(p))
     return sorted(paths)
-
-
-def parse_size(text: str) -> int:
-    """Docker-style sizes: 512m, 1g, 1024k, or plain bytes."""
-    units = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-    text = text.strip().lower().removesuffix("b")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
 
 
 def _child_pid(fd: int) -> int | None:
