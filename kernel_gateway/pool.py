@@ -16,12 +16,11 @@ import uuid
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import zmq.asyncio
 
-from .backends.base import Backend, RuntimeDir
+from .backends.base import Backend, RuntimeDir, SessionStorage
 from .errors import GatewayError, KernelUnavailable, SessionNotFound, TooManySessions
 from .kernel import Kernel
 from .session import Session
@@ -35,7 +34,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class WarmKernel:
     kernel: Kernel
-    workspace: Path
+    storage: SessionStorage
 
 
 class Pool:
@@ -120,8 +119,10 @@ class Pool:
             warm = await self.acquire()
         finally:
             self._reserved -= 1
-        workspace = Workspace(warm.workspace, self.backend.workspace_owner)
-        session = Session(uuid.uuid4().hex, warm.kernel, workspace, self.launch, self.settings)
+        workspace = Workspace(warm.storage.files, self.backend.workspace_owner)
+        session = Session(
+            uuid.uuid4().hex, warm.kernel, warm.storage, workspace, self.launch, self.settings
+        )
         self._sessions[session.id] = session
         return session
 
@@ -139,9 +140,15 @@ class Pool:
         except BaseException:
             self._stateless -= 1
             raise
-        workspace = Workspace(warm.workspace, self.backend.workspace_owner)
+        workspace = Workspace(warm.storage.files, self.backend.workspace_owner)
         session = Session(
-            uuid.uuid4().hex, warm.kernel, workspace, self.launch, self.settings, ephemeral=True
+            uuid.uuid4().hex,
+            warm.kernel,
+            warm.storage,
+            workspace,
+            self.launch,
+            self.settings,
+            ephemeral=True,
         )
         self._ephemeral.add(session)
         return session
@@ -172,13 +179,13 @@ class Pool:
         try:
             await session.close()
         finally:
-            await self._remove_workspace(session.workspace)
+            await self._remove_storage(session.storage)
 
-    async def _remove_workspace(self, path: Path) -> None:
+    async def _remove_storage(self, storage: SessionStorage) -> None:
         try:
-            await self.backend.release_workspace(path)
+            await self.backend.release_storage(storage)
         finally:
-            await asyncio.to_thread(shutil.rmtree, path, True)
+            await asyncio.to_thread(shutil.rmtree, storage.root, True)
 
     # -- kernels -----------------------------------------------------------------------------
 
@@ -214,9 +221,9 @@ class Pool:
             if not waiter.done():
                 waiter.cancel()
 
-    async def launch(self, workspace: Path) -> Kernel:
-        """Start a kernel on `workspace`, wait until it answers, and preload modules."""
-        process = await self.backend.launch(workspace)
+    async def launch(self, storage: SessionStorage) -> Kernel:
+        """Start a kernel on `storage`, wait until it answers, and preload modules."""
+        process = await self.backend.launch(storage)
         kernel = Kernel(process, self._context)
         try:
             await kernel.wait_ready(self.settings.kernel_start_timeout)
@@ -244,12 +251,13 @@ class Pool:
             self._spawn(self._start_one())
 
     async def _start_one(self) -> None:
-        workspace = self._runtime.new_workspace()
+        root = self._runtime.new_workspace()
+        storage = SessionStorage(root)
         try:
-            await self.backend.prepare_workspace(workspace)
-            kernel = await self.launch(workspace)
+            storage = await self.backend.prepare_storage(root)
+            kernel = await self.launch(storage)
         except BaseException as exc:
-            await asyncio.shield(self._remove_workspace(workspace))
+            await asyncio.shield(self._remove_storage(storage))
             if not isinstance(exc, Exception):
                 raise
             self._on_start_failure(exc)
@@ -257,7 +265,7 @@ class Pool:
         finally:
             self._starting -= 1
         self._failures = 0
-        warm = WarmKernel(kernel, workspace)
+        warm = WarmKernel(kernel, storage)
         if self._closed:
             await self._discard(warm)
             return
@@ -302,7 +310,7 @@ class Pool:
         try:
             await warm.kernel.close()
         finally:
-            await self._remove_workspace(warm.workspace)
+            await self._remove_storage(warm.storage)
 
     async def _reap_idle(self) -> None:
         timeout = self.settings.idle_timeout

@@ -21,10 +21,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from .backends.base import ExitInfo
+from .backends.base import ExitInfo, SessionStorage
 from .errors import GatewayError, KernelUnavailable, SessionBusy, SessionClosed, SessionFailed
 from .events import OutputLimiter, error_event
 from .execution import Execution
@@ -43,7 +42,7 @@ from .workspace import (
 
 logger = logging.getLogger(__name__)
 
-Launcher = Callable[[Path], Awaitable[Kernel]]
+Launcher = Callable[[SessionStorage], Awaitable[Kernel]]
 SIGNAL_SPACING = 0.5  # seconds between two SIGINTs to the same cell
 INLINE_SCAN_FILES = 64  # workspaces this small are scanned on the event loop
 
@@ -60,6 +59,7 @@ class Session:
         self,
         session_id: str,
         kernel: Kernel,
+        storage: SessionStorage,
         workspace: Workspace,
         launch: Launcher,
         settings: Settings,
@@ -70,8 +70,8 @@ class Session:
         self.ephemeral = ephemeral
         """One execution, then gone: never restarted, files sent whole in events."""
         self.kernel: Kernel | None = kernel
+        self.storage = storage
         self.files = workspace
-        self.workspace = workspace.root
         self._baseline: Snapshot = {}
         self._launch = launch
         self._settings = settings
@@ -287,7 +287,7 @@ class Session:
             await old.close()
         if self.closed:
             return
-        kernel = await self._launch(self.workspace)
+        kernel = await self._launch(self.storage)
         if self.closed:
             await kernel.close()
             return

@@ -47,6 +47,30 @@ class ExitInfo:
         return f"the kernel exited (exit status {self.code})"
 
 
+@dataclass(frozen=True)
+class SessionStorage:
+    """One session's writable storage: its working directory, its /tmp and its home.
+
+    All three live under `root`, which a backend may make a size-capped disk of its
+    own (see `Backend.prepare_storage`), so they share one cap.
+    """
+
+    root: Path
+
+    @property
+    def files(self) -> Path:
+        """The working directory (/workspace in a container); what the file API serves."""
+        return self.root / "files"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+
 class KernelProcess(abc.ABC):
     """One running kernel, seen as a process."""
 
@@ -88,19 +112,26 @@ class Backend(abc.ABC):
         """uid/gid the kernel runs as, for files the gateway writes into a workspace."""
         return None
 
-    async def prepare_workspace(self, path: Path) -> None:  # noqa: B027 - optional hook
-        """Make a new workspace ready (the docker backend caps its size)."""
+    async def prepare_storage(self, root: Path) -> SessionStorage:
+        """Make the empty folder `root` a session's storage: plain folders by default."""
+        storage = SessionStorage(root)
+        await asyncio.to_thread(make_storage_dirs, storage, self.workspace_owner)
+        return storage
 
-    async def release_workspace(self, path: Path) -> None:  # noqa: B027 - optional hook
-        """Undo `prepare_workspace` before the folder is removed."""
+    async def release_storage(self, storage: SessionStorage) -> None:  # noqa: B027 - optional
+        """Undo `prepare_storage` before the folder is removed."""
 
     @abc.abstractmethod
     async def start(self) -> None:
         """Get ready to launch; reclaim what a crashed earlier gateway left behind."""
 
     @abc.abstractmethod
-    async def launch(self, workspace: Path) -> KernelProcess:
-        """Start a kernel whose working directory is `workspace`."""
+    async def launch(self, storage: SessionStorage) -> KernelProcess:
+        """Start a kernel working in `storage.files`.
+
+        Raises only `KernelUnavailable`: every lower-level failure (engine errors,
+        OSError, timeouts) is mapped to it here, at the backend's boundary.
+        """
 
     @abc.abstractmethod
     async def close(self) -> None:
@@ -172,6 +203,14 @@ class RuntimeDir:
         path = self.path / "w" / secrets.token_hex(8)
         path.mkdir(mode=0o700)
         return path
+
+
+def make_storage_dirs(storage: SessionStorage, owner: tuple[int, int] | None) -> None:
+    """Create the working directory, /tmp and home folders, owned by the kernel's user."""
+    for path in (storage.files, storage.tmp, storage.home):
+        path.mkdir(mode=0o700, exist_ok=True)
+        if owner is not None:
+            os.chown(path, *owner)
 
 
 def mounts_under(folder: Path) -> list[str]:

@@ -36,6 +36,7 @@ from .base import (
     ExitInfo,
     KernelProcess,
     RuntimeDir,
+    SessionStorage,
     ipc_connection,
     lock_is_held,
     mounts_under,
@@ -151,33 +152,36 @@ class DockerBackend(Backend):
     def workspace_owner(self) -> tuple[int, int] | None:
         return self._owner
 
-    async def prepare_workspace(self, path: Path) -> None:
-        """Give the workspace its own size-capped tmpfs, so code cannot fill the host's disk.
+    async def prepare_storage(self, root: Path) -> SessionStorage:
+        """Give the session its own size-capped tmpfs, so code cannot fill the host's disk.
 
         Its pages are charged to the container's memory cgroup. Needs root; without
-        it the workspace stays a plain folder (the startup log says so).
+        it the storage stays plain folders (the startup log says so).
         """
-        if not self._cap_workspaces:
-            return
-        uid = self._owner[0] if self._owner else os.getuid()
-        options = f"size={self._settings.workspace_size},mode=0700,uid={uid},gid={uid},nosuid,nodev"
-        result = await self.call(
-            subprocess.run,
-            ["mount", "-t", "tmpfs", "-o", options, "kg-workspace", str(path)],
-            capture_output=True,
-            text=True,
-        )
-        if result.returncode != 0:
-            self._cap_workspaces = False
-            logger.warning(
-                "cannot mount a size-capped tmpfs for workspaces (%s); workspaces are plain "
-                "folders on the host's disk",
-                result.stderr.strip(),
+        if self._cap_workspaces:
+            uid = self._owner[0] if self._owner else os.getuid()
+            size = self._settings.workspace_size
+            options = f"size={size},mode=0700,uid={uid},gid={uid},nosuid,nodev"
+            result = await self.call(
+                subprocess.run,
+                ["mount", "-t", "tmpfs", "-o", options, "kg-workspace", str(root)],
+                capture_output=True,
+                text=True,
             )
+            if result.returncode != 0:
+                self._cap_workspaces = False
+                logger.warning(
+                    "cannot mount a size-capped tmpfs for workspaces (%s); workspaces are "
+                    "plain folders on the host's disk",
+                    result.stderr.strip(),
+                )
+        return await super().prepare_storage(root)
 
-    async def release_workspace(self, path: Path) -> None:
-        if self._cap_workspaces or _is_mountpoint(path):
-            await self.call(subprocess.run, ["umount", "-l", str(path)], capture_output=True)
+    async def release_storage(self, storage: SessionStorage) -> None:
+        if self._cap_workspaces or _is_mountpoint(storage.root):
+            await self.call(
+                subprocess.run, ["umount", "-l", str(storage.root)], capture_output=True
+            )
 
     @property
     def client(self) -> docker.DockerClient:
@@ -251,15 +255,16 @@ class DockerBackend(Backend):
 
     # -- kernels -----------------------------------------------------------------------------
 
-    async def launch(self, workspace: Path) -> KernelProcess:
+    async def launch(self, storage: SessionStorage) -> KernelProcess:
         s = self._settings
+        workspace = storage.files
         kernel_id, conn_dir = self._runtime.new_kernel_dir()
         name = f"kg-{self._runtime.instance}-{kernel_id}"
         info = ipc_connection(str(conn_dir / "k"))
         write_connection_file(conn_dir / "kernel.json", ipc_connection_inside(info))
         write_startup_file(conn_dir, self._settings)
         if self._owner is not None:
-            for path in (conn_dir, *conn_dir.iterdir(), workspace):
+            for path in (conn_dir, *conn_dir.iterdir()):
                 os.chown(path, *self._owner)
         kernel = DockerKernel(self, kernel_id, name, conn_dir, info)
         self._kernels[name] = kernel  # before create: a death event may come at once

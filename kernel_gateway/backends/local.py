@@ -29,6 +29,7 @@ from .base import (
     ExitInfo,
     KernelProcess,
     RuntimeDir,
+    SessionStorage,
     ipc_connection,
     wait_for_exit,
     write_connection_file,
@@ -199,7 +200,8 @@ class LocalBackend(Backend):
         # No RLIMIT_NPROC: it counts every process of the user (the gateway and all
         # kernels), so it cannot limit one kernel; the docker backend has a real pids cap.
 
-    async def launch(self, workspace: Path) -> KernelProcess:
+    async def launch(self, storage: SessionStorage) -> KernelProcess:
+        workspace = storage.files
         kernel_id, conn_dir = self._runtime.new_kernel_dir()
         connection = ipc_connection(str(conn_dir / "k"))
         conn_file = conn_dir / "kernel.json"
