@@ -1,14 +1,19 @@
-"""Bearer-token authentication for every route but `/health` and the UI's static page.
+"""Bearer-token authentication, and the Host check that guards a gateway without a token.
 
 Tokens are compared as SHA-256 digests with `hmac.compare_digest`, so neither
 the time taken nor the answer says how much of a guess was right, and a
 missing token gets exactly the same reply as a wrong one.
+
+Without a token, only requests whose `Host` is a loopback name or address are
+answered (`is_loopback_host`), which defeats DNS rebinding.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
+import re
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -18,7 +23,8 @@ from .http import error_response
 
 PUBLIC_PATHS = frozenset({"/health", "/"})
 PUBLIC_PREFIXES = ("/static/",)
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+# RFC 9110 Host: a bracketed IPv6 literal or a name, then an optional all-digit port.
+_HOST = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[^\[\]:@]+))(?::[0-9]{0,5})?")
 
 
 def _digest(token: str) -> bytes:
@@ -48,6 +54,36 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether a `Host` header names this machine's loopback interface, and nothing else.
+
+    Accepted: `localhost`; IPv4 addresses in 127.0.0.0/8 written as four decimal
+    numbers; `[::1]` in any IPv6 spelling, and the IPv4-mapped `[::ffff:127.x.x.x]`;
+    each with an optional port, in any case, with one trailing dot. None of these
+    can be a DNS name an attacker controls. Everything else is refused: other names
+    (`127.0.0.1.attacker.example`, `x.localhost`), legacy IPv4 spellings such as
+    `127.1` or `0x7f.0.0.1` (browsers canonicalise them to 127.0.0.1 before they
+    send `Host`), an unbracketed IPv6 address, and an empty or malformed header.
+    """
+    match = _HOST.fullmatch(host)
+    if match is None:
+        return False
+    if match["ipv6"] is not None:
+        try:
+            v6 = ipaddress.IPv6Address(match["ipv6"])
+        except ValueError:
+            return False
+        return v6.is_loopback or (v6.ipv4_mapped is not None and v6.ipv4_mapped.is_loopback)
+    name = match["name"].lower()
+    name = name[:-1] if name.endswith(".") else name
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.IPv4Address(name).is_loopback
+    except ValueError:
+        return False
+
+
 class LoopbackHostGuard:
     """Without a token, answer only requests addressed to a loopback name.
 
@@ -63,8 +99,7 @@ class LoopbackHostGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.enabled and scope["type"] == "http":
             host = Headers(scope=scope).get("host", "")
-            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-            if name.lower() not in LOOPBACK_NAMES and not name.startswith("127."):
+            if not is_loopback_host(host):
                 message = (
                     f"Host {host!r} is not a loopback name; a gateway without a token only "
                     "answers localhost. Set --token to serve other names."

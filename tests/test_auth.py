@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,3 +72,83 @@ def test_the_right_token_works(server: ServerThread, tmp_path: Path) -> None:
         ).json()
         assert body["stdout"] == "2\n"
         assert c.delete(f"/sessions/{sid}").status_code == 204
+
+
+# -- without a token: only loopback Host names are answered (DNS rebinding) -----------------
+
+
+@pytest.fixture(scope="module")
+def tokenless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    settings = settings_for("local", tmp_path_factory.mktemp("open"), pool_size=0)
+    with ServerThread(settings) as s, httpx.Client(base_url=s.url, timeout=30) as c:
+        yield c
+
+
+REBINDING_HOSTS = [
+    "127.0.0.1.attacker.example",
+    "127.0.0.1.attacker.example:8888",
+    "127.attacker.example",
+    "localhost.attacker.example",
+    "attacker.example",
+    "attacker.example:8888",
+    "evil.localhost",
+    "localhost@attacker.example",
+    "127.1",  # legacy IPv4 spellings: browsers never send them (they canonicalise)
+    "0x7f.0.0.1",
+    "2130706433",
+    "0177.0.0.1",
+    "128.0.0.1",
+    "0.0.0.0",
+    "::1",  # an IPv6 literal must be bracketed in Host
+    "[::2]",
+    "[::1",
+    "[fe80::1%25eth0]",
+    "[::1]x",
+    "localhost:http",
+    "localhost:88:88",
+    "",
+]
+LOOPBACK_HOSTS = [
+    "localhost",
+    "LocalHost:8888",
+    "localhost.",
+    "localhost.:8888",
+    "127.0.0.1",
+    "127.0.0.1:8888",
+    "127.0.0.1.",
+    "127.255.1.2:80",
+    "[::1]",
+    "[::1]:8888",
+    "[0:0:0:0:0:0:0:1]:8888",
+    "[::ffff:127.0.0.1]:8888",
+]
+
+
+@pytest.mark.parametrize("host", REBINDING_HOSTS)
+def test_a_tokenless_gateway_refuses_other_host_names(tokenless: httpx.Client, host: str) -> None:
+    response = tokenless.post("/sessions", headers={"Host": host})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "bad_request"
+    assert "not a loopback name" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("host", LOOPBACK_HOSTS)
+def test_a_tokenless_gateway_answers_loopback_names(tokenless: httpx.Client, host: str) -> None:
+    response = tokenless.get("/sessions", headers={"Host": host})
+    assert response.status_code == 200, response.text
+
+
+def test_a_tokenless_gateway_refuses_a_request_without_host(tokenless: httpx.Client) -> None:
+    host, port = str(tokenless.base_url.host), tokenless.base_url.port
+    assert port is not None
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(b"POST /sessions HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
+        reply = b"".join(iter(lambda: sock.recv(65536), b""))
+    assert reply.startswith(b"HTTP/1.1 400 "), reply
+    assert b"not a loopback name" in reply
+
+
+def test_a_tokenless_gateway_creates_sessions_for_localhost(tokenless: httpx.Client) -> None:
+    response = tokenless.post("/sessions", headers={"Host": "localhost:8888"})
+    assert response.status_code == 201, response.text
+    assert tokenless.delete(f"/sessions/{response.json()['id']}").status_code == 204
