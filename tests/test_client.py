@@ -15,7 +15,6 @@ from kernel_gateway.client import (
     Display,
     Done,
     NotFoundError,
-    SSEDecoder,
     Stdout,
     TransportError,
     event_from,
@@ -27,14 +26,6 @@ from .helpers import ServerThread
 SLOW_CELL = (
     "import time\nfor i in range(3):\n    print(f'line {i}', flush=True)\n    time.sleep(0.4)\n"
 )
-
-
-def test_sse_decoder_follows_the_spec() -> None:
-    decoder = SSEDecoder()
-    lines = [": a comment", "event: stdout", 'data: {"text":', 'data: "x"}', "", "", "data: 1", ""]
-    events = [e for line in lines if (e := decoder.feed(line)) is not None]
-    assert events == [("stdout", '{"text":\n"x"}'), ("message", "1")]
-    assert SSEDecoder().feed("data:no-space") is None
 
 
 def test_unknown_events_are_skipped() -> None:

@@ -1,0 +1,111 @@
+"""Python clients for the gateway: `Client` (synchronous) and `AsyncClient`.
+
+    from kernel_gateway.client import Client
+
+    with Client("http://127.0.0.1:8888", token=None) as client:
+        with client.session() as session:          # deleted on exit
+            session.run("x = 41")
+            result = session.run("print(x + 1)")
+            print(result.stdout)                     # "42\\n"
+        print(client.run("1 + 1").text)             # stateless: a fresh kernel, "2"
+
+Streaming: `session.stream(code)` yields typed events as they arrive, and
+`session.run(code, on_stdout=print)` calls back while still collecting.
+Errors from the API raise `APIError` subclasses chosen by the API's error type
+(the tree is in `kernel_gateway.client.errors`); a broken connection raises
+`TransportError`.
+
+Layout (as httpx's): `_base` holds everything the two clients share (calls, bodies,
+error mapping, event decoding, collection); `_sync` and `_async` only do I/O;
+`models` the typed events and `Execution`; `sse` the one server-sent-events decoder.
+This package needs only httpx: it installs without the server's libraries.
+"""
+
+from __future__ import annotations
+
+from ._async import AsyncClient, AsyncSession
+from ._base import DEFAULT_URL
+from ._sync import Client, Session
+from .errors import (
+    APIError,
+    AuthenticationError,
+    BackendUnavailableError,
+    BadRequestError,
+    ClientError,
+    ConflictError,
+    InvalidRequestError,
+    KernelUnavailableError,
+    MethodNotAllowedError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    ProtocolError,
+    RateLimitError,
+    ServerError,
+    SessionBusyError,
+    SessionClosedError,
+    SessionFailedError,
+    SessionNotFoundError,
+    TransportError,
+    UnavailableError,
+    UnsupportedMediaTypeError,
+)
+from .models import (
+    Callbacks,
+    Clear,
+    Display,
+    Done,
+    Error,
+    Event,
+    Execution,
+    File,
+    Result,
+    Stderr,
+    Stdout,
+    event_from,
+)
+from .sse import ServerSentEvent, SSEDecoder
+
+__all__ = [
+    "DEFAULT_URL",
+    "APIError",
+    "AsyncClient",
+    "AsyncSession",
+    "AuthenticationError",
+    "BackendUnavailableError",
+    "BadRequestError",
+    "Callbacks",
+    "Clear",
+    "Client",
+    "ClientError",
+    "ConflictError",
+    "Display",
+    "Done",
+    "Error",
+    "Event",
+    "Execution",
+    "File",
+    "InvalidRequestError",
+    "KernelUnavailableError",
+    "MethodNotAllowedError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "ProtocolError",
+    "RateLimitError",
+    "Result",
+    "SSEDecoder",
+    "ServerError",
+    "ServerSentEvent",
+    "Session",
+    "SessionBusyError",
+    "SessionClosedError",
+    "SessionFailedError",
+    "SessionNotFoundError",
+    "Stderr",
+    "Stdout",
+    "TransportError",
+    "UnavailableError",
+    "UnsupportedMediaTypeError",
+    "event_from",
+]

@@ -1,0 +1,191 @@
+"""The asynchronous client: only I/O; everything else is in `_base`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Generator
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from ._base import (
+    DEFAULT_URL,
+    STREAM_HEADERS,
+    BaseClient,
+    BaseSession,
+    Call,
+    Collector,
+    EventReader,
+    execute_body,
+    read,
+)
+from .errors import NotFoundError, from_response, map_exceptions
+from .models import Event, Execution
+
+T = TypeVar("T")
+
+
+class AsyncClient(BaseClient):
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(base_url, token=token, timeout=timeout)
+        self._http = httpx.AsyncClient(transport=transport, **self._http_options())
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Any request; an error answer raises its `APIError`."""
+        with map_exceptions():
+            return read(await self._http.request(method, path, **kwargs))
+
+    async def _send(self, call: Call[T]) -> T:
+        with map_exceptions():
+            response = await self._http.request(call.method, call.path, **call.options)
+        return call.parse(response)
+
+    async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[Event]:
+        reader = EventReader()
+        with map_exceptions("the event stream broke"):
+            async with self._http.stream(
+                "POST", path, json=body, headers=STREAM_HEADERS
+            ) as response:
+                if response.is_error:
+                    await response.aread()
+                    raise from_response(response)
+                async for chunk in response.aiter_bytes():
+                    for event in reader.feed(chunk):
+                        yield event
+                    if reader.done:
+                        return
+        raise reader.incomplete()
+
+    async def health(self) -> dict[str, Any]:
+        return await self._send(self._health())
+
+    async def create_session(self) -> AsyncSession:
+        return AsyncSession(self, await self._send(self._create_session()))
+
+    def session(self, session_id: str | None = None) -> _SessionContext:
+        """`async with client.session() as s:` creates (or attaches) and deletes it on exit.
+
+        Awaited instead (`s = await client.session()`), it creates without deleting.
+        """
+        return _SessionContext(self, session_id)
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        return await self._send(self._sessions())
+
+    def stream(
+        self, code: str, *, timeout: float | None = None, files: dict[str, bytes] | None = None
+    ) -> AsyncIterator[Event]:
+        """Stateless: run `code` in a fresh kernel, yielding events as they arrive."""
+        return self._stream(self.STATELESS_PATH, execute_body(code, timeout, files))
+
+    async def run(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the cell's limit, enforced by the server
+        files: dict[str, bytes] | None = None,
+        **callbacks: Any,
+    ) -> Execution:
+        """Stateless: run `code` in a fresh kernel and collect what it produced."""
+        collect = Collector.of(callbacks)
+        async for event in self.stream(code, timeout=timeout, files=files):
+            collect(event)
+        return collect.execution
+
+
+class _SessionContext:
+    def __init__(self, client: AsyncClient, session_id: str | None) -> None:
+        self._client = client
+        self._session_id = session_id
+        self._session: AsyncSession | None = None
+
+    async def _open(self) -> AsyncSession:
+        if self._session_id:
+            return AsyncSession(self._client, self._session_id)
+        return await self._client.create_session()
+
+    def __await__(self) -> Generator[Any, None, AsyncSession]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> AsyncSession:
+        self._session = await self._open()
+        return self._session
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._session is not None:
+            await self._session.__aexit__(kind, exc, tb)
+
+
+class AsyncSession(BaseSession[AsyncClient]):
+    """A stateful session: variables persist from one `run` to the next."""
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self.delete()
+        except NotFoundError:
+            pass
+
+    async def info(self) -> dict[str, Any]:
+        return await self.client._send(self._info())
+
+    def stream(self, code: str, *, timeout: float | None = None) -> AsyncIterator[Event]:
+        return self.client._stream(self._execute_path, execute_body(code, timeout))
+
+    async def run(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the cell's limit, enforced by the server
+        **callbacks: Any,
+    ) -> Execution:
+        """Run `code`, calling back as events arrive (`on_stdout=print`, ...), and collect."""
+        collect = Collector.of(callbacks)
+        async for event in self.stream(code, timeout=timeout):
+            collect(event)
+        return collect.execution
+
+    async def interrupt(self) -> bool:
+        return await self.client._send(self._interrupt())
+
+    async def restart(self) -> None:
+        await self.client._send(self._restart())
+
+    async def delete(self) -> None:
+        await self.client._send(self._delete())
+
+    async def upload(self, path: str, data: bytes) -> dict[str, Any]:
+        return await self.client._send(self._upload(path, data))
+
+    async def download(self, path: str) -> bytes:
+        return await self.client._send(self._download(path))
+
+    async def files(self) -> list[dict[str, Any]]:
+        return await self.client._send(self._files())
+
+    async def delete_file(self, path: str) -> None:
+        await self.client._send(self._delete_file(path))

@@ -1,0 +1,223 @@
+"""What the sync and async clients share: everything but the I/O (as httpx's `BaseClient`).
+
+Each API call is described once, as a `Call`: method, path, body and how to read the
+answer. `Client` and `AsyncClient` only send calls and read event streams; request
+bodies, paths, headers, error mapping, event decoding and collection all live here.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from .errors import ProtocolError, from_response
+from .models import Callbacks, Done, Event, Execution, event_from
+from .sse import SSEDecoder
+
+DEFAULT_URL = "http://127.0.0.1:8888"
+STREAM_HEADERS = {"Accept": "text/event-stream"}
+
+T = TypeVar("T")
+ClientT = TypeVar("ClientT")
+
+
+def read(response: httpx.Response) -> httpx.Response:
+    """The response itself, or the `APIError` it stands for raised (its body must be read)."""
+    if response.is_error:
+        raise from_response(response)
+    return response
+
+
+def json_object(response: httpx.Response) -> dict[str, Any]:
+    try:
+        document = read(response).json()
+    except ValueError as exc:
+        raise ProtocolError(f"the gateway answered with invalid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ProtocolError("the gateway answered with JSON that is not an object")
+    return document
+
+
+def _field(name: str) -> Callable[[httpx.Response], Any]:
+    def parse(response: httpx.Response) -> Any:
+        document = json_object(response)
+        if name not in document:
+            raise ProtocolError(f"the gateway's answer has no {name!r}")
+        return document[name]
+
+    return parse
+
+
+def _nothing(response: httpx.Response) -> None:
+    read(response)
+
+
+def _content(response: httpx.Response) -> bytes:
+    return read(response).content
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One API request and how to turn its answer into a result (or raise its error)."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    json: Any = None
+    content: bytes | None = None
+
+    @property
+    def options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if self.json is not None:
+            options["json"] = self.json
+        if self.content is not None:
+            options["content"] = self.content
+        return options
+
+
+def execute_body(
+    code: str, timeout: float | None, files: dict[str, bytes] | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": code}
+    if timeout is not None:
+        body["timeout"] = timeout
+    if files:
+        body["files"] = [
+            {"path": path, "data": base64.b64encode(data).decode()} for path, data in files.items()
+        ]
+    return body
+
+
+class EventReader:
+    """One execution's event stream: bytes in, typed events out, `done` last."""
+
+    def __init__(self) -> None:
+        self._decoder = SSEDecoder()
+        self.done = False
+
+    @property
+    def last_event_id(self) -> str:
+        return self._decoder.last_event_id
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        events = []
+        for sse in self._decoder.feed(chunk):
+            try:
+                data = sse.json()
+            except ValueError as exc:
+                raise ProtocolError(
+                    f"the gateway sent an event that is not JSON: {sse.data[:200]!r}"
+                ) from exc
+            try:
+                event = event_from(sse.event, data)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ProtocolError(f"malformed {sse.event!r} event: {exc!r}") from exc
+            if event is not None:
+                events.append(event)
+                if isinstance(event, Done):
+                    self.done = True
+                    break
+        return events
+
+    def incomplete(self) -> ProtocolError:
+        return ProtocolError("the event stream ended without a `done` event")
+
+
+@dataclass
+class Collector:
+    """Collects events into an `Execution`, calling back as each arrives."""
+
+    callbacks: Callbacks
+    execution: Execution = field(default_factory=Execution)
+
+    @classmethod
+    def of(cls, callbacks: dict[str, Any]) -> Collector:
+        return cls(Callbacks(**callbacks))
+
+    def __call__(self, event: Event) -> None:
+        self.execution.add(event)
+        self.callbacks.dispatch(event)
+
+
+def _file_path(session_id: str, path: str) -> str:
+    return f"/sessions/{quote(session_id, safe='')}/files/{quote(path.lstrip('/'))}"
+
+
+class BaseClient:
+    """Configuration and the calls of the gateway's top-level routes."""
+
+    def __init__(self, base_url: str, *, token: str | None, timeout: float) -> None:
+        self.base_url = base_url
+        self._token = token
+        self._timeout = timeout
+
+    def _http_options(self) -> dict[str, Any]:
+        return {
+            "base_url": self.base_url,
+            "headers": {"Authorization": f"Bearer {self._token}"} if self._token else {},
+            # Reads may wait long (a cell runs for minutes); keepalives arrive every 10 s.
+            "timeout": httpx.Timeout(self._timeout, read=None),
+        }
+
+    @staticmethod
+    def _health() -> Call[dict[str, Any]]:
+        return Call("GET", "/health", json_object)
+
+    @staticmethod
+    def _create_session() -> Call[str]:
+        return Call("POST", "/sessions", lambda r: str(_field("id")(r)))
+
+    @staticmethod
+    def _sessions() -> Call[list[dict[str, Any]]]:
+        return Call("GET", "/sessions", _field("sessions"))
+
+    STATELESS_PATH = "/execute"
+
+
+class BaseSession(Generic[ClientT]):
+    """A session's id, its client, and the calls of its routes."""
+
+    def __init__(self, client: ClientT, session_id: str) -> None:
+        self.client = client
+        self.id = session_id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.id!r})"
+
+    @property
+    def _path(self) -> str:
+        return f"/sessions/{quote(self.id, safe='')}"
+
+    @property
+    def _execute_path(self) -> str:
+        return f"{self._path}/execute"
+
+    def _info(self) -> Call[dict[str, Any]]:
+        return Call("GET", self._path, json_object)
+
+    def _interrupt(self) -> Call[bool]:
+        return Call("POST", f"{self._path}/interrupt", lambda r: bool(_field("interrupted")(r)))
+
+    def _restart(self) -> Call[None]:
+        return Call("POST", f"{self._path}/restart", _nothing)
+
+    def _delete(self) -> Call[None]:
+        return Call("DELETE", self._path, _nothing)
+
+    def _upload(self, path: str, data: bytes) -> Call[dict[str, Any]]:
+        return Call("PUT", _file_path(self.id, path), json_object, content=data)
+
+    def _download(self, path: str) -> Call[bytes]:
+        return Call("GET", _file_path(self.id, path), _content)
+
+    def _files(self) -> Call[list[dict[str, Any]]]:
+        return Call("GET", f"{self._path}/files", _field("files"))
+
+    def _delete_file(self, path: str) -> Call[None]:
+        return Call("DELETE", _file_path(self.id, path), _nothing)

@@ -1,0 +1,154 @@
+"""The synchronous client: only I/O; everything else is in `_base`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from ._base import (
+    DEFAULT_URL,
+    STREAM_HEADERS,
+    BaseClient,
+    BaseSession,
+    Call,
+    Collector,
+    EventReader,
+    execute_body,
+    read,
+)
+from .errors import NotFoundError, from_response, map_exceptions
+from .models import Event, Execution
+
+T = TypeVar("T")
+
+
+class Client(BaseClient):
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(base_url, token=token, timeout=timeout)
+        self._http = httpx.Client(transport=transport, **self._http_options())
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Any request; an error answer raises its `APIError`."""
+        with map_exceptions():
+            return read(self._http.request(method, path, **kwargs))
+
+    def _send(self, call: Call[T]) -> T:
+        with map_exceptions():
+            response = self._http.request(call.method, call.path, **call.options)
+        return call.parse(response)
+
+    def _stream(self, path: str, body: dict[str, Any]) -> Iterator[Event]:
+        reader = EventReader()
+        with map_exceptions("the event stream broke"):
+            with self._http.stream("POST", path, json=body, headers=STREAM_HEADERS) as response:
+                if response.is_error:
+                    response.read()
+                    raise from_response(response)
+                for chunk in response.iter_bytes():
+                    yield from reader.feed(chunk)
+                    if reader.done:
+                        return
+        raise reader.incomplete()
+
+    def health(self) -> dict[str, Any]:
+        return self._send(self._health())
+
+    def create_session(self) -> Session:
+        return Session(self, self._send(self._create_session()))
+
+    def session(self, session_id: str | None = None) -> Session:
+        """A session to use as a context manager: created now (or attached), deleted on exit."""
+        return Session(self, session_id) if session_id else self.create_session()
+
+    def sessions(self) -> list[dict[str, Any]]:
+        return self._send(self._sessions())
+
+    def stream(
+        self, code: str, *, timeout: float | None = None, files: dict[str, bytes] | None = None
+    ) -> Iterator[Event]:
+        """Stateless: run `code` in a fresh kernel, yielding events as they arrive."""
+        return self._stream(self.STATELESS_PATH, execute_body(code, timeout, files))
+
+    def run(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        files: dict[str, bytes] | None = None,
+        **callbacks: Any,
+    ) -> Execution:
+        """Stateless: run `code` in a fresh kernel and collect what it produced."""
+        collect = Collector.of(callbacks)
+        for event in self.stream(code, timeout=timeout, files=files):
+            collect(event)
+        return collect.execution
+
+
+class Session(BaseSession[Client]):
+    """A stateful session: variables persist from one `run` to the next."""
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self.delete()
+        except NotFoundError:
+            pass
+
+    def info(self) -> dict[str, Any]:
+        return self.client._send(self._info())
+
+    def stream(self, code: str, *, timeout: float | None = None) -> Iterator[Event]:
+        return self.client._stream(self._execute_path, execute_body(code, timeout))
+
+    def run(self, code: str, *, timeout: float | None = None, **callbacks: Any) -> Execution:
+        """Run `code`, calling back as events arrive (`on_stdout=print`, ...), and collect."""
+        collect = Collector.of(callbacks)
+        for event in self.stream(code, timeout=timeout):
+            collect(event)
+        return collect.execution
+
+    def interrupt(self) -> bool:
+        return self.client._send(self._interrupt())
+
+    def restart(self) -> None:
+        self.client._send(self._restart())
+
+    def delete(self) -> None:
+        self.client._send(self._delete())
+
+    def upload(self, path: str, data: bytes) -> dict[str, Any]:
+        return self.client._send(self._upload(path, data))
+
+    def download(self, path: str) -> bytes:
+        return self.client._send(self._download(path))
+
+    def files(self) -> list[dict[str, Any]]:
+        return self.client._send(self._files())
+
+    def delete_file(self, path: str) -> None:
+        self.client._send(self._delete_file(path))

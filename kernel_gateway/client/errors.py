@@ -1,0 +1,214 @@
+"""Everything the client raises, chosen by the API's error `type`, then by status.
+
+    ClientError
+    ├── TransportError                  the gateway could not be reached, or the connection broke
+    │   └── ProtocolError               the answer broke the protocol (no `done`, not JSON)
+    └── APIError                        the gateway answered with an error document
+        ├── BadRequestError             400 bad_request (and any other 400)
+        │   ├── PayloadTooLargeError    413 payload_too_large
+        │   ├── UnsupportedMediaTypeError  415 unsupported_media_type
+        │   └── InvalidRequestError     422 invalid_request
+        ├── AuthenticationError         401 unauthorized
+        ├── PermissionDeniedError       403 forbidden
+        ├── NotFoundError               404 not_found
+        │   └── SessionNotFoundError    404 session_not_found
+        ├── MethodNotAllowedError       405 method_not_allowed
+        ├── ConflictError               409 conflict
+        │   ├── SessionBusyError        409 session_busy     (too many queued executions)
+        │   ├── SessionClosedError      409 session_closed   (deleted while the request waited)
+        │   └── SessionFailedError      409 session_failed   (its kernel kept dying: gave up)
+        ├── RateLimitError              429 too_many_sessions (retry_after)
+        └── ServerError                 500 internal_error (and any other 5xx)
+            └── UnavailableError        503 (retry_after)
+                ├── KernelUnavailableError   503 kernel_unavailable
+                └── BackendUnavailableError  503 backend_unavailable
+
+The gateway's error document is `{"error": {"type", "message"}}` (`kernel_gateway/errors.py`
+lists each type). A known `type` picks its class whatever the status; an unknown one
+falls back to the class of its status, then of its family (other 4xx: `APIError`, 5xx:
+`ServerError`), so a type the gateway adds later is still caught by `except ConflictError`.
+Every `APIError` has `retry_after` (seconds, from `Retry-After`, or None).
+
+httpx's own exceptions never escape: `map_exceptions` turns them into `TransportError`
+at the one place the client does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+
+class ClientError(Exception):
+    """Base of everything this client raises."""
+
+
+class TransportError(ClientError):
+    """The gateway could not be reached, or the connection broke mid-stream."""
+
+
+class ProtocolError(TransportError):
+    """The gateway's answer did not follow the protocol."""
+
+
+class APIError(ClientError):
+    """The gateway answered with an error: `status_code`, `type` and `message` say which."""
+
+    def __init__(
+        self,
+        status_code: int,
+        error_type: str,
+        message: str,
+        *,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(f"{status_code} {error_type}: {message}")
+        self.status_code = status_code
+        self.type = error_type
+        self.message = message
+        self.retry_after = retry_after
+
+
+class BadRequestError(APIError):
+    """400 (and 413, 415, 422): the request itself was wrong."""
+
+
+class PayloadTooLargeError(BadRequestError):
+    """413: the body was over the gateway's limit."""
+
+
+class UnsupportedMediaTypeError(BadRequestError):
+    """415: a JSON body sent without `Content-Type: application/json`."""
+
+
+class InvalidRequestError(BadRequestError):
+    """422: well-formed JSON with wrong or unknown fields, or a bad `timeout`."""
+
+
+class AuthenticationError(APIError):
+    """401: missing or wrong token."""
+
+
+class PermissionDeniedError(APIError):
+    """403: refused, for example a path through a symlink."""
+
+
+class NotFoundError(APIError):
+    """404: no such session, file or route."""
+
+
+class SessionNotFoundError(NotFoundError):
+    """404: no session with this id (never created, deleted, or reaped when idle)."""
+
+
+class MethodNotAllowedError(APIError):
+    """405: the route does not take this method."""
+
+
+class ConflictError(APIError):
+    """409: the session cannot take this request now."""
+
+
+class SessionBusyError(ConflictError):
+    """409: too many executions are already queued on the session."""
+
+
+class SessionClosedError(ConflictError):
+    """409: the session was deleted while the request waited."""
+
+
+class SessionFailedError(ConflictError):
+    """409: the session's kernel kept dying and the gateway gave up on it."""
+
+
+class RateLimitError(APIError):
+    """429: too many sessions or stateless executions; retry after `retry_after` seconds."""
+
+
+class ServerError(APIError):
+    """5xx: the gateway failed."""
+
+
+class UnavailableError(ServerError):
+    """503: nothing can run the code now; retry after `retry_after` seconds."""
+
+
+class KernelUnavailableError(UnavailableError):
+    """503: no kernel could be started in time."""
+
+
+class BackendUnavailableError(UnavailableError):
+    """503: the gateway's backend cannot run kernels (no engine, no image)."""
+
+
+BY_TYPE: dict[str, type[APIError]] = {
+    "bad_request": BadRequestError,
+    "payload_too_large": PayloadTooLargeError,
+    "unsupported_media_type": UnsupportedMediaTypeError,
+    "invalid_request": InvalidRequestError,
+    "unauthorized": AuthenticationError,
+    "forbidden": PermissionDeniedError,
+    "not_found": NotFoundError,
+    "session_not_found": SessionNotFoundError,
+    "method_not_allowed": MethodNotAllowedError,
+    "conflict": ConflictError,
+    "session_busy": SessionBusyError,
+    "session_closed": SessionClosedError,
+    "session_failed": SessionFailedError,
+    "too_many_sessions": RateLimitError,
+    "internal_error": ServerError,
+    "kernel_unavailable": KernelUnavailableError,
+    "backend_unavailable": BackendUnavailableError,
+}
+BY_STATUS: dict[int, type[APIError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    405: MethodNotAllowedError,
+    409: ConflictError,
+    413: PayloadTooLargeError,
+    415: UnsupportedMediaTypeError,
+    422: InvalidRequestError,
+    429: RateLimitError,
+    503: UnavailableError,
+}
+
+
+def error_class(status_code: int, error_type: str) -> type[APIError]:
+    """The class for an error document: by type, else by status, else by status family."""
+    found = BY_TYPE.get(error_type) or BY_STATUS.get(status_code)
+    if found is not None:
+        return found
+    return ServerError if status_code >= 500 else APIError
+
+
+def from_response(response: httpx.Response) -> APIError:
+    """The error an error response stands for; its body must have been read."""
+    try:
+        error = response.json()["error"]
+        kind, message = str(error["type"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        kind, message = "http_error", response.text[:500] or response.reason_phrase
+    retry_after: float | None = None
+    header = response.headers.get("retry-after")
+    if header is not None:
+        try:
+            retry_after = float(header)
+        except ValueError:
+            pass
+    return error_class(response.status_code, kind)(
+        response.status_code, kind, message, retry_after=retry_after
+    )
+
+
+@contextmanager
+def map_exceptions(what: str | None = None) -> Iterator[None]:
+    """Turn httpx's request errors (connect, timeout, protocol, decoding) into ours."""
+    try:
+        yield
+    except httpx.RequestError as exc:
+        detail = str(exc) or type(exc).__name__
+        raise TransportError(f"{what}: {detail}" if what else detail) from exc

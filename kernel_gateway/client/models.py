@@ -1,0 +1,189 @@
+"""What an execution produces, as typed objects: one class per event, and `Execution`,
+everything one cell produced, collected.
+
+Pure data: no I/O here, so the sync and async clients share all of it.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Stdout:
+    text: str
+
+
+@dataclass(frozen=True)
+class Stderr:
+    text: str
+
+
+@dataclass(frozen=True)
+class Display:
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+    display_id: str | None
+    update: bool
+
+    @property
+    def png(self) -> bytes | None:
+        value = self.data.get("image/png")
+        return base64.b64decode(value) if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class Result:
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+    execution_count: int | None
+
+    @property
+    def text(self) -> str:
+        return str(self.data.get("text/plain", ""))
+
+
+@dataclass(frozen=True)
+class Clear:
+    wait: bool
+
+
+@dataclass(frozen=True)
+class Error:
+    ename: str
+    evalue: str
+    traceback: list[str]
+
+
+@dataclass(frozen=True)
+class File:
+    path: str
+    size: int
+    mime: str
+    url: str | None
+    data: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Done:
+    status: str
+    execution_count: int | None
+    duration_ms: float
+    restarted: bool
+    reason: str | None = None
+    truncated: bool = False
+
+
+Event = Stdout | Stderr | Display | Result | Clear | Error | File | Done
+
+
+def event_from(name: str, data: dict[str, Any]) -> Event | None:
+    """One SSE event as a typed object; None for event names this client does not know."""
+    if name == "stdout":
+        return Stdout(data["text"])
+    if name == "stderr":
+        return Stderr(data["text"])
+    if name == "display":
+        return Display(data["data"], data["metadata"], data.get("display_id"), data["update"])
+    if name == "result":
+        return Result(data["data"], data["metadata"], data.get("execution_count"))
+    if name == "clear":
+        return Clear(bool(data["wait"]))
+    if name == "error":
+        return Error(data["ename"], data["evalue"], list(data["traceback"]))
+    if name == "file":
+        raw = data.get("data")
+        return File(
+            data["path"],
+            data["size"],
+            data["mime"],
+            data.get("url"),
+            base64.b64decode(raw) if raw else None,
+        )
+    if name == "done":
+        return Done(
+            data["status"],
+            data.get("execution_count"),
+            data["duration_ms"],
+            data["restarted"],
+            data.get("reason"),
+            bool(data.get("truncated", False)),
+        )
+    return None
+
+
+# -- executions --------------------------------------------------------------------------------
+
+
+@dataclass
+class Callbacks:
+    on_stdout: Callable[[str], object] | None = None
+    on_stderr: Callable[[str], object] | None = None
+    on_display: Callable[[Display], object] | None = None
+    on_result: Callable[[Result], object] | None = None
+    on_error: Callable[[Error], object] | None = None
+    on_file: Callable[[File], object] | None = None
+    on_event: Callable[[Event], object] | None = None
+
+    def dispatch(self, event: Event) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+        if isinstance(event, Stdout) and self.on_stdout is not None:
+            self.on_stdout(event.text)
+        elif isinstance(event, Stderr) and self.on_stderr is not None:
+            self.on_stderr(event.text)
+        elif isinstance(event, Display) and self.on_display is not None:
+            self.on_display(event)
+        elif isinstance(event, Result) and self.on_result is not None:
+            self.on_result(event)
+        elif isinstance(event, Error) and self.on_error is not None:
+            self.on_error(event)
+        elif isinstance(event, File) and self.on_file is not None:
+            self.on_file(event)
+
+
+@dataclass
+class Execution:
+    """Everything one cell produced, collected."""
+
+    events: list[Event] = field(default_factory=list)
+    stdout: str = ""
+    stderr: str = ""
+    results: list[Result] = field(default_factory=list)
+    displays: list[Display] = field(default_factory=list)
+    files: list[File] = field(default_factory=list)
+    error: Error | None = None
+    done: Done | None = None
+
+    @property
+    def status(self) -> str:
+        return self.done.status if self.done else "incomplete"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def text(self) -> str:
+        """The cell's value as text (its last result), or "" if it had none."""
+        return self.results[-1].text if self.results else ""
+
+    def add(self, event: Event) -> None:
+        self.events.append(event)
+        if isinstance(event, Stdout):
+            self.stdout += event.text
+        elif isinstance(event, Stderr):
+            self.stderr += event.text
+        elif isinstance(event, Result):
+            self.results.append(event)
+        elif isinstance(event, Display):
+            self.displays.append(event)
+        elif isinstance(event, File):
+            self.files.append(event)
+        elif isinstance(event, Error):
+            self.error = event
+        elif isinstance(event, Done):
+            self.done = event
