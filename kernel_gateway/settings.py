@@ -7,7 +7,9 @@ same; a flag wins over the variable. Nothing else in the package reads `os.envir
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
+import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -18,6 +20,34 @@ from typing import Any, Literal, get_args
 BackendName = Literal["auto", "docker", "local"]
 DEFAULT_IMAGE = "kernel-gateway-kernel:latest"
 FIGURE_FORMATS = frozenset({"png", "retina", "jpeg", "svg", "pdf"})
+MIN_MEMORY_LIMIT = 6 * 1024**2  # Docker refuses a smaller --memory
+# Smallest allowed value of each integer setting.
+INT_MINIMUMS = {
+    "pool_size": 0,
+    "restart_budget": 0,
+    "max_file_events": 0,
+    "max_inline_file_bytes": 0,
+    "max_sessions": 1,
+    "max_stateless": 1,
+    "max_concurrent_starts": 1,
+    "max_queued_executions": 1,
+    "max_output_bytes": 1,
+    "max_display_bytes": 1,
+    "max_body_bytes": 1,
+    "max_stateless_body_bytes": 1,
+    "max_upload_bytes": 1,
+    "pids_limit": 1,
+}
+# Seconds (and CPUs) that must be finite and > 0.
+POSITIVE_NUMBERS = (
+    "exec_timeout",
+    "max_exec_timeout",
+    "idle_timeout",
+    "interrupt_grace",
+    "kernel_start_timeout",
+    "restart_window",
+    "cpu_limit",
+)
 
 
 def _default_runtime_dir() -> Path:
@@ -64,34 +94,59 @@ class Settings:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
+        """Refuse, at startup, any value that would only fail later (at every launch)."""
         if self.backend not in get_args(BackendName):
-            raise ValueError(f"backend must be one of auto, docker, local (got {self.backend!r})")
-        for name in ("pool_size",):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
-        for name in (
-            "max_sessions",
-            "max_stateless",
-            "max_concurrent_starts",
-            "max_output_bytes",
-            "pids_limit",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
-        for name in ("exec_timeout", "idle_timeout", "interrupt_grace", "kernel_start_timeout"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0")
+            raise ValueError(
+                f"{_origin('backend')}: must be one of auto, docker, local (got {self.backend!r})"
+            )
+        for name in ("memory_limit", "workspace_size"):
+            try:
+                parse_size(getattr(self, name))
+            except ValueError as exc:
+                raise ValueError(f"{_origin(name)}: {exc}") from None
+        if self.memory_limit_bytes < MIN_MEMORY_LIMIT:
+            raise ValueError(
+                f"{_origin('memory_limit')}: {self.memory_limit!r} is below Docker's minimum "
+                "of 6 MiB (and far below what a kernel needs; the default is 1g)"
+            )
+        for name, low in INT_MINIMUMS.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"{_origin(name)}: must be >= {low} (got {getattr(self, name)})")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"{_origin('port')}: must be between 0 and 65535 (got {self.port})")
+        for name in POSITIVE_NUMBERS:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{_origin(name)}: must be a finite number > 0 (got {value})")
+        if self.cpu_limit < 0.01:
+            raise ValueError(f"{_origin('cpu_limit')}: must be at least 0.01 (Docker's minimum)")
+        if self.exec_timeout > self.max_exec_timeout:
+            raise ValueError(
+                f"{_origin('exec_timeout')}: {self.exec_timeout} s is above the largest "
+                f"timeout a request may ask for, {_origin('max_exec_timeout')} "
+                f"({self.max_exec_timeout} s)"
+            )
         unknown = set(self.figure_format_list) - FIGURE_FORMATS
         if unknown or not self.figure_format_list:
             raise ValueError(
-                f"figure_formats must list some of {', '.join(sorted(FIGURE_FORMATS))} "
-                f"(got {self.figure_formats!r})"
+                f"{_origin('figure_formats')}: must list some of "
+                f"{', '.join(sorted(FIGURE_FORMATS))} (got {self.figure_formats!r})"
             )
         for module in self.preload_list:
             if not all(part.isidentifier() for part in module.split(".")):
-                raise ValueError(f"preload: {module!r} is not a module name")
+                raise ValueError(f"{_origin('preload')}: {module!r} is not a module name")
         if not 10 <= self.figure_dpi <= 600:
-            raise ValueError("figure_dpi must be between 10 and 600")
+            raise ValueError(f"{_origin('figure_dpi')}: must be between 10 and 600")
+
+    @property
+    def memory_limit_bytes(self) -> int:
+        """`memory_limit` in bytes (validated at startup, so this never raises)."""
+        return parse_size(self.memory_limit)
+
+    @property
+    def workspace_size_bytes(self) -> int:
+        """`workspace_size` in bytes (validated at startup, so this never raises)."""
+        return parse_size(self.workspace_size)
 
     @property
     def preload_list(self) -> list[str]:
@@ -131,9 +186,22 @@ def parse_size(text: str) -> int:
             value = float(text.removesuffix("b"))
     except ValueError:
         raise ValueError(f"{raw!r} is not a size (examples: 512m, 1g, 1GiB, 1048576)") from None
-    if not value >= 1 or value != value:
+    if not (value >= 1 and math.isfinite(value)):
         raise ValueError(f"{raw!r} is not a positive size")
     return int(value)
+
+
+def _origin(name: str) -> str:
+    """How a user sets a field, for error messages: `--memory-limit (KG_MEMORY_LIMIT)`."""
+    variable = f"KG_{name.upper()}"
+    return f"--{name.replace('_', '-')} ({variable})" if name in _flag_names() else variable
+
+
+@functools.cache
+def _flag_names() -> frozenset[str]:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_serve_arguments(parser)
+    return frozenset(action.dest for action in parser._actions)
 
 
 def is_loopback(host: str) -> bool:
@@ -197,7 +265,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--image", help=f"kernel image for the docker backend (default {DEFAULT_IMAGE})")
     add("--exec-timeout", type=float, help="default execution timeout, seconds (default 60)")
     add("--idle-timeout", type=float, help="idle session lifetime, seconds (default 1200)")
-    add("--memory-limit", help="memory per kernel container, docker syntax (default 1g)")
+    add("--memory-limit", help="memory per kernel, e.g. 512m, 1g, 1GiB (default 1g)")
     add("--cpu-limit", type=float, help="CPUs per kernel container (default 1.0)")
     add("--pids-limit", type=int, help="processes per kernel container (default 256)")
     add(
@@ -206,7 +274,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "let code reach the internet, for pip)",
     )
     add("--runtime", help="OCI runtime for kernel containers, e.g. runsc for gVisor")
-    add("--workspace-size", help="size cap of each session's working directory (default 1g)")
+    add(
+        "--workspace-size",
+        help="size cap of each session's working directory, e.g. 512m, 1g, 1GiB (default 1g)",
+    )
     add(
         "--restart-budget",
         type=int,

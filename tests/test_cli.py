@@ -136,6 +136,57 @@ def test_refuses_a_network_address_without_a_token(tmp_path: Path) -> None:
     assert "refusing to listen on 0.0.0.0 without a token" in result.stderr
 
 
+def test_an_unparsable_size_stops_serve_before_anything_starts(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernel_gateway",
+            "serve",
+            "--backend",
+            "local",
+            "--port",
+            str(free_port()),
+            "--memory-limit",
+            "lots",
+            "--runtime-dir",
+            str(tmp_path / "rt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "kernel-gateway: --memory-limit (KG_MEMORY_LIMIT): 'lots' is not a size "
+        "(examples: 512m, 1g, 1GiB, 1048576)\n"
+    )
+    assert not (tmp_path / "rt").exists()
+
+
+def test_a_memory_limit_in_gib_reaches_the_container(tmp_path: Path) -> None:
+    require_docker()
+    args = ("--backend", "docker", "--pool-size", "0", "--memory-limit", "1GiB")
+    with serve(tmp_path, *args) as (_, url):
+        instance = httpx.get(url + "/health").json()["instance"]
+        response = httpx.post(url + "/sessions", timeout=60)
+        assert response.status_code == 201, response.text
+        body = httpx.post(
+            url + f"/sessions/{response.json()['id']}/execute",
+            json={"code": "print('fits')"},
+            headers={"Accept": "application/json"},
+            timeout=60,
+        ).json()
+        assert body["stdout"] == "fits\n"
+        client = docker.from_env()
+        try:
+            (name,) = containers_of(instance)
+            host_config = client.api.inspect_container(name)["HostConfig"]
+        finally:
+            client.close()
+        assert host_config["Memory"] == host_config["MemorySwap"] == 1024**3
+
+
 def test_auto_falls_back_to_local_and_warns(tmp_path: Path) -> None:
     env = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock", "KG_POOL_SIZE": "0"}
     with serve(tmp_path, env=env) as (proc, url):

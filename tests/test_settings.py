@@ -1,11 +1,19 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pytest
 
-from kernel_gateway.settings import Settings, add_serve_arguments, describe, from_args, from_env
+from kernel_gateway.settings import (
+    Settings,
+    add_serve_arguments,
+    describe,
+    from_args,
+    from_env,
+    parse_size,
+)
 
 
 def test_defaults() -> None:
@@ -70,3 +78,92 @@ def test_describe_masks_the_token() -> None:
     lines = describe(Settings(token="hunter2"))
     assert "token=***" in lines
     assert not any("hunter2" in line for line in lines)
+
+
+# -- sizes and durations are validated at startup, naming the flag ------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1g", 1024**3),
+        ("1G", 1024**3),
+        ("1GiB", 1024**3),
+        ("1gb", 1024**3),
+        ("512m", 512 * 1024**2),
+        ("512MiB", 512 * 1024**2),
+        ("1.5g", 3 * 512 * 1024**2),
+        ("16777216", 16777216),
+        (" 64m ", 64 * 1024**2),
+        ("64K", 65536),
+    ],
+)
+def test_sizes_accept_the_common_spellings(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+    assert Settings(workspace_size=text).workspace_size_bytes == expected
+    if expected >= 6 * 1024**2:  # Docker's smallest memory limit
+        assert Settings(memory_limit=text).memory_limit_bytes == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["lots", "1x", "1gg", "g", "", "0", "-1g", "nan", "inf", "1e400", "1 g b"]
+)
+@pytest.mark.parametrize(("name", "flag"), [("memory_limit", "--memory-limit"),
+                                            ("workspace_size", "--workspace-size")])  # fmt: skip
+def test_bad_sizes_are_refused_naming_the_flag(name: str, flag: str, text: str) -> None:
+    with pytest.raises(ValueError, match=f"{flag} \\(KG_{name.upper()}\\)"):
+        from_env({f"KG_{name.upper()}": text})
+
+
+def test_a_memory_limit_below_what_docker_accepts_is_refused() -> None:
+    with pytest.raises(ValueError, match="--memory-limit"):
+        Settings(memory_limit="1m")
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"KG_EXEC_TIMEOUT": "nan"}, "--exec-timeout"),
+        ({"KG_EXEC_TIMEOUT": "inf"}, "--exec-timeout"),
+        ({"KG_EXEC_TIMEOUT": "-1"}, "--exec-timeout"),
+        ({"KG_EXEC_TIMEOUT": "7200"}, "--exec-timeout"),  # above KG_MAX_EXEC_TIMEOUT (3600)
+        ({"KG_MAX_EXEC_TIMEOUT": "nan"}, "KG_MAX_EXEC_TIMEOUT"),
+        ({"KG_MAX_EXEC_TIMEOUT": "30"}, "--exec-timeout"),  # below the default exec timeout
+        ({"KG_IDLE_TIMEOUT": "inf"}, "--idle-timeout"),
+        ({"KG_IDLE_TIMEOUT": "0"}, "--idle-timeout"),
+        ({"KG_RESTART_WINDOW": "0"}, "--restart-window"),
+        ({"KG_RESTART_WINDOW": "nan"}, "--restart-window"),
+        ({"KG_INTERRUPT_GRACE": "nan"}, "KG_INTERRUPT_GRACE"),
+        ({"KG_KERNEL_START_TIMEOUT": "-inf"}, "KG_KERNEL_START_TIMEOUT"),
+        ({"KG_CPU_LIMIT": "0"}, "--cpu-limit"),
+        ({"KG_CPU_LIMIT": "nan"}, "--cpu-limit"),
+        ({"KG_CPU_LIMIT": "inf"}, "--cpu-limit"),
+        ({"KG_PORT": "70000"}, "--port"),
+        ({"KG_PORT": "-1"}, "--port"),
+        ({"KG_RESTART_BUDGET": "-1"}, "--restart-budget"),
+        ({"KG_MAX_UPLOAD_BYTES": "0"}, "--max-upload-bytes"),
+        ({"KG_MAX_BODY_BYTES": "-5"}, "KG_MAX_BODY_BYTES"),
+        ({"KG_MAX_QUEUED_EXECUTIONS": "0"}, "KG_MAX_QUEUED_EXECUTIONS"),
+    ],
+)
+def test_bad_numbers_are_refused_naming_the_flag(env: dict[str, str], names: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(names)):
+        from_env(env)
+
+
+def test_limits_at_their_edges_are_accepted() -> None:
+    s = from_env(
+        {
+            "KG_EXEC_TIMEOUT": "3600",
+            "KG_RESTART_BUDGET": "0",
+            "KG_PORT": "65535",
+            "KG_CPU_LIMIT": "0.5",
+            "KG_MEMORY_LIMIT": "6m",
+        }
+    )
+    assert (s.exec_timeout, s.restart_budget, s.port, s.memory_limit_bytes) == (
+        3600,
+        0,
+        65535,
+        6 * 1024**2,
+    )
