@@ -15,7 +15,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[server,test]'
 	touch $@
 
 # Builds (or refreshes from cache, ~1 s) the kernel image when a Docker engine answers.

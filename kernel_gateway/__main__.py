@@ -45,10 +45,12 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import create_app
+    from .backends.base import secure_runtime_root
 
     try:
         settings = from_args(args, os.environ)
         settings.check_exposure()
+        secure_runtime_root(settings.runtime_dir)  # RuntimeDirError, a ValueError
     except ValueError as exc:
         print(f"kernel-gateway: {exc}", file=sys.stderr)
         return 2
@@ -78,6 +80,11 @@ def build_image_command(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from .extras import problem
+
+    if (missing_extra := problem(args.command)) is not None:
+        print(missing_extra, file=sys.stderr)
+        return 2
     if args.command == "serve":
         return serve(args)
     if args.command == "build-image":

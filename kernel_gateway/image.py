@@ -12,10 +12,12 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import docker
-import docker.errors
+if TYPE_CHECKING:
+    import docker
 
 BASE_IMAGE = "debian:bookworm-slim"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -24,8 +26,15 @@ Printer = Callable[[str], None]
 
 
 def default_context() -> Path:
-    """The `kernel-image/` folder of the source checkout this package runs from."""
-    return Path(__file__).resolve().parent.parent / "kernel-image"
+    """The kernel image's build context: `kernel-image/`, shipped as package data.
+
+    pyproject.toml installs that folder as `kernel_gateway.kernel_image` (as it installs
+    web/ as `kernel_gateway.web`), so an installed wheel finds it as well as a checkout.
+    """
+    try:
+        return Path(str(files("kernel_gateway.kernel_image")))
+    except ModuleNotFoundError:  # a source checkout run without being installed
+        return Path(__file__).resolve().parent.parent / "kernel-image"
 
 
 def _print(line: str) -> None:
@@ -33,6 +42,8 @@ def _print(line: str) -> None:
 
 
 def ensure_base_image(client: docker.DockerClient, out: Printer = _print) -> None:
+    import docker.errors
+
     try:
         client.images.get(BASE_IMAGE)
         out(f"base image {BASE_IMAGE}: present")
@@ -85,6 +96,9 @@ def build_image(tag: str, context: Path | None = None, out: Printer = _print) ->
     context = context or default_context()
     if not (context / "Dockerfile").is_file():
         raise SystemExit(f"no Dockerfile in {context}; pass --context to the kernel-image folder")
+    import docker  # the server extra; imported here so default_context() needs nothing
+    import docker.errors
+
     try:
         client = docker.from_env()
         client.ping()
