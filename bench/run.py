@@ -37,6 +37,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from kernel_gateway.backends.base import RuntimeDir
 from kernel_gateway.backends.docker import DockerBackend
 from kernel_gateway.client import Client, Display, Done, Stdout
+from kernel_gateway.client.sse import iter_events
 from kernel_gateway.kernel import Kernel
 from kernel_gateway.settings import DEFAULT_IMAGE, Settings
 
@@ -228,21 +229,27 @@ class RawKernel:
         self.loop.close()
 
 
+def read_until_done(response: httpx.Response) -> None:
+    """Read an event stream up to its `done` event, with the client's own SSE decoder."""
+    for event in iter_events(response.iter_bytes()):
+        if event.event == "done":
+            return
+    raise RuntimeError("no done event")
+
+
 def sse_round_trip(http: httpx.Client, session_id: str, code: str) -> None:
     with http.stream(
         "POST", f"/sessions/{session_id}/execute", json={"code": code}, headers=JSON_HEADERS
     ) as response:
-        for line in response.iter_lines():
-            if line.startswith("event: done"):
-                return
-    raise RuntimeError("no done event")
+        read_until_done(response)
 
 
 class LeanSSE:
     """A minimal keep-alive HTTP/1.1 client for SSE round trips.
 
     It measures the gateway rather than a client library: httpx alone adds about
-    half a millisecond per request here (its figure is reported too).
+    half a millisecond per request here (its figure is reported too). It decodes no
+    events: it only waits for the chunked body's end, which follows `done`.
     """
 
     def __init__(self, url: str) -> None:
@@ -317,9 +324,7 @@ def stateless_sequential(url: str, n: int, pool: int) -> dict[str, Any]:
             with http.stream(
                 "POST", "/execute", json={"code": "print(1)"}, headers=JSON_HEADERS
             ) as response:
-                for line in response.iter_lines():
-                    if line.startswith("event: done"):
-                        break
+                read_until_done(response)
             samples.append(time.perf_counter() - t)
     return summary(samples)
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +13,7 @@ import httpx
 import uvicorn
 
 from kernel_gateway.app import create_app
+from kernel_gateway.client.sse import SSEDecoder
 from kernel_gateway.settings import Settings
 
 
@@ -85,19 +85,22 @@ class Stream:
         return [n for n, _, _ in self.events]
 
 
-def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    name, data = "message", []
-    for line in lines:
-        if line == "":
-            if data:
-                yield name, json.loads("\n".join(data))
-            name, data = "message", []
-        elif line.startswith(":"):
-            continue
-        elif line.startswith("event:"):
-            name = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip(" "))
+def parse_sse(chunks: Iterable[bytes] | Iterable[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(name, data) of each event, decoded by the client's own SSE decoder.
+
+    Pass raw body chunks (`response.iter_bytes()`): the decoder splits lines by the SSE
+    rules. Lines already split (`iter_lines()`) are accepted too, but httpx splits them
+    on U+2028 and the like as well, which breaks JSON holding those characters.
+    """
+    decoder = SSEDecoder()
+    for chunk in chunks:
+        if isinstance(chunk, bytes):
+            events = decoder.feed(chunk)
+        else:
+            event = decoder.decode(chunk)
+            events = [event] if event is not None else []
+        for event in events:
+            yield event.event, event.json()
 
 
 def execute(
@@ -113,6 +116,6 @@ def execute(
             response.read()
             raise AssertionError(f"{response.status_code}: {response.text}")
         assert response.headers["content-type"].startswith("text/event-stream")
-        for name, data in parse_sse(response.iter_lines()):
+        for name, data in parse_sse(response.iter_bytes()):
             stream.events.append((name, data, time.monotonic()))
     return stream
