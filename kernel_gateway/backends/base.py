@@ -16,15 +16,21 @@ import os
 import secrets
 import shutil
 import socket
-import subprocess
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
+from ..errors import KernelUnavailable
 from ..settings import Settings
+from ..storage import SessionStorage as SessionStorage
+from ..storage import make_storage_dirs as make_storage_dirs
+from ..storage import mounts_under as mounts_under
+from ..storage import reclaim
 from ..types import ConnectionInfo
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # ipc "ports" are only suffixes of the socket path: <ip>-<port>.
 IPC_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
@@ -45,30 +51,6 @@ class ExitInfo:
         if self.reason == "signal":
             return f"the kernel died from a signal (exit status {self.code})"
         return f"the kernel exited (exit status {self.code})"
-
-
-@dataclass(frozen=True)
-class SessionStorage:
-    """One session's writable storage: its working directory, its /tmp and its home.
-
-    All three live under `root`, which a backend may make a size-capped disk of its
-    own (see `Backend.prepare_storage`), so they share one cap.
-    """
-
-    root: Path
-
-    @property
-    def files(self) -> Path:
-        """The working directory (/workspace in a container); what the file API serves."""
-        return self.root / "files"
-
-    @property
-    def tmp(self) -> Path:
-        return self.root / "tmp"
-
-    @property
-    def home(self) -> Path:
-        return self.root / "home"
 
 
 class KernelProcess(abc.ABC):
@@ -113,13 +95,23 @@ class Backend(abc.ABC):
         return None
 
     async def prepare_storage(self, root: Path) -> SessionStorage:
-        """Make the empty folder `root` a session's storage: plain folders by default."""
+        """Make the empty folder `root` a session's storage: plain folders by default.
+
+        Raises only `KernelUnavailable`, leaving nothing behind. If cancelled, it
+        returns only once its work has stopped, so `release_storage` undoes all of it.
+        """
         storage = SessionStorage(root)
-        await asyncio.to_thread(make_storage_dirs, storage, self.workspace_owner)
+        try:
+            await to_the_end(asyncio.to_thread(make_storage_dirs, storage, self.workspace_owner))
+        except OSError as exc:
+            raise KernelUnavailable(f"could not create a session's folders: {exc}") from exc
         return storage
 
     async def release_storage(self, storage: SessionStorage) -> None:  # noqa: B027 - optional
-        """Undo `prepare_storage` before the folder is removed."""
+        """Undo `prepare_storage` (also a failed or cancelled one) before the folder is removed.
+
+        Never raises: a failure is logged, and the folder is removed anyway.
+        """
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -162,8 +154,7 @@ class RuntimeDir:
         self._lock_fd = fd
 
     def close(self) -> None:
-        for mount in mounts_under(self.path):  # a workspace tmpfs left behind
-            subprocess.run(["umount", "-l", mount], capture_output=True)
+        reclaim(self.path)  # session disks left mounted, and their loop devices
         shutil.rmtree(self.path, ignore_errors=True)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -190,6 +181,7 @@ class RuntimeDir:
         return out
 
     def remove_instance(self, instance: str) -> None:
+        reclaim(self.root / instance)  # its session disks: unmount, detach loop devices
         shutil.rmtree(self.root / instance, ignore_errors=True)
         (self.root / f"{instance}.lock").unlink(missing_ok=True)
 
@@ -203,25 +195,6 @@ class RuntimeDir:
         path = self.path / "w" / secrets.token_hex(8)
         path.mkdir(mode=0o700)
         return path
-
-
-def make_storage_dirs(storage: SessionStorage, owner: tuple[int, int] | None) -> None:
-    """Create the working directory, /tmp and home folders, owned by the kernel's user."""
-    for path in (storage.files, storage.tmp, storage.home):
-        path.mkdir(mode=0o700, exist_ok=True)
-        if owner is not None:
-            os.chown(path, *owner)
-
-
-def mounts_under(folder: Path) -> list[str]:
-    """Mount points below `folder` (such as workspace tmpfs mounts)."""
-    prefix = str(folder) + "/"
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return []
-    points = [fields[1] for fields in (line.split() for line in lines) if len(fields) > 1]
-    return [p for p in points if p.startswith(prefix)]
 
 
 def lock_is_held(path: Path) -> bool:
@@ -273,6 +246,21 @@ def write_connection_file(path: Path, info: ConnectionInfo) -> None:
     fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(info, f)
+
+
+async def to_the_end(work: Awaitable[T]) -> T:
+    """Await work running on a thread; if cancelled, wait for the thread to stop first.
+
+    A cancelled `await` on a thread stops the waiting, not the thread: a mount could
+    finish after the caller cleaned up, and leak. This lets the caller's cleanup
+    see everything the work did.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
 
 
 async def wait_for_exit(process: KernelProcess, seconds: float) -> ExitInfo | None:

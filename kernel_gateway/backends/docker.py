@@ -16,10 +16,9 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,18 +27,18 @@ import docker
 import docker.errors
 import docker.types
 
-from ..errors import BackendUnavailable
+from ..errors import BackendUnavailable, KernelUnavailable
 from ..settings import Settings
+from ..storage import PlainStorage, SessionStorage, StorageProvider, choose_provider
 from ..types import ConnectionInfo
 from .base import (
     Backend,
     ExitInfo,
     KernelProcess,
     RuntimeDir,
-    SessionStorage,
     ipc_connection,
     lock_is_held,
-    mounts_under,
+    to_the_end,
     write_connection_file,
     write_startup_file,
 )
@@ -52,6 +51,7 @@ LABEL_INSTANCE = "io.kernel-gateway.instance"
 LABEL_HOST = "io.kernel-gateway.host"
 LABEL_LOCK = "io.kernel-gateway.lock"  # the owner's instance lock: held while it lives
 CONTAINER_UID = 1000  # the image's `sandbox` user
+HOME_TMPFS_SIZE = "64m"  # home as a tmpfs, only when sessions have no disk of their own
 
 
 def _exit_info(code: int, oom: bool) -> ExitInfo:
@@ -126,7 +126,8 @@ class DockerBackend(Backend):
         self._watcher: threading.Thread | None = None
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._cap_workspaces = os.getuid() == 0
+        # Chosen in start(): a capped disk per session when it works here.
+        self._storage: StorageProvider = PlainStorage(settings.workspace_size_bytes)
         if os.getuid() == 0:
             self._user = f"{CONTAINER_UID}:{CONTAINER_UID}"
             self._owner: tuple[int, int] | None = (CONTAINER_UID, CONTAINER_UID)
@@ -144,8 +145,20 @@ class DockerBackend(Backend):
             f"docker containers from {s.image}, {runtime}: {network}, user {self._user}, all "
             "capabilities "
             f"dropped, no-new-privileges, read-only root, memory {s.memory_limit} (no swap), "
-            f"{s.cpu_limit} CPU, {s.pids_limit} pids, workspace "
-            + (f"tmpfs capped at {s.workspace_size}" if self._cap_workspaces else "uncapped")
+            f"{s.cpu_limit} CPU, {s.pids_limit} pids; storage: " + self._storage_description
+        )
+
+    @property
+    def _storage_description(self) -> str:
+        size = self._settings.workspace_size
+        if self._storage.capped:
+            return (
+                f"/workspace, /tmp and home on the session's own ext4 disk, capped at {size} "
+                "in all (disk, not memory)"
+            )
+        return (
+            "/workspace a plain folder on the host's disk (UNCAPPED); /tmp and home tmpfs "
+            f"capped at {size} and {HOME_TMPFS_SIZE} (they count as memory)"
         )
 
     @property
@@ -153,35 +166,14 @@ class DockerBackend(Backend):
         return self._owner
 
     async def prepare_storage(self, root: Path) -> SessionStorage:
-        """Give the session its own size-capped tmpfs, so code cannot fill the host's disk.
-
-        Its pages are charged to the container's memory cgroup. Needs root; without
-        it the storage stays plain folders (the startup log says so).
-        """
-        if self._cap_workspaces:
-            uid = self._owner[0] if self._owner else os.getuid()
-            size = self._settings.workspace_size
-            options = f"size={size},mode=0700,uid={uid},gid={uid},nosuid,nodev"
-            result = await self.call(
-                subprocess.run,
-                ["mount", "-t", "tmpfs", "-o", options, "kg-workspace", str(root)],
-                capture_output=True,
-                text=True,
-            )
-            if result.returncode != 0:
-                self._cap_workspaces = False
-                logger.warning(
-                    "cannot mount a size-capped tmpfs for workspaces (%s); workspaces are "
-                    "plain folders on the host's disk",
-                    result.stderr.strip(),
-                )
-        return await super().prepare_storage(root)
+        """Make `root` the session's storage with the provider chosen at startup."""
+        return await to_the_end(self.call(self._storage.prepare, root, self._owner))
 
     async def release_storage(self, storage: SessionStorage) -> None:
-        if self._cap_workspaces or _is_mountpoint(storage.root):
-            await self.call(
-                subprocess.run, ["umount", "-l", str(storage.root)], capture_output=True
-            )
+        try:
+            await asyncio.shield(self.call(self._storage.release, storage.root))
+        except Exception:
+            logger.exception("releasing the storage at %s failed", storage.root)
 
     @property
     def client(self) -> docker.DockerClient:
@@ -208,6 +200,9 @@ class DockerBackend(Backend):
                 f"kernel image {self._settings.image} not found; run `kernel-gateway build-image`"
             ) from exc
         await self.reclaim_orphans()
+        self._storage = await self.call(
+            choose_provider, self._storage.size, self._runtime.path / "w"
+        )
         # Open the stream before any launch, so no death can be missed.
         self._events = await self.call(
             self.client.events, decode=True, filters=self._event_filters()
@@ -231,10 +226,9 @@ class DockerBackend(Backend):
         await asyncio.gather(*(self.call(self.remove_container, cid) for cid in stale))
         if stale:
             logger.info("removed %d orphaned kernel containers", len(stale))
-        for instance in self._runtime.stale_instances():
-            for mount in mounts_under(self._runtime.root / instance):
-                await self.call(subprocess.run, ["umount", "-l", mount], capture_output=True)
-            self._runtime.remove_instance(instance)
+        for instance in await self.call(self._runtime.stale_instances):
+            # Its session disks too: unmounted, loop devices detached, images deleted.
+            await self.call(self._runtime.remove_instance, instance)
 
     async def close(self) -> None:
         self._closing = True
@@ -256,46 +250,55 @@ class DockerBackend(Backend):
     # -- kernels -----------------------------------------------------------------------------
 
     async def launch(self, storage: SessionStorage) -> KernelProcess:
+        """Start a kernel container on `storage`; raises only `KernelUnavailable`."""
+        try:
+            return await self._launch(storage)
+        except (docker.errors.DockerException, OSError, TimeoutError) as exc:
+            raise KernelUnavailable(
+                f"could not start a kernel container: {exc}", retry_after=5
+            ) from exc
+
+    async def _launch(self, storage: SessionStorage) -> KernelProcess:
         s = self._settings
-        workspace = storage.files
-        kernel_id, conn_dir = self._runtime.new_kernel_dir()
+        kernel_id, conn_dir, info = await self.call(self._make_conn_dir)
         name = f"kg-{self._runtime.instance}-{kernel_id}"
-        info = ipc_connection(str(conn_dir / "k"))
-        write_connection_file(conn_dir / "kernel.json", ipc_connection_inside(info))
-        write_startup_file(conn_dir, self._settings)
-        if self._owner is not None:
-            for path in (conn_dir, *conn_dir.iterdir()):
-                os.chown(path, *self._owner)
         kernel = DockerKernel(self, kernel_id, name, conn_dir, info)
         self._kernels[name] = kernel  # before create: a death event may come at once
-        home_tmpfs = f"rw,nosuid,nodev,size=64m,mode=700,uid={self._uid},gid={self._uid}"
-        host_config = self.client.api.create_host_config(
-            binds={
-                str(conn_dir): {"bind": "/conn", "mode": "rw"},
-                str(workspace): {"bind": "/workspace", "mode": "rw"},
-            },
-            network_mode=s.network,
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges:true"],
-            init=True,
-            read_only=True,
-            tmpfs={
+        binds: dict[str, Mapping[str, str]] = {
+            str(conn_dir): {"bind": "/conn", "mode": "rw"},
+            str(storage.files): {"bind": "/workspace", "mode": "rw"},
+        }
+        tmpfs: dict[str, str] = {}
+        if self._storage.capped:  # one disk, one cap: files, /tmp and home
+            binds[str(storage.tmp)] = {"bind": "/tmp", "mode": "rw"}
+            binds[str(storage.home)] = {"bind": "/home/sandbox", "mode": "rw"}
+        else:  # no disk of its own: keep /tmp and home off the host's disk, as memory
+            tmpfs = {
                 "/tmp": f"rw,nosuid,nodev,size={s.workspace_size},mode=1777",
-                "/home/sandbox": home_tmpfs,
-            },
-            mem_limit=s.memory_limit,
-            memswap_limit=s.memory_limit,
-            nano_cpus=int(s.cpu_limit * 1e9),
-            pids_limit=s.pids_limit,
-            ulimits=[docker.types.Ulimit(name="nofile", soft=1024, hard=1024)],
-            # ipykernel echoes fd-level output to the container's stdout: keep that bounded.
-            log_config=docker.types.LogConfig(
-                type="json-file", config={"max-size": "1m", "max-file": "1"}
-            ),
-        )
-        if s.runtime:
-            host_config["Runtime"] = s.runtime
+                "/home/sandbox": f"rw,nosuid,nodev,size={HOME_TMPFS_SIZE},mode=700,"
+                f"uid={self._uid},gid={self._uid}",
+            }
         try:
+            host_config = self.client.api.create_host_config(
+                binds=binds,
+                network_mode=s.network,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges:true"],
+                init=True,
+                read_only=True,
+                tmpfs=tmpfs,
+                mem_limit=s.memory_limit_bytes,
+                memswap_limit=s.memory_limit_bytes,
+                nano_cpus=int(s.cpu_limit * 1e9),
+                pids_limit=s.pids_limit,
+                ulimits=[docker.types.Ulimit(name="nofile", soft=1024, hard=1024)],
+                # ipykernel echoes fd-level output to the container's stdout: keep it bounded.
+                log_config=docker.types.LogConfig(
+                    type="json-file", config={"max-size": "1m", "max-file": "1"}
+                ),
+            )
+            if s.runtime:
+                host_config["Runtime"] = s.runtime
             await self.call(
                 self._create_and_start,
                 name=name,
@@ -310,12 +313,26 @@ class DockerBackend(Backend):
                 host_config=host_config,
                 environment={"HOME": "/home/sandbox"},
             )
-        except BaseException as exc:
-            await asyncio.shield(kernel.cleanup())
-            if isinstance(exc, Exception):
-                raise BackendUnavailable(f"could not start a kernel container: {exc}") from exc
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(kernel.cleanup())
             raise
         return kernel
+
+    def _make_conn_dir(self) -> tuple[str, Path, ConnectionInfo]:
+        """A kernel's connection folder with its files, owned by the kernel's user."""
+        kernel_id, conn_dir = self._runtime.new_kernel_dir()
+        try:
+            info = ipc_connection(str(conn_dir / "k"))
+            write_connection_file(conn_dir / "kernel.json", ipc_connection_inside(info))
+            write_startup_file(conn_dir, self._settings)
+            if self._owner is not None:
+                for path in (conn_dir, *conn_dir.iterdir()):
+                    os.chown(path, *self._owner)
+        except BaseException:
+            shutil.rmtree(conn_dir, ignore_errors=True)
+            raise
+        return kernel_id, conn_dir, info
 
     @property
     def _uid(self) -> str:
@@ -382,10 +399,6 @@ class DockerBackend(Backend):
         elif action == "die":
             code = int(attrs.get("exitCode", -1))
             self._loop.call_soon_threadsafe(kernel._on_die, code)
-
-
-def _is_mountpoint(path: Path) -> bool:
-    return str(path) in {p for p in mounts_under(path.parent)}
 
 
 def ipc_connection_inside(info: ConnectionInfo) -> ConnectionInfo:

@@ -1,8 +1,9 @@
 """Kernels as local processes: the embedded default where no Docker engine answers.
 
 When bubblewrap (`bwrap`) is installed, each kernel runs inside it: no network,
-a read-only view of the system, a private /tmp, only its own workspace and
-connection folder writable, its own pid namespace (it cannot see the gateway or
+a read-only view of the system, only its session's storage (working directory,
+/tmp and home, on one capped disk when the gateway is root) and its connection
+folder writable, its own pid namespace (it cannot see the gateway or
 other kernels), all capabilities dropped. Resource limits are rlimits. Without
 bwrap, code runs with the gateway user's rights on the host; the startup log
 says which isolation is active, and warns loudly when there is none.
@@ -22,15 +23,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..settings import Settings, parse_size
+from ..errors import KernelUnavailable
+from ..settings import Settings
+from ..storage import PlainStorage, SessionStorage, StorageProvider, choose_provider
 from ..types import ConnectionInfo
 from .base import (
     Backend,
     ExitInfo,
     KernelProcess,
     RuntimeDir,
-    SessionStorage,
     ipc_connection,
+    to_the_end,
     wait_for_exit,
     write_connection_file,
     write_startup_file,
@@ -109,6 +112,8 @@ class LocalBackend(Backend):
         self._kernels: set[LocalKernel] = set()
         self._bwrap = shutil.which("bwrap")
         self._font_seed = runtime.root / "matplotlib"
+        # Chosen in start(): a capped disk per session when it works here.
+        self._storage: StorageProvider = PlainStorage(settings.workspace_size_bytes)
         # The kernel gets a small, explicit environment: never the gateway's own
         # (which may hold its token or cloud credentials).
         self._env = {
@@ -134,18 +139,36 @@ class LocalBackend(Backend):
             f"rlimits: address space {self._settings.memory_limit} x4, 1024 files, "
             f"file size {self._settings.workspace_size}"
         )
+        storage = f"storage (working directory, /tmp, home): {self._storage.describe()}"
         if self._bwrap:
             return (
-                "bubblewrap sandbox: no network, read-only system, private /tmp, only its "
-                "workspace writable, own pid namespace, all capabilities dropped; " + limits
+                "bubblewrap sandbox: no network, read-only system, only its storage writable, "
+                f"own pid namespace, all capabilities dropped; {limits}; {storage}"
             )
-        return "none: kernels are local processes with the gateway user's rights; " + limits
+        return (
+            f"none: kernels are local processes with the gateway user's rights; {limits}; "
+            + storage
+        )
 
     async def start(self) -> None:
-        for instance in self._runtime.stale_instances():
+        for instance in await asyncio.to_thread(self._runtime.stale_instances):
             await asyncio.to_thread(_kill_orphans, self._runtime.root / instance)
-            self._runtime.remove_instance(instance)
+            # Its session disks too: unmounted, loop devices detached, images deleted.
+            await asyncio.to_thread(self._runtime.remove_instance, instance)
         await asyncio.to_thread(self._warm_font_cache)
+        self._storage = await asyncio.to_thread(
+            choose_provider, self._storage.size, self._runtime.path / "w"
+        )
+
+    async def prepare_storage(self, root: Path) -> SessionStorage:
+        """Make `root` the session's storage with the provider chosen at startup."""
+        return await to_the_end(asyncio.to_thread(self._storage.prepare, root, None))
+
+    async def release_storage(self, storage: SessionStorage) -> None:
+        try:
+            await asyncio.shield(asyncio.to_thread(self._storage.release, storage.root))
+        except Exception:
+            logger.exception("releasing the storage at %s failed", storage.root)
 
     def _warm_font_cache(self) -> None:
         """Build matplotlib's font cache once; each kernel starts from a copy of it."""
@@ -159,19 +182,21 @@ class LocalBackend(Backend):
             timeout=120,
         )
 
-    def _sandbox(self, conn_dir: Path, workspace: Path, info_fd: int) -> list[str]:
+    def _sandbox(self, conn_dir: Path, storage: SessionStorage, info_fd: int) -> list[str]:
         """bwrap arguments: only what Python needs is visible, read-only.
 
         Not `/` as a whole: that would expose /run (the Docker socket, session
         buses), /home and, for a root gateway, root-owned secrets such as
-        /etc/shadow. A private tmpfs serves /tmp, so the runtime dir (and every
-        other session's files) stays hidden unless bound in below.
+        /etc/shadow. The session's own tmp folder serves /tmp (on its disk, not in
+        memory), so the runtime dir (and every other session's files) stays
+        hidden unless bound in below.
         """
         assert self._bwrap is not None
         argv = [self._bwrap]
         for path in SYSTEM_DIRS:
             argv += ["--ro-bind-try", path, path]
-        argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", "/etc"]
+        argv += ["--dev", "/dev", "--proc", "/proc", "--bind", str(storage.tmp), "/tmp"]
+        argv += ["--dir", "/etc"]
         for path in ETC_FILES:
             argv += ["--ro-bind-try", path, path]
         for path in python_paths():
@@ -179,8 +204,9 @@ class LocalBackend(Backend):
         argv += [
             "--ro-bind", str(self._font_seed), str(self._font_seed),
             "--bind", str(conn_dir), str(conn_dir),
-            "--bind", str(workspace), str(workspace),
-            "--chdir", str(workspace),
+            "--bind", str(storage.files), str(storage.files),
+            "--bind", str(storage.home), str(storage.home),
+            "--chdir", str(storage.files),
             "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-pid", "--as-pid-1",
             "--cap-drop", "ALL",
             "--die-with-parent", "--new-session",
@@ -191,29 +217,39 @@ class LocalBackend(Backend):
 
     def _limits(self) -> None:
         """Runs in the child before exec: rlimits the kernel inherits."""
-        memory = parse_size(self._settings.memory_limit) * 4  # address space, not RSS
+        memory = self._settings.memory_limit_bytes * 4  # address space, not RSS
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
-        size = parse_size(self._settings.workspace_size)
+        size = self._settings.workspace_size_bytes
         resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         # No RLIMIT_NPROC: it counts every process of the user (the gateway and all
         # kernels), so it cannot limit one kernel; the docker backend has a real pids cap.
 
     async def launch(self, storage: SessionStorage) -> KernelProcess:
+        """Start a kernel process on `storage`; raises only `KernelUnavailable`."""
+        try:
+            return await self._launch(storage)
+        except (OSError, TimeoutError) as exc:
+            raise KernelUnavailable(
+                f"could not start a local kernel: {exc}", retry_after=5
+            ) from exc
+
+    async def _launch(self, storage: SessionStorage) -> KernelProcess:
         workspace = storage.files
         kernel_id, conn_dir = self._runtime.new_kernel_dir()
         connection = ipc_connection(str(conn_dir / "k"))
         conn_file = conn_dir / "kernel.json"
         write_connection_file(conn_file, connection)
-        home = conn_dir / "home"
-        home.mkdir()
+        home = storage.home
         env = dict(
             self._env,
             HOME=str(home),
             IPYTHONDIR=str(home / ".ipython"),
             MPLCONFIGDIR=str(home / ".matplotlib"),
         )
+        if not self._bwrap:  # in the sandbox, the session's tmp folder is /tmp
+            env["TMPDIR"] = str(storage.tmp)
         # ipykernel echoes all fd-level output to its own stdout: discard it, or a
         # `while True: print()` would fill the disk with a log nobody reads.
         command = [sys.executable, str(write_startup_file(conn_dir, self._settings)), "-f",
@@ -221,7 +257,7 @@ class LocalBackend(Backend):
         read_fd, write_fd = os.pipe() if self._bwrap else (-1, -1)
         try:
             if self._bwrap:
-                command = self._sandbox(conn_dir, workspace, write_fd) + command
+                command = self._sandbox(conn_dir, storage, write_fd) + command
             proc = await asyncio.create_subprocess_exec(
                 *command,
                 cwd=workspace,
@@ -236,6 +272,7 @@ class LocalBackend(Backend):
         except BaseException:
             if read_fd >= 0:
                 os.close(read_fd)
+            shutil.rmtree(conn_dir, ignore_errors=True)
             raise
         finally:
             if write_fd >= 0:
@@ -249,6 +286,7 @@ class LocalBackend(Backend):
             except BaseException:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
+                shutil.rmtree(conn_dir, ignore_errors=True)
                 raise
         kernel = LocalKernel(kernel_id, conn_dir, proc, connection, kernel_pid)
         (conn_dir / "pid").write_text(str(proc.pid))
