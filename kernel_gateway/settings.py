@@ -11,6 +11,7 @@ import functools
 import ipaddress
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -50,8 +51,23 @@ POSITIVE_NUMBERS = (
 )
 
 
-def _default_runtime_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"kernel-gateway-{os.getuid()}"
+def _default_runtime_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """`$XDG_RUNTIME_DIR/kernel-gateway` if that is ours, else `<tmp>/kernel-gateway-<uid>`.
+
+    XDG_RUNTIME_DIR is private to its user by design; it is skipped when it is not
+    an absolute path to a folder this user owns (`sudo` may keep the invoking
+    user's). Either way `RuntimeDir` checks the folder's owner and mode at startup.
+    """
+    xdg = (environ or {}).get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(xdg):
+        try:
+            info = os.stat(xdg)
+        except OSError:
+            pass
+        else:
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+                return Path(xdg) / "kernel-gateway"
+    return Path(tempfile.gettempdir()) / f"kernel-gateway-{os.geteuid()}"
 
 
 @dataclass(frozen=True)
@@ -243,6 +259,8 @@ def from_env(environ: Mapping[str, str], **overrides: Any) -> Settings:
             except ValueError as exc:
                 raise ValueError(f"KG_{f.name.upper()}: {exc}") from exc
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if "runtime_dir" not in values:
+        values["runtime_dir"] = _default_runtime_dir(environ)
     return Settings(**values)
 
 
@@ -292,7 +310,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "(default numpy,pandas,matplotlib; empty for none)",
     )
     add("--max-upload-bytes", type=int, help="largest file upload (default 100 MiB)")
-    add("--runtime-dir", type=Path, help="where connection files and workspaces live")
+    add(
+        "--runtime-dir",
+        type=Path,
+        help="where connection files and workspaces live, a folder only this user may use "
+        "(default $XDG_RUNTIME_DIR/kernel-gateway, else $TMPDIR/kernel-gateway-<uid>)",
+    )
     add("--log-level", choices=["debug", "info", "warning", "error"], help="(default info)")
 
 

@@ -164,6 +164,23 @@ def test_an_unparsable_size_stops_serve_before_anything_starts(tmp_path: Path) -
     assert not (tmp_path / "rt").exists()
 
 
+def test_an_unsafe_runtime_dir_stops_serve_with_a_clear_message(tmp_path: Path) -> None:
+    shared = tmp_path / "rt"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone could have planted sockets or connection files here
+    result = subprocess.run(
+        [sys.executable, "-m", "kernel_gateway", "serve", "--backend", "local",
+         "--port", str(free_port()), "--runtime-dir", str(shared)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"kernel-gateway: runtime dir {shared} is writable by group")
+    assert "Traceback" not in result.stderr
+    assert list(shared.iterdir()) == []
+
+
 def test_a_memory_limit_in_gib_reaches_the_container(tmp_path: Path) -> None:
     require_docker()
     args = ("--backend", "docker", "--pool-size", "0", "--memory-limit", "1GiB")

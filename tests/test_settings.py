@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -167,3 +169,35 @@ def test_limits_at_their_edges_are_accepted() -> None:
         65535,
         6 * 1024**2,
     )
+
+
+# -- the runtime folder: XDG_RUNTIME_DIR where set, read from the environ given -------------
+
+
+def test_runtime_dir_prefers_xdg_runtime_dir(tmp_path: Path) -> None:
+    s = from_env({"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert s.runtime_dir == tmp_path / "kernel-gateway"
+
+
+def test_runtime_dir_falls_back_to_the_temp_folder(tmp_path: Path) -> None:
+    expected = Path(tempfile.gettempdir()) / f"kernel-gateway-{os.geteuid()}"
+    assert from_env({}).runtime_dir == expected
+    assert from_env({"XDG_RUNTIME_DIR": ""}).runtime_dir == expected
+    assert from_env({"XDG_RUNTIME_DIR": "relative/dir"}).runtime_dir == expected
+    assert from_env({"XDG_RUNTIME_DIR": str(tmp_path / "missing")}).runtime_dir == expected
+    assert Settings().runtime_dir == expected  # no environ given: none is read
+
+
+def test_an_xdg_runtime_dir_of_another_user_is_not_used(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a folder away")
+    theirs = tmp_path / "theirs"  # e.g. kept by `sudo` from the invoking user's session
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 12345, 12345)
+    assert from_env({"XDG_RUNTIME_DIR": str(theirs)}).runtime_dir.parent != theirs
+
+
+def test_runtime_dir_flag_and_variable_win_over_xdg(tmp_path: Path) -> None:
+    env = {"XDG_RUNTIME_DIR": str(tmp_path), "KG_RUNTIME_DIR": "/srv/kg"}
+    assert from_env(env).runtime_dir == Path("/srv/kg")
+    assert from_env(env, runtime_dir=Path("/srv/flag")).runtime_dir == Path("/srv/flag")

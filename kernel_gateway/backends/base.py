@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import fcntl
 import json
 import logging
@@ -16,6 +17,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,26 +132,95 @@ class Backend(abc.ABC):
         """Stop and remove every kernel this gateway started."""
 
 
+class RuntimeDirError(ValueError):
+    """The runtime folder cannot be made safe: another user could reach it. Fatal at startup."""
+
+
+def secure_runtime_root(root: Path) -> None:
+    """Create `root` with mode 0700, or check that an existing one is this user's alone.
+
+    It will hold connection files (each with its kernel's HMAC key) and ipc
+    sockets, so a folder another local user made or may write to would hand them
+    the kernels. Refused: a symlink, anything not a directory, a folder not owned
+    by our effective uid, one that group or others may write, and one whose parent
+    lets another user rename it away (a parent not root's or ours, or writable by
+    others without the sticky bit that /tmp has). A folder of ours that others may
+    only read or enter (earlier versions made it 0711) is tightened to 0700: nobody
+    else could have put anything in it. The checks are made on a descriptor opened
+    with O_NOFOLLOW, so what is checked is what was opened, with no race between.
+    """
+    euid = os.geteuid()
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        parent = os.stat(root.parent)
+        if parent.st_uid not in (0, euid):
+            raise RuntimeDirError(
+                f"runtime dir {root}: its parent {root.parent} is owned by uid "
+                f"{parent.st_uid}, who could swap the folder for another; choose another "
+                "--runtime-dir"
+            )
+        if parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX:
+            raise RuntimeDirError(
+                f"runtime dir {root}: its parent {root.parent} is writable by others and not "
+                "sticky, so they could swap the folder for another; choose another --runtime-dir"
+            )
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(root, 0o700)
+        try:
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            kind = "a symlink" if os.path.islink(root) else "not a directory"
+            raise RuntimeDirError(
+                f"runtime dir {root} is {kind}; refusing to use it (remove it, or choose "
+                "another --runtime-dir)"
+            ) from None
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != euid:
+                raise RuntimeDirError(
+                    f"runtime dir {root} is owned by uid {st.st_uid}, not by this gateway's "
+                    f"uid {euid}: another user may have made it to take over kernels; remove "
+                    "it, or choose another --runtime-dir"
+                )
+            if st.st_mode & 0o022:
+                raise RuntimeDirError(
+                    f"runtime dir {root} is writable by group or others (mode "
+                    f"{stat.S_IMODE(st.st_mode):o}); anything in it may have been planted. "
+                    "Remove it, or choose another --runtime-dir"
+                )
+            if st.st_mode & 0o077:
+                os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise RuntimeDirError(f"runtime dir {root}: {exc.strerror or exc}") from exc
+
+
 class RuntimeDir:
     """This gateway's folder for connection files and workspaces, held by a lock.
 
     The lock tells a later gateway whether the folder (and the containers that
     carry the same instance id) still belong to a live process or are orphans.
+    `open` refuses a folder another user could reach (see `secure_runtime_root`).
     """
 
     def __init__(self, root: Path) -> None:
-        self.root = root
+        self.root = Path(os.path.abspath(root))
         self.instance = secrets.token_hex(6)
         self.hostname = socket.gethostname()
         self.path = root / self.instance
         self._lock_fd: int | None = None
 
     def open(self) -> None:
-        self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        self.path.mkdir(mode=0o711)
-        (self.path / "k").mkdir()
-        (self.path / "w").mkdir()
-        fd = os.open(self.root / f"{self.instance}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        """Make or check the root folder (RuntimeDirError if unsafe), then this instance's."""
+        secure_runtime_root(self.root)
+        # 0700 throughout: containers see only the folders bind-mounted into them, and
+        # local kernels run as the gateway's user, so no one else needs to enter.
+        self.path.mkdir(mode=0o700)
+        (self.path / "k").mkdir(mode=0o700)
+        (self.path / "w").mkdir(mode=0o700)
+        flags = os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.root / f"{self.instance}.lock", flags, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._lock_fd = fd
 
@@ -200,7 +271,7 @@ class RuntimeDir:
 def lock_is_held(path: Path) -> bool:
     """Whether a live process holds this instance lock (a dead one's lock is released)."""
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
     except OSError:

@@ -1,0 +1,104 @@
+"""The runtime folder: ours alone, or the gateway refuses to start.
+
+It holds connection files (with each kernel's HMAC key) and the ipc sockets; a
+folder another local user made, or can write to, would hand them kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from kernel_gateway.backends.base import RuntimeDir, RuntimeDirError
+
+OTHER_UID = 12345
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def open_runtime(root: Path) -> RuntimeDir:
+    runtime = RuntimeDir(root)
+    runtime.open()
+    return runtime
+
+
+def test_a_new_folder_is_private(tmp_path: Path) -> None:
+    runtime = open_runtime(tmp_path / "a" / "rt")
+    try:
+        assert mode(runtime.root) == 0o700
+        for path in (runtime.path, runtime.path / "k", runtime.path / "w", runtime.lock_path):
+            assert os.lstat(path).st_mode & 0o077 == 0, path
+    finally:
+        runtime.close()
+    assert not runtime.path.exists()
+
+
+def test_a_folder_of_another_user_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a folder away")
+    root = tmp_path / "rt"
+    root.mkdir(mode=0o700)
+    os.chown(root, OTHER_UID, OTHER_UID)
+    with pytest.raises(RuntimeDirError, match=f"owned by uid {OTHER_UID}"):
+        open_runtime(root)
+    assert list(root.iterdir()) == []
+
+
+def test_a_symlink_is_refused_and_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.mkdir(mode=0o700)
+    (tmp_path / "rt").symlink_to(target)
+    with pytest.raises(RuntimeDirError, match="symlink"):
+        open_runtime(tmp_path / "rt")
+    assert list(target.iterdir()) == []
+
+
+def test_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "rt").write_text("")
+    with pytest.raises(RuntimeDirError, match="not a directory"):
+        open_runtime(tmp_path / "rt")
+
+
+@pytest.mark.parametrize("perm", [0o777, 0o770, 0o702, 0o720, 0o1777], ids=oct)
+def test_a_folder_others_may_write_is_refused(tmp_path: Path, perm: int) -> None:
+    root = tmp_path / "rt"
+    root.mkdir()
+    root.chmod(perm)
+    with pytest.raises(RuntimeDirError, match="writable by group or others"):
+        open_runtime(root)
+    assert list(root.iterdir()) == []
+
+
+@pytest.mark.parametrize("perm", [0o711, 0o755, 0o750], ids=oct)
+def test_our_folder_others_may_only_enter_is_made_private(tmp_path: Path, perm: int) -> None:
+    root = tmp_path / "rt"  # as earlier versions made it (0711): nobody else could write in it
+    root.mkdir()
+    root.chmod(perm)
+    runtime = open_runtime(root)
+    runtime.close()
+    assert mode(root) == 0o700
+
+
+def test_a_parent_another_user_controls_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a folder away")
+    parent = tmp_path / "theirs"
+    parent.mkdir(mode=0o755)
+    os.chown(parent, OTHER_UID, OTHER_UID)  # they could rename our folder and put theirs there
+    with pytest.raises(RuntimeDirError, match=f"parent .* owned by uid {OTHER_UID}"):
+        open_runtime(parent / "rt")
+
+
+def test_a_parent_anyone_may_write_needs_the_sticky_bit(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(RuntimeDirError, match="sticky"):
+        open_runtime(shared / "rt")
+    shared.chmod(0o1777)  # like /tmp: others cannot rename or remove our folder
+    open_runtime(shared / "rt").close()
