@@ -15,9 +15,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .auth import BearerAuth, LoopbackHostGuard
+from .backends import AUTO, load_backend
 from .backends.base import Backend, RuntimeDir
-from .backends.docker import DockerBackend
-from .backends.local import LocalBackend
 from .errors import BackendUnavailable, GatewayError
 from .http import JSONResponse, error_response
 from .pool import Pool
@@ -40,20 +39,28 @@ class State(TypedDict):
 
 
 async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:
-    """`docker` when an engine answers and the image exists; `local` otherwise (if auto)."""
-    if settings.backend in ("auto", "docker"):
-        docker_backend = DockerBackend(settings, runtime)
+    """The backend named in settings, started; `auto` tries each of `AUTO` in turn.
+
+    So `auto` is docker when an engine answers and the image exists, else local.
+    A backend's module is imported only when it is tried.
+    """
+    names = AUTO if settings.backend == "auto" else (settings.backend,)
+    for name, fallback in zip(names, (*names[1:], None), strict=True):
         try:
-            await docker_backend.start()
-            return docker_backend
-        except BackendUnavailable as exc:
-            await docker_backend.close()
-            if settings.backend == "docker":
+            backend = load_backend(name)(settings, runtime)
+            try:
+                await backend.start()
+            except BackendUnavailable:
+                await backend.close()
                 raise
-            logger.warning("docker backend unavailable (%s); falling back to local", exc.message)
-    local = LocalBackend(settings, runtime)
-    await local.start()
-    return local
+            return backend
+        except BackendUnavailable as exc:
+            if fallback is None:
+                raise
+            logger.warning(
+                "%s backend unavailable (%s); falling back to %s", name, exc.message, fallback
+            )
+    raise AssertionError("no backend to try")
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -67,20 +74,8 @@ def create_app(settings: Settings) -> Starlette:
         try:
             backend = await select_backend(settings, runtime)
             logger.info("backend: %s; isolation: %s", backend.name, backend.isolation)
-            if isinstance(backend, LocalBackend) and backend.isolated:
-                logger.warning(
-                    "local backend: kernels run in a bubblewrap sandbox but share this host's "
-                    "kernel; prefer the docker backend (with --runtime runsc) for untrusted code"
-                )
-            elif isinstance(backend, LocalBackend):
-                logger.warning(
-                    "\n%s\nWARNING: the local backend runs code as YOUR USER ON THIS HOST, with no "
-                    "isolation.\nUse it only for code you trust. Build the kernel image "
-                    "(kernel-gateway build-image) and run with --backend docker for untrusted "
-                    "code.\n%s",
-                    "!" * 78,
-                    "!" * 78,
-                )
+            if backend.startup_warning is not None:
+                logger.warning("%s", backend.startup_warning)
             pool = Pool(settings, backend, runtime, context)
             await pool.start()
             yield {"pool": pool, "settings": settings}

@@ -92,6 +92,11 @@ class Backend(abc.ABC):
         """One line for the startup log: what separates kernel code from the host."""
 
     @property
+    def startup_warning(self) -> str | None:
+        """A warning for the startup log when the isolation is weak, or None."""
+        return None
+
+    @property
     def workspace_owner(self) -> tuple[int, int] | None:
         """uid/gid the kernel runs as, for files the gateway writes into a workspace."""
         return None

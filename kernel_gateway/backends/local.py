@@ -297,6 +297,21 @@ class LocalBackend(Backend):
     async def close(self) -> None:
         await asyncio.gather(*(k.cleanup() for k in list(self._kernels)))
 
+    @property
+    def startup_warning(self) -> str:
+        if self._bwrap:
+            return (
+                "local backend: kernels run in a bubblewrap sandbox but share this host's "
+                "kernel; prefer the docker backend (with --runtime runsc) for untrusted code"
+            )
+        banner = "!" * 78
+        return (
+            f"\n{banner}\nWARNING: the local backend runs code as YOUR USER ON THIS HOST, with "
+            "no isolation.\nUse it only for code you trust. Build the kernel image "
+            "(kernel-gateway build-image) and run with --backend docker for untrusted "
+            f"code.\n{banner}"
+        )
+
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
 ETC_FILES = (
