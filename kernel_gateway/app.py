@@ -1,4 +1,4 @@
-"""The ASGI application: routes, auth, error handlers, and a lifespan that owns the pool."""
+"""The ASGI application: routes, auth, error handlers, and a lifespan that owns the sessions."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from .backends import AUTO, load_backend
 from .backends.base import Backend, RuntimeDir
 from .errors import BackendUnavailable, GatewayError
 from .http import JSONResponse, error_response
-from .pool import Pool
+from .registry import Registry
 from .routes import routes
 from .settings import Settings, is_loopback
+from .warm_pool import WarmPool
 
 logger = logging.getLogger("kernel_gateway")
 
@@ -34,7 +35,7 @@ HTTP_ERROR_TYPES = {
 
 
 class State(TypedDict):
-    pool: Pool
+    registry: Registry
     settings: Settings
 
 
@@ -70,18 +71,19 @@ def create_app(settings: Settings) -> Starlette:
         runtime.open()
         context = zmq.asyncio.Context()
         backend: Backend | None = None
-        pool: Pool | None = None
+        registry: Registry | None = None
         try:
             backend = await select_backend(settings, runtime)
             logger.info("backend: %s; isolation: %s", backend.name, backend.isolation)
             if backend.startup_warning is not None:
                 logger.warning("%s", backend.startup_warning)
-            pool = Pool(settings, backend, runtime, context)
-            await pool.start()
-            yield {"pool": pool, "settings": settings}
+            warm = WarmPool(settings, backend, runtime, context)
+            registry = Registry(settings, warm, runtime.instance)
+            registry.start()
+            yield {"registry": registry, "settings": settings}
         finally:
-            if pool is not None:
-                await pool.close()
+            if registry is not None:
+                await registry.close()
             if backend is not None:
                 await backend.close()
             context.destroy(linger=0)

@@ -15,28 +15,65 @@ bounded however much the code prints.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from .types import JSON, DoneStatus, Event, Message
+from .types import JSON, Event, Message
 
 TRUNCATION_MARKER = "\n[output truncated: this execution exceeded {limit} bytes of output]\n"
 
 
+class MalformedMessage(ValueError):
+    """A kernel message whose content does not have the shape the protocol gives it.
+
+    Code in a kernel can sign and publish any message, so shapes are checked, never
+    trusted; the kernel's reader drops (and counts) such a message and carries on.
+    """
+
+
+def _text(content: JSON, key: str) -> str:
+    value = content.get(key, "")
+    if not isinstance(value, str):
+        raise MalformedMessage(f"{key!r} is {type(value).__name__}, not a string")
+    return value
+
+
+def _mapping(content: JSON, key: str) -> JSON:
+    value = content.get(key) or {}
+    if not isinstance(value, dict):
+        raise MalformedMessage(f"{key!r} is {type(value).__name__}, not an object")
+    return value
+
+
+def _count(content: JSON) -> int | None:
+    value = content.get("execution_count")
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise MalformedMessage("'execution_count' is not an integer")
+
+
 def translate(msg: Message) -> Event | None:
-    """The client event for one IOPub message, or None for protocol-internal traffic."""
+    """The client event for one IOPub message, or None for protocol-internal traffic.
+
+    Raises MalformedMessage when the content has the wrong shape.
+    """
     msg_type = msg["header"]["msg_type"]
     content = msg["content"]
+    if not isinstance(content, dict):
+        raise MalformedMessage("content is not an object")
     if msg_type == "stream":
         name = "stderr" if content.get("name") == "stderr" else "stdout"
-        return Event(name, {"text": str(content.get("text", ""))})
+        return Event(name, {"text": _text(content, "text")})
     if msg_type == "display_data" or msg_type == "update_display_data":
-        transient = content.get("transient") or {}
+        display_id = _mapping(content, "transient").get("display_id")
+        if display_id is not None and not isinstance(display_id, str):
+            raise MalformedMessage("'display_id' is not a string")
         return Event(
             "display",
             {
-                "data": content.get("data", {}),
-                "metadata": content.get("metadata", {}),
-                "display_id": transient.get("display_id"),
+                "data": _mapping(content, "data"),
+                "metadata": _mapping(content, "metadata"),
+                "display_id": display_id,
                 "update": msg_type == "update_display_data",
             },
         )
@@ -44,51 +81,74 @@ def translate(msg: Message) -> Event | None:
         return Event(
             "result",
             {
-                "data": content.get("data", {}),
-                "metadata": content.get("metadata", {}),
-                "execution_count": content.get("execution_count"),
+                "data": _mapping(content, "data"),
+                "metadata": _mapping(content, "metadata"),
+                "execution_count": _count(content),
             },
         )
     if msg_type == "clear_output":
         return Event("clear", {"wait": bool(content.get("wait", False))})
     if msg_type == "error":
+        traceback = content.get("traceback") or []
+        if not isinstance(traceback, list):
+            raise MalformedMessage("'traceback' is not a list")
         return Event(
             "error",
             {
                 "ename": str(content.get("ename", "")),
                 "evalue": str(content.get("evalue", "")),
-                "traceback": [str(line) for line in content.get("traceback", [])],
+                "traceback": [str(line) for line in traceback],
             },
         )
     return None
 
 
 def is_idle(msg: Message) -> bool:
+    content = msg["content"]
     return bool(
-        msg["header"]["msg_type"] == "status" and msg["content"].get("execution_state") == "idle"
+        msg["header"]["msg_type"] == "status"
+        and isinstance(content, dict)
+        and content.get("execution_state") == "idle"
+    )
+
+
+def input_count(msg: Message) -> int | None:
+    """The execution count an `execute_input` message announces, else None."""
+    if msg["header"]["msg_type"] != "execute_input" or not isinstance(msg["content"], dict):
+        return None
+    return _count(msg["content"])
+
+
+@dataclass(frozen=True)
+class ExecuteReply:
+    """What the shell's `execute_reply` says about a finished cell."""
+
+    status: str
+    """ok, error or aborted."""
+    execution_count: int | None
+    exit_requested: bool
+    """The cell called exit(): the frontend (the gateway) should end the kernel."""
+
+
+def parse_reply(msg: Message) -> ExecuteReply:
+    content = msg["content"]
+    if not isinstance(content, dict):
+        raise MalformedMessage("content is not an object")
+    payloads = content.get("payload")
+    if payloads is None:
+        payloads = []
+    if not isinstance(payloads, list):
+        raise MalformedMessage("'payload' is not a list")
+    return ExecuteReply(
+        status=str(content.get("status", "error")),
+        execution_count=_count(content),
+        exit_requested=any(isinstance(p, dict) and p.get("source") == "ask_exit" for p in payloads),
     )
 
 
 def error_event(ename: str, evalue: str) -> Event:
     """An error the gateway itself reports (timeout, kernel death), shaped like a kernel's."""
     return Event("error", {"ename": ename, "evalue": evalue, "traceback": []})
-
-
-def done_event(
-    status: DoneStatus,
-    execution_count: int | None,
-    duration_ms: float,
-    restarted: bool,
-    **extra: Any,
-) -> Event:
-    data: JSON = {
-        "status": status,
-        "execution_count": execution_count,
-        "duration_ms": round(duration_ms, 3),
-        "restarted": restarted,
-    }
-    data.update(extra)
-    return Event("done", data)
 
 
 class OutputLimiter:

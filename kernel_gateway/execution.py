@@ -1,18 +1,57 @@
-"""One cell's run as seen by a client: an ordered queue of events ending in one `done`.
+"""One cell's run: its life as one state and one stop reason, and its ordered events.
 
-The kernel's reader feeds `on_message` directly (no task per message); the
-HTTP side drains `stream()`. The queue stays bounded because `OutputLimiter`
-caps what one execution may produce.
+    QUEUED ──start()──▶ RUNNING ──finishing()──▶ FINISHING ──finish()──▶ DONE
+
+Why a cell did not simply run to its end is one `StopReason`, recorded through
+`stop()` only. Requests to stop (a user's interrupt, a client's disconnect) may
+be overtaken by what actually ended the cell (a timeout, the kernel's death, a
+restart, the session closing); nothing overtakes those. `done_data()` is the one
+place the final `done` event is computed, from the state, the stop reason and
+the kernel's reply.
+
+The kernel's reader feeds `on_input`/`on_event`/`on_idle` directly (no task per
+message); the HTTP side drains `stream()`. The queue stays bounded because
+`OutputLimiter` caps what one execution may produce.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
+import time
 import uuid
 from collections.abc import AsyncIterator
 
-from .events import OutputLimiter, done_event, is_idle, translate
-from .types import DoneStatus, Event, Message
+from .events import ExecuteReply, OutputLimiter
+from .types import JSON, DoneStatus, Event
+
+
+class State(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHING = "finishing"
+    """The cell stopped in the kernel; its files are being reported."""
+    DONE = "done"
+
+
+class StopReason(enum.Enum):
+    """Why a cell ended other than by running to its end, by precedence (low to high)."""
+
+    INTERRUPT = "interrupt"
+    """The user asked to interrupt it."""
+    DISCONNECT = "disconnect"
+    """Its client went away."""
+    TIMEOUT = "timeout"
+    DEATH = "death"
+    """The kernel died (or could not be started, or the session has failed)."""
+    RESTART = "restart"
+    """The session's kernel was restarted on request."""
+    CLOSED = "closed"
+    """The session was deleted."""
+
+
+_PRECEDENCE = {reason: rank for rank, reason in enumerate(StopReason)}
+_PRECEDENCE[StopReason.DISCONNECT] = _PRECEDENCE[StopReason.INTERRUPT]  # both mere requests
 
 
 class Execution:
@@ -20,59 +59,138 @@ class Execution:
         self.id = uuid.uuid4().hex
         self.code = code
         self.timeout = timeout
-        self.execution_count: int | None = None
+        self.state = State.QUEUED
+        self.stop_reason: StopReason | None = None
+        self.death: str | None = None
+        """With StopReason.DEATH: exited, signal, killed, out_of_memory, start_failed,
+        session_failed or gateway_error."""
+        self.reply: ExecuteReply | None = None
         self.saw_error = False
-        self.interrupted = False
-        """Set when the user or a disconnect asked to stop this cell."""
-        self.restarting = False
-        """Set when the session is being restarted while this cell runs."""
-        self.abandoned = False
-        """Set when no client listens any more (it disconnected)."""
+        """An `error` event came: the verdict when the shell reply never arrives."""
+        self.execution_count: int | None = None
+        self.restarted = False
+        """The kernel was replaced before or during this cell: earlier state is gone."""
+        self.session_failed = False
+        """This cell's kernel death spent the session's restart budget."""
         self.idle = asyncio.Event()
-        self.exit_requested = False
-        """The cell called exit(): the kernel is replaced after it."""
         self.signalled_at = -1e9
         """When the gateway last sent this cell a SIGINT (monotonic seconds)."""
         self.task: asyncio.Task[None] | None = None
+        self.created = time.monotonic()
+        self.started: float | None = None
+        self.ended: float | None = None
         self._limiter = limiter
         self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._finished = False
+
+    # -- life --------------------------------------------------------------------------------
 
     @property
     def finished(self) -> bool:
-        return self._finished
+        return self.state is State.DONE
 
-    def on_message(self, msg: Message) -> None:
-        """Handle one IOPub message whose parent is this execution's request."""
-        if is_idle(msg):
-            self.idle.set()
+    @property
+    def running(self) -> bool:
+        """Sent to the kernel and not yet idle there."""
+        return self.state is State.RUNNING and not self.idle.is_set()
+
+    def start(self) -> None:
+        assert self.state is State.QUEUED, self.state
+        self.state = State.RUNNING
+        self.started = time.monotonic()
+
+    def finishing(self) -> None:
+        if self.state is State.RUNNING:
+            self.state = State.FINISHING
+
+    def stop(self, reason: StopReason, death: str | None = None) -> bool:
+        """Record why the cell ends; True if `reason` is now the stop reason.
+
+        A reason replaces an earlier one only if it ranks higher: a kernel death
+        after an interrupt request is reported as the death.
+        """
+        if self.finished:
+            return False
+        current = self.stop_reason
+        if current is not None and _PRECEDENCE[reason] <= _PRECEDENCE[current]:
+            return False
+        self.stop_reason = reason
+        self.death = death if reason is StopReason.DEATH else None
+        return True
+
+    def finish(self) -> None:
+        """Emit the one and only `done` event; later calls are ignored."""
+        if self.finished:
             return
-        if msg["header"]["msg_type"] == "execute_input":
-            self.execution_count = msg["content"].get("execution_count")
-            return
-        event = translate(msg)
-        if event is None:
-            return
+        self.ended = time.monotonic()
+        self._events.put_nowait(Event("done", self.done_data()))
+        self.state = State.DONE
+
+    # -- the outcome, computed in one place --------------------------------------------------
+
+    @property
+    def status(self) -> DoneStatus:
+        reason = self.stop_reason
+        if reason is StopReason.TIMEOUT:
+            return "timeout"
+        if reason is StopReason.DEATH:
+            return "died"
+        if reason in (StopReason.RESTART, StopReason.CLOSED):
+            return "interrupted"
+        if self.reply is not None:
+            ok = self.reply.status == "ok"
+        else:
+            ok = self.idle.is_set() and not self.saw_error
+        if reason is not None:  # an interrupt that landed after the cell ended changes nothing
+            return "ok" if ok else "interrupted"
+        return "ok" if ok else "error"
+
+    @property
+    def duration_ms(self) -> float:
+        if self.started is None:
+            return 0.0
+        end = self.ended if self.ended is not None else time.monotonic()
+        return (end - self.started) * 1000
+
+    def done_data(self) -> JSON:
+        data: JSON = {
+            "status": self.status,
+            "execution_count": self.execution_count,
+            "duration_ms": round(self.duration_ms, 3),
+            "restarted": self.restarted,
+        }
+        if self.stop_reason is StopReason.DEATH:
+            data["reason"] = self.death
+            if self.session_failed:
+                data["session_failed"] = True
+        if self._limiter.truncated:
+            data["truncated"] = True
+        return data
+
+    # -- what the kernel sends (OutputSink) -------------------------------------------------
+
+    def on_input(self, execution_count: int) -> None:
+        self.execution_count = execution_count
+
+    def on_event(self, event: Event) -> None:
         if event.name == "error":
             self.saw_error = True
         limited = self._limiter.limit(event)
         if limited is not None:
             self.emit(limited)
 
-    def emit(self, event: Event) -> None:
-        if not self._finished:
-            self._events.put_nowait(event)
+    def on_idle(self) -> None:
+        self.idle.set()
 
-    def finish(
-        self, status: DoneStatus, duration_ms: float, restarted: bool, **extra: object
-    ) -> None:
-        """Emit the one and only `done` event; later calls are ignored."""
-        if self._finished:
-            return
-        if self._limiter.truncated:
-            extra.setdefault("truncated", True)
-        self.emit(done_event(status, self.execution_count, duration_ms, restarted, **extra))
-        self._finished = True
+    def on_reply(self, reply: ExecuteReply) -> None:
+        self.reply = reply
+        if reply.execution_count is not None:
+            self.execution_count = reply.execution_count
+
+    # -- what clients read -------------------------------------------------------------------
+
+    def emit(self, event: Event) -> None:
+        if not self.finished:
+            self._events.put_nowait(event)
 
     async def stream(self) -> AsyncIterator[Event]:
         while True:

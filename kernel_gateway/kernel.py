@@ -5,6 +5,10 @@ msg_id to whoever sent the request, so each execution sees only its own
 output, and output that arrives late (a background thread printing after the
 cell ended) is dropped rather than leaking into the next execution. Routing is
 one dict lookup per message, whatever the number of kernels.
+
+Code in a kernel can read its own connection key and publish signed messages
+of any shape, so a message that does not parse or has the wrong shape is
+dropped and counted (`dropped_messages`); it never stops a reader.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
@@ -26,11 +30,22 @@ from jupyter_client.session import Session as JupyterSession
 
 from .backends.base import ExitInfo, KernelProcess
 from .errors import KernelUnavailable
-from .types import ConnectionInfo, Message
+from .events import input_count, is_idle, translate
+from .types import ConnectionInfo, Event, Message
 
 logger = logging.getLogger(__name__)
 
 Listener = Callable[[Message], None]
+
+
+class OutputSink(Protocol):
+    """Receives what one execute_request caused on IOPub, already parsed."""
+
+    def on_input(self, execution_count: int) -> None: ...
+    def on_event(self, event: Event) -> None: ...
+    def on_idle(self) -> None: ...
+
+
 DELIM = b"<IDS|MSG>"
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
@@ -67,6 +82,8 @@ class Kernel:
         ]
         self.language_info: dict[str, Any] = {}
         self.closed = False
+        self.dropped_messages = 0
+        """Messages dropped because they did not verify, parse or have the right shape."""
 
     @staticmethod
     def _socket(context: zmq.asyncio.Context, kind: int, url: str) -> zmq.asyncio.Socket:
@@ -89,11 +106,19 @@ class Kernel:
             except (zmq.ZMQError, asyncio.CancelledError):
                 return
             try:
-                msg = self._deserialize(frames)
-            except Exception:
-                logger.warning("kernel %s sent a message that does not parse; dropped", self.id)
-                continue
-            handle(msg)
+                handle(self._deserialize(frames))
+            except Exception as exc:
+                self._drop(exc)
+
+    def _drop(self, exc: Exception) -> None:
+        self.dropped_messages += 1
+        if self.dropped_messages == 1 or self.dropped_messages % 1000 == 0:
+            logger.warning(
+                "kernel %s sent a malformed message (%s); dropped (%d so far)",
+                self.id,
+                exc,
+                self.dropped_messages,
+            )
 
     def _deserialize(self, frames: list[bytes]) -> Message:
         """Verify and decode one wire message.
@@ -109,13 +134,18 @@ class Kernel:
             mac.update(part)
         if not hmac.compare_digest(mac.hexdigest().encode(), signature):
             raise ValueError("bad message signature")
-        return {
+        msg: Message = {
             "header": json.loads(header),
             "parent_header": json.loads(parent),
             "metadata": json.loads(metadata),
             "content": json.loads(content),
             "buffers": frames[delim + 6 :],
         }
+        if not isinstance(msg["header"], dict) or not isinstance(msg["parent_header"], dict):
+            raise ValueError("header or parent_header is not an object")
+        if not isinstance(msg["header"].get("msg_type"), str):
+            raise ValueError("header has no msg_type")
+        return msg
 
     def _on_iopub(self, msg: Message) -> None:
         listener = self._listeners.get(msg["parent_header"].get("msg_id", ""))
@@ -146,8 +176,24 @@ class Kernel:
         await sock.send_multipart(frames)
         return msg_id, reply
 
-    async def execute(self, code: str, listener: Listener) -> tuple[str, asyncio.Future[Message]]:
-        """Send an execute_request; IOPub messages it causes go to `listener`."""
+    async def execute(self, code: str, sink: OutputSink) -> tuple[str, asyncio.Future[Message]]:
+        """Send an execute_request; what it causes on IOPub goes to `sink`, parsed.
+
+        Returns the request's msg_id and a future for its shell reply.
+        """
+
+        def route(msg: Message) -> None:
+            if is_idle(msg):
+                sink.on_idle()
+                return
+            count = input_count(msg)
+            if count is not None:
+                sink.on_input(count)
+                return
+            event = translate(msg)
+            if event is not None:
+                sink.on_event(event)
+
         return await self._send(
             self._shell,
             "execute_request",
@@ -159,7 +205,7 @@ class Kernel:
                 "allow_stdin": False,
                 "stop_on_error": True,
             },
-            listener,
+            route,
         )
 
     def forget(self, msg_id: str) -> None:
@@ -219,8 +265,22 @@ class Kernel:
             finally:
                 self.forget(msg_id)
 
+    @property
+    def exit_info(self) -> ExitInfo | None:
+        """How the kernel ended, or None while it runs."""
+        task = self.exited
+        if not task.done():
+            return None
+        if task.cancelled() or task.exception() is not None:
+            return ExitInfo(None, "killed")
+        return task.result()
+
     async def interrupt(self) -> None:
         await self.process.send_signal(signal.SIGINT)
+
+    async def kill(self) -> None:
+        """End the kernel at once (its state is lost); `exited` resolves soon after."""
+        await self.process.kill()
 
     async def close(self) -> None:
         """Stop reading, close sockets, and kill and remove the kernel."""

@@ -412,3 +412,20 @@ def test_kernel_release_shows_the_isolation(
         assert release == "4.4.0\n"  # gVisor's own kernel, not the host's
     else:
         assert release == platform.release() + "\n"  # runc and local share the host kernel
+
+
+def test_a_malformed_message_from_the_kernel_is_dropped_not_fatal(
+    client: httpx.Client, session_id: str
+) -> None:
+    # Code can sign messages with its own kernel's key: publish a `stream` whose content
+    # is a list, parented to this very cell. The reader must drop it and carry on.
+    code = (
+        "k = get_ipython().kernel\n"
+        "k.session.send(k.iopub_socket, 'stream', b'[1, 2]', parent=k.get_parent('shell'))\n"
+        "del k\n"
+        "print('after', flush=True)"
+    )
+    stream = execute(client, session_id, code, timeout=20)
+    assert stream.stdout == "after\n"
+    assert stream.done["status"] == "ok"
+    assert execute(client, session_id, "print('next')").stdout == "next\n"

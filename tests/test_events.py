@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel_gateway.events import OutputLimiter, done_event, error_event, is_idle, translate
+import pytest
+
+from kernel_gateway.events import (
+    MalformedMessage,
+    OutputLimiter,
+    error_event,
+    input_count,
+    is_idle,
+    parse_reply,
+    translate,
+)
 from kernel_gateway.types import Event
 
 
@@ -105,18 +115,37 @@ def test_is_idle() -> None:
     assert not is_idle(msg("stream", {"execution_state": "idle"}))
 
 
-def test_done_and_error_events() -> None:
-    done = done_event("timeout", 4, 12.34567, True, reason="x")
-    assert done == Event(
-        "done",
-        {
-            "status": "timeout",
-            "execution_count": 4,
-            "duration_ms": 12.346,
-            "restarted": True,
-            "reason": "x",
-        },
+@pytest.mark.parametrize(
+    ("msg_type", "content"),
+    [
+        ("stream", ["a", "list"]),
+        ("stream", {"name": "stdout", "text": ["a", "list"]}),
+        ("display_data", {"data": "not a dict"}),
+        ("display_data", {"data": {}, "transient": {"display_id": 5}}),
+        ("execute_result", {"data": {}, "execution_count": "3"}),
+        ("error", {"ename": "E", "traceback": "not a list"}),
+    ],
+)
+def test_a_message_of_the_wrong_shape_is_malformed(msg_type: str, content: Any) -> None:
+    with pytest.raises(MalformedMessage):
+        translate(msg(msg_type, content))
+
+
+def test_input_count_and_reply() -> None:
+    assert input_count(msg("execute_input", {"code": "", "execution_count": 7})) == 7
+    assert input_count(msg("stream", {"text": ""})) is None
+    reply = parse_reply(
+        msg(
+            "execute_reply",
+            {"status": "ok", "execution_count": 3, "payload": [{"source": "ask_exit"}]},
+        )
     )
+    assert (reply.status, reply.execution_count, reply.exit_requested) == ("ok", 3, True)
+    with pytest.raises(MalformedMessage):
+        parse_reply(msg("execute_reply", {"status": "ok", "payload": {}}))
+
+
+def test_error_events() -> None:
     assert error_event("KernelDied", "gone") == Event(
         "error", {"ename": "KernelDied", "evalue": "gone", "traceback": []}
     )

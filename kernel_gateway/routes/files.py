@@ -17,14 +17,14 @@ from starlette.responses import Response, StreamingResponse
 
 from ..http import JSONResponse, check_declared_length
 from ..workspace import INLINE_IMAGE_TYPES, FileInfo, file_url, guess_mime, iso_time
-from .sessions import _pool, _session
+from .sessions import _registry, _session
 
 CHUNK = 256 * 1024
 
 
 async def list_files(request: Request) -> Response:
     session = _session(request)
-    files = await asyncio.to_thread(session.files.list)
+    files = await session.files.listing()
     return JSONResponse({"files": [_file_json(session.id, f) for f in files]})
 
 
@@ -41,7 +41,7 @@ def _file_json(session_id: str, info: FileInfo) -> dict[str, object]:
 async def download(request: Request) -> Response:
     session = _session(request)
     path = request.path_params["path"]
-    fd, info = await asyncio.to_thread(session.files.open_read, path)
+    fd, info = await session.files.open_read(path)
     mime = guess_mime(path)
     disposition = "inline" if mime in INLINE_IMAGE_TYPES else "attachment"
     name = quote(path.rsplit("/", 1)[-1])
@@ -75,22 +75,13 @@ async def _read_chunks(fd: int, size: int) -> AsyncIterator[bytes]:
 async def upload(request: Request) -> Response:
     session = _session(request)
     path = request.path_params["path"]
-    limit = _pool(request).settings.max_upload_bytes
+    limit = _registry(request).settings.max_upload_bytes
     check_declared_length(request, limit)
-    pending = await asyncio.to_thread(session.files.begin_upload, path, limit)
-    try:
-        async for chunk in request.stream():
-            if chunk:
-                await asyncio.to_thread(pending.write, chunk)
-        info = await asyncio.to_thread(pending.commit)
-    except BaseException:
-        await asyncio.to_thread(pending.abort)
-        raise
-    session.note_upload(info.path)
+    info = await session.files.upload(path, request.stream(), limit)
     return JSONResponse(_file_json(session.id, info), status_code=201)
 
 
 async def delete(request: Request) -> Response:
     session = _session(request)
-    await asyncio.to_thread(session.files.delete, request.path_params["path"])
+    await session.files.delete(request.path_params["path"])
     return Response(status_code=204)

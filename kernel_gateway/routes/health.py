@@ -4,17 +4,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..http import JSONResponse
-from ..pool import Pool
+from ..registry import Registry
 
 
 async def health(request: Request) -> Response:
-    pool: Pool = request.state.pool
+    registry: Registry = request.state.registry
     return JSONResponse(
         {
             "status": "ok",
-            "backend": pool.backend.name,
-            "instance": pool.instance,
-            "isolation": pool.backend.isolation,
-            "pool": pool.stats(),
+            "backend": registry.backend.name,
+            "instance": registry.instance,
+            "isolation": registry.backend.isolation,
+            "pool": registry.stats(),
         }
     )

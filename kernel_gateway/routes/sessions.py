@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import asyncio
-
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -13,33 +11,32 @@ from ..http import (
     reject_unknown,
     string_field,
 )
-from ..pool import Pool
+from ..registry import Registry
 from ..session import Session
-from ..settings import Settings
 from .streaming import respond
 
 
-def _pool(request: Request) -> Pool:
-    pool: Pool = request.state.pool
-    return pool
+def _registry(request: Request) -> Registry:
+    registry: Registry = request.state.registry
+    return registry
 
 
 def _session(request: Request) -> Session:
-    return _pool(request).get(request.path_params["session_id"])
+    return _registry(request).get(request.path_params["session_id"])
 
 
 async def create(request: Request) -> Response:
-    pool = _pool(request)
-    body = await read_json(request, pool.settings.max_body_bytes, optional=True)
+    registry = _registry(request)
+    body = await read_json(request, registry.settings.max_body_bytes, optional=True)
     reject_unknown(body, set())
-    session = await pool.create_session()
+    session = await registry.create_session()
     return JSONResponse(
         session.to_json(), status_code=201, headers={"Location": f"/sessions/{session.id}"}
     )
 
 
 async def list_all(request: Request) -> Response:
-    return JSONResponse({"sessions": [s.to_json() for s in _pool(request).sessions()]})
+    return JSONResponse({"sessions": [s.to_json() for s in _registry(request).sessions()]})
 
 
 async def get(request: Request) -> Response:
@@ -47,13 +44,13 @@ async def get(request: Request) -> Response:
 
 
 async def delete(request: Request) -> Response:
-    await _pool(request).delete_session(request.path_params["session_id"])
+    await _registry(request).delete_session(request.path_params["session_id"])
     return Response(status_code=204)
 
 
 async def execute(request: Request) -> Response:
     session = _session(request)
-    settings: Settings = _pool(request).settings
+    settings = _registry(request).settings
     body = await read_json(request, settings.max_body_bytes)
     reject_unknown(body, {"code", "timeout"})
     code = string_field(body, "code")
@@ -75,31 +72,13 @@ async def restart(request: Request) -> Response:
 
 
 async def execute_stateless(request: Request) -> Response:
-    """Run one cell in a fresh kernel that is destroyed afterwards."""
-    pool = _pool(request)
-    settings = pool.settings
+    """Run one cell in a fresh kernel that is destroyed once the cell ends."""
+    registry = _registry(request)
+    settings = registry.settings
     body = await read_json(request, settings.max_stateless_body_bytes)
     reject_unknown(body, {"code", "timeout", "files"})
     code = string_field(body, "code")
     timeout = number_field(body, "timeout", minimum=0, maximum=settings.max_exec_timeout)
     files = files_field(body, "files", settings.max_upload_bytes)
-    session = await pool.ephemeral_session()
-    try:
-        for path, data in files:
-            await asyncio.to_thread(_write_file, session, path, data, settings.max_upload_bytes)
-            session.note_upload(path)
-        execution = session.submit(code, timeout)
-    except BaseException:
-        pool.release(session)
-        raise
-    return await respond(request, session, execution, on_close=lambda: pool.release(session))
-
-
-def _write_file(session: Session, path: str, data: bytes, limit: int) -> None:
-    upload = session.files.begin_upload(path, limit)
-    try:
-        upload.write(data)
-        upload.commit()
-    except BaseException:
-        upload.abort()
-        raise
+    session, execution = await registry.run_stateless(code, timeout, files)
+    return await respond(request, session, execution)

@@ -1,9 +1,10 @@
-"""Warm kernels kept ready, the sessions made from them, and idle reaping.
+"""Warm kernels kept ready, each on its own prepared storage.
 
-Taking a session never waits on a kernel start when a warm one is ready.
-Refills run in the background, several at once, and callers who found the
-pool empty are served first by whichever start finishes next, so a drained
-pool recovers as fast as the backend can start kernels.
+Taking a kernel never waits on a start when a warm one is ready. Refills run
+in the background, several at once, and callers who found the pool empty are
+served first by whichever start finishes next, so a drained pool recovers as
+fast as the backend can start kernels. Storage is prepared here, off the path
+that hands kernels out.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import asyncio
 import logging
 import shutil
 import time
-import uuid
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -21,12 +21,10 @@ from typing import Any
 import zmq.asyncio
 
 from .backends.base import Backend, RuntimeDir, SessionStorage
-from .errors import GatewayError, KernelUnavailable, SessionNotFound, TooManySessions
+from .errors import GatewayError, KernelUnavailable
 from .kernel import Kernel
-from .session import Session
 from .settings import Settings
 from .types import JSON
-from .workspace import Workspace
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +35,7 @@ class WarmKernel:
     storage: SessionStorage
 
 
-class Pool:
+class WarmPool:
     def __init__(
         self,
         settings: Settings,
@@ -54,10 +52,6 @@ class Pool:
         self._starting = 0
         self._failures = 0
         self._retry_at = 0.0
-        self._sessions: dict[str, Session] = {}
-        self._ephemeral: set[Session] = set()
-        self._stateless = 0
-        self._reserved = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.kernels_started = 0
@@ -65,9 +59,8 @@ class Pool:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    def start(self) -> None:
         self._fill()
-        self._spawn(self._reap_idle())
 
     async def close(self) -> None:
         self._closed = True
@@ -79,115 +72,24 @@ class Pool:
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_exception(KernelUnavailable("the gateway is shutting down"))
-        sessions = [*self._sessions.values(), *self._ephemeral]
-        self._sessions, self._ephemeral = {}, set()
         warm, self._warm = list(self._warm), deque()
-        await asyncio.gather(
-            *(self._close_session(s) for s in sessions),
-            *(self._discard(w) for w in warm),
-            return_exceptions=True,
-        )
-
-    @property
-    def instance(self) -> str:
-        """This gateway's id; its kernel containers carry it as a label."""
-        return self._runtime.instance
+        await asyncio.gather(*(self.discard(w) for w in warm), return_exceptions=True)
 
     def stats(self) -> JSON:
         return {
             "warm": len(self._warm),
             "starting": self._starting,
             "target": self.settings.pool_size,
-            "sessions": len(self._sessions),
-            "max_sessions": self.settings.max_sessions,
-            "stateless": self._stateless,
-            "max_stateless": self.settings.max_stateless,
             "kernels_started": self.kernels_started,
         }
 
-    # -- sessions ----------------------------------------------------------------------------
+    # -- kernels -----------------------------------------------------------------------------
 
-    async def create_session(self) -> Session:
-        if len(self._sessions) + self._reserved >= self.settings.max_sessions:
-            raise TooManySessions(
-                f"the gateway holds its maximum of {self.settings.max_sessions} sessions; "
-                "delete one or retry later",
-                retry_after=5,
-            )
-        self._reserved += 1
-        try:
-            warm = await self.acquire()
-        finally:
-            self._reserved -= 1
-        workspace = Workspace(warm.storage.files, self.backend.workspace_owner)
-        session = Session(
-            uuid.uuid4().hex, warm.kernel, warm.storage, workspace, self.launch, self.settings
-        )
-        self._sessions[session.id] = session
-        return session
-
-    async def ephemeral_session(self) -> Session:
-        """A fresh kernel for one stateless execution; `release()` destroys it after."""
-        if self._stateless >= self.settings.max_stateless:
-            raise TooManySessions(
-                f"{self.settings.max_stateless} stateless executions are already running; "
-                "retry shortly",
-                retry_after=1,
-            )
-        self._stateless += 1  # held from here until release()
-        try:
-            warm = await self.acquire()
-        except BaseException:
-            self._stateless -= 1
-            raise
-        workspace = Workspace(warm.storage.files, self.backend.workspace_owner)
-        session = Session(
-            uuid.uuid4().hex,
-            warm.kernel,
-            warm.storage,
-            workspace,
-            self.launch,
-            self.settings,
-            ephemeral=True,
-        )
-        self._ephemeral.add(session)
-        return session
-
-    def release(self, session: Session) -> None:
-        """Destroy a stateless session's kernel and files, in the background."""
-        if session in self._ephemeral:
-            self._ephemeral.discard(session)
-            self._stateless -= 1
-            self._spawn(self._close_session(session))
-
-    def get(self, session_id: str) -> Session:
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise SessionNotFound(f"no session with id {session_id!r}")
-        return session
-
-    def sessions(self) -> list[Session]:
-        return list(self._sessions.values())
-
-    async def delete_session(self, session_id: str) -> None:
-        session = self._sessions.pop(session_id, None)
-        if session is None:
-            raise SessionNotFound(f"no session with id {session_id!r}")
-        await self._close_session(session)
-
-    async def _close_session(self, session: Session) -> None:
-        try:
-            await session.close()
-        finally:
-            await self._remove_storage(session.storage)
-
-    async def _remove_storage(self, storage: SessionStorage) -> None:
+    async def remove_storage(self, storage: SessionStorage) -> None:
         try:
             await self.backend.release_storage(storage)
         finally:
             await asyncio.to_thread(shutil.rmtree, storage.root, True)
-
-    # -- kernels -----------------------------------------------------------------------------
 
     async def acquire(self) -> WarmKernel:
         """A ready kernel: a warm one at once, else the next one to finish starting."""
@@ -196,7 +98,7 @@ class Pool:
             if not warm.kernel.exited.done():
                 self._fill()
                 return warm
-            self._spawn(self._discard(warm))
+            self._spawn(self.discard(warm))
         waiter: asyncio.Future[WarmKernel] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         self._fill()
@@ -222,9 +124,19 @@ class Pool:
                 waiter.cancel()
 
     async def launch(self, storage: SessionStorage) -> Kernel:
-        """Start a kernel on `storage`, wait until it answers, and preload modules."""
+        """Start a kernel on `storage`, wait until it answers, and preload modules.
+
+        Raises only KernelUnavailable (the backend maps its own failures; anything
+        else that goes wrong while connecting is mapped here), so whoever replaces
+        kernels handles exactly one exception.
+        """
         process = await self.backend.launch(storage)
-        kernel = Kernel(process, self._context)
+        try:
+            kernel = Kernel(process, self._context)
+        except BaseException as exc:
+            await process.cleanup()
+            _raise_unavailable(exc)
+            raise
         try:
             await kernel.wait_ready(self.settings.kernel_start_timeout)
             if self._preload_code and not await kernel.run_silent(
@@ -233,8 +145,9 @@ class Pool:
                 logger.warning(
                     "preloading %s failed in kernel %s", self.settings.preload, kernel.id
                 )
-        except BaseException:
+        except BaseException as exc:
             await kernel.close()
+            _raise_unavailable(exc)
             raise
         self.kernels_started += 1
         return kernel
@@ -251,13 +164,15 @@ class Pool:
             self._spawn(self._start_one())
 
     async def _start_one(self) -> None:
-        root = self._runtime.new_workspace()
-        storage = SessionStorage(root)
+        storage: SessionStorage | None = None
         try:
+            root = self._runtime.new_workspace()
+            storage = SessionStorage(root)
             storage = await self.backend.prepare_storage(root)
             kernel = await self.launch(storage)
         except BaseException as exc:
-            await asyncio.shield(self._remove_storage(storage))
+            if storage is not None:
+                await asyncio.shield(self.remove_storage(storage))
             if not isinstance(exc, Exception):
                 raise
             self._on_start_failure(exc)
@@ -267,7 +182,7 @@ class Pool:
         self._failures = 0
         warm = WarmKernel(kernel, storage)
         if self._closed:
-            await self._discard(warm)
+            await self.discard(warm)
             return
         self._hand_out(warm)
         self._fill()
@@ -285,7 +200,7 @@ class Pool:
         if warm in self._warm:
             self._warm.remove(warm)
             logger.warning("a warm kernel died before use; replacing it")
-            self._spawn(self._discard(warm))
+            self._spawn(self.discard(warm))
             self._fill()
 
     def _on_start_failure(self, exc: Exception) -> None:
@@ -306,30 +221,22 @@ class Pool:
         await asyncio.sleep(delay)
         self._fill()
 
-    async def _discard(self, warm: WarmKernel) -> None:
+    async def discard(self, warm: WarmKernel) -> None:
         try:
             await warm.kernel.close()
         finally:
-            await self._remove_storage(warm.storage)
-
-    async def _reap_idle(self) -> None:
-        timeout = self.settings.idle_timeout
-        while True:
-            await asyncio.sleep(min(30.0, max(0.5, timeout / 4)))
-            for session in list(self._sessions.values()):
-                if session.idle_seconds() >= timeout:
-                    logger.info("session %s idle for %.0f s; removing it", session.id, timeout)
-                    try:
-                        await self.delete_session(session.id)
-                    except SessionNotFound:
-                        pass
-                    except Exception:
-                        logger.exception("removing idle session %s failed", session.id)
+            await self.remove_storage(warm.storage)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _raise_unavailable(exc: BaseException) -> None:
+    """Raise KernelUnavailable for any failure to bring a kernel up; else return."""
+    if isinstance(exc, Exception) and not isinstance(exc, KernelUnavailable):
+        raise KernelUnavailable(f"the kernel did not start: {exc}", retry_after=5) from exc
 
 
 def _has_result(future: asyncio.Future[WarmKernel]) -> bool:

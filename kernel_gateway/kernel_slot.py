@@ -1,0 +1,158 @@
+"""A session's kernel: launched, watched, retired on purpose, revived after a death.
+
+The slot owns `lock`, held by whoever uses the kernel (a running cell) or
+replaces it, so cells and replacements never overlap and a cell queued behind
+a death waits for the new kernel.
+
+Two ways a kernel ends:
+- **retired**: the gateway killed it on purpose (timeout, restart, exit(), an
+  abandoned cell that ignored interrupts). Not a death: it costs no budget.
+- **died**: anything else. Counted once by the `RestartPolicy`; past the budget
+  the session fails and is not revived until an explicit restart.
+
+Either way the next user of the kernel is told (`take_restart_notice`), and a
+replacement starts in the background as soon as the lock is free, after the
+policy's backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from .backends.base import SessionStorage
+from .errors import KernelUnavailable, SessionFailed
+from .kernel import Kernel
+from .restart_policy import RestartPolicy
+
+logger = logging.getLogger(__name__)
+
+Launcher = Callable[[SessionStorage], Awaitable[Kernel]]
+
+
+class KernelSlot:
+    def __init__(
+        self,
+        session_id: str,
+        kernel: Kernel,
+        storage: SessionStorage,
+        launch: Launcher,
+        policy: RestartPolicy,
+        *,
+        revive: bool = True,
+    ) -> None:
+        self._session_id = session_id
+        self.kernel: Kernel | None = kernel
+        self.storage = storage
+        self._launch = launch
+        self.policy = policy
+        self._revive_in_background = revive
+        self.lock = asyncio.Lock()
+        self.restarts = 0
+        self.closed = False
+        self._retired: set[Kernel] = set()
+        self._counted: set[Kernel] = set()
+        self._notice = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._watch(kernel)
+
+    @property
+    def alive(self) -> bool:
+        """A kernel is in the slot, running, and not retired (its end may not be seen yet)."""
+        kernel = self.kernel
+        return kernel is not None and kernel.exit_info is None and kernel not in self._retired
+
+    def take_restart_notice(self) -> bool:
+        """Whether kernel state was lost (a death or a retirement) since last asked."""
+        notice, self._notice = self._notice, False
+        return notice
+
+    def was_retired(self, kernel: Kernel) -> bool:
+        return kernel in self._retired
+
+    async def retire(self, kernel: Kernel) -> None:
+        """Kill `kernel` on purpose: its state is lost, no death is counted."""
+        self._retired.add(kernel)
+        self._notice = True
+        await kernel.kill()
+
+    def note_death(self, kernel: Kernel) -> bool:
+        """Count `kernel`'s unexpected death once; False if that failed the session."""
+        if kernel in self._retired or kernel in self._counted:
+            return self.policy.failed is None
+        self._counted.add(kernel)
+        self._notice = True
+        exit_info = kernel.exit_info
+        logger.info(
+            "session %s: %s", self._session_id, exit_info.describe() if exit_info else "died"
+        )
+        if not self.policy.record_death(self._session_id):
+            logger.warning("session %s failed: %s", self._session_id, self.policy.failed)
+            return False
+        return True
+
+    async def revive(self) -> bool:
+        """Make sure a live kernel is in the slot (hold `lock`); True if one was started.
+
+        Raises SessionFailed past the restart budget and KernelUnavailable when no
+        kernel could be started (the next call tries again).
+        """
+        if self.alive:
+            return False
+        if self.kernel is not None:
+            self.note_death(self.kernel)
+        if self.policy.failed:
+            raise SessionFailed(self.policy.failed)
+        if self.kernel is not None and self.kernel not in self._retired:
+            await asyncio.sleep(self.policy.backoff())
+        await self.replace()
+        return True
+
+    async def replace(self) -> None:
+        """Close the current kernel (if any) and launch a new one (hold `lock`)."""
+        old, self.kernel = self.kernel, None
+        if old is not None:
+            await old.close()
+            self._retired.discard(old)
+            self._counted.discard(old)
+        if self.closed:
+            return
+        kernel = await self._launch(self.storage)
+        if self.closed:
+            await kernel.close()
+            return
+        self.kernel = kernel
+        self.restarts += 1
+        self._watch(kernel)
+
+    async def close(self) -> None:
+        self.closed = True
+        kernel, self.kernel = self.kernel, None
+        if kernel is not None:
+            await kernel.close()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
+
+    def _watch(self, kernel: Kernel) -> None:
+        """Notice a kernel that ends while nobody uses it, and revive the slot."""
+
+        def on_exit(_: object) -> None:
+            if not self.closed and self.kernel is kernel and self._revive_in_background:
+                self._spawn(self._recover(kernel))
+
+        kernel.exited.add_done_callback(on_exit)
+
+    async def _recover(self, kernel: Kernel) -> None:
+        async with self.lock:
+            if self.closed or self.kernel is not kernel:
+                return  # already replaced by whoever held the lock
+            with contextlib.suppress(KernelUnavailable, SessionFailed):
+                await self.revive()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,424 @@
+"""A cell's life on a fake backend: timeouts, interrupts, deaths, restarts, disconnects.
+
+The fake kernels speak the real Jupyter protocol (tests/fake_kernel.py), so
+everything above the backend runs as in production, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq.asyncio
+
+from kernel_gateway.backends.base import RuntimeDir
+from kernel_gateway.errors import KernelUnavailable, SessionBusy, SessionFailed
+from kernel_gateway.events import OutputLimiter
+from kernel_gateway.execution import Execution, State, StopReason
+from kernel_gateway.registry import Registry
+from kernel_gateway.restart_policy import RestartPolicy
+from kernel_gateway.session import Session
+from kernel_gateway.settings import Settings
+from kernel_gateway.types import Event
+from kernel_gateway.warm_pool import WarmPool
+
+from .fake_kernel import FakeBackend, FakeKernelProcess
+
+
+@dataclass
+class Harness:
+    registry: Registry
+    backend: FakeBackend
+
+    async def session(self) -> Session:
+        return await self.registry.create_session()
+
+    def process_of(self, session: Session) -> FakeKernelProcess:
+        kernel = session.slot.kernel
+        assert kernel is not None
+        process = kernel.process
+        assert isinstance(process, FakeKernelProcess)
+        return process
+
+
+async def run(session: Session, code: str, limit: float | None = None) -> list[Any]:
+    """Submit a cell (with a time `limit`) and collect its events as (name, data) pairs."""
+    execution = session.submit(code, limit)
+    return [(e.name, e.data) for e in [e async for e in execution.stream()]]
+
+
+async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not met in time")
+
+
+def done_of(events: list[Any]) -> dict[str, Any]:
+    names = [name for name, _ in events]
+    assert names.count("done") == 1 and names[-1] == "done", names
+    data: dict[str, Any] = events[-1][1]
+    return data
+
+
+def errors_of(events: list[Any]) -> list[str]:
+    return [data["ename"] for name, data in events if name == "error"]
+
+
+@pytest.fixture
+async def gw(tmp_path: Path) -> AsyncIterator[Harness]:
+    settings = Settings(
+        backend="local",
+        pool_size=1,
+        preload="",
+        runtime_dir=tmp_path,
+        interrupt_grace=0.2,
+        kernel_start_timeout=5,
+        restart_budget=2,
+        restart_window=60,
+        max_queued_executions=3,
+    )
+    runtime = RuntimeDir(tmp_path)
+    runtime.open()
+    backend = FakeBackend()
+    context = zmq.asyncio.Context()
+    registry = Registry(settings, WarmPool(settings, backend, runtime, context), runtime.instance)
+    registry.start()
+    try:
+        yield Harness(registry, backend)
+    finally:
+        await registry.close()
+        await backend.close()
+        context.destroy(linger=0)
+        runtime.close()
+
+
+# -- the verdict, computed in one place -------------------------------------------------------
+
+
+def execution() -> Execution:
+    return Execution("x", 1.0, OutputLimiter(1000, 1000))
+
+
+def test_a_stop_request_is_overtaken_by_what_actually_ended_the_cell() -> None:
+    ex = execution()
+    assert ex.stop(StopReason.INTERRUPT)
+    assert not ex.stop(StopReason.DISCONNECT)  # same rank: the first stays
+    assert ex.stop(StopReason.DEATH, "out_of_memory")
+    assert not ex.stop(StopReason.TIMEOUT)  # lower rank
+    assert ex.status == "died" and ex.done_data()["reason"] == "out_of_memory"
+    assert ex.stop(StopReason.CLOSED)
+    assert ex.status == "interrupted"
+
+
+def test_done_is_emitted_once_and_nothing_after_it() -> None:
+    ex = execution()
+    ex.start()
+    ex.finish()
+    ex.finish()
+    ex.emit(Event("stdout", {"text": "late"}))
+    assert ex.state is State.DONE
+    assert ex._events.qsize() == 1
+    assert not ex.stop(StopReason.TIMEOUT)
+
+
+# -- the restart policy -----------------------------------------------------------------------
+
+
+def test_restart_policy_backs_off_then_fails_and_forgets_old_deaths() -> None:
+    now = [0.0]
+    policy = RestartPolicy(budget=3, window=10, clock=lambda: now[0])
+    delays = []
+    for _ in range(3):
+        assert policy.record_death("s")
+        delays.append(policy.backoff())
+    assert delays == [0.0, 0.5, 1.0]
+    assert not policy.record_death("s")
+    assert policy.failed and "4 times within 10 s" in policy.failed
+    policy.reset()
+    assert policy.failed is None and policy.backoff() == 0.0
+    assert policy.record_death("s")
+    now[0] = 11.0  # the earlier death left the window
+    assert policy.record_death("s") and policy.backoff() == 0.0
+
+
+# -- cells ------------------------------------------------------------------------------------
+
+
+async def test_output_and_state_of_a_plain_cell(gw: Harness) -> None:
+    session = await gw.session()
+    events = await run(session, "print hello\nstderr oops")
+    assert events[:2] == [("stdout", {"text": "hello\n"}), ("stderr", {"text": "oops\n"})]
+    done = done_of(events)
+    assert (done["status"], done["execution_count"], done["restarted"]) == ("ok", 1, False)
+    assert session.execution_count == 1 and session.status == "idle"
+
+
+async def test_an_error_ends_error(gw: Harness) -> None:
+    session = await gw.session()
+    events = await run(session, "error")
+    assert errors_of(events) == ["ValueError"] and done_of(events)["status"] == "error"
+
+
+async def test_timeout_interrupts_and_keeps_the_kernel(gw: Harness) -> None:
+    session = await gw.session()
+    kernel = session.slot.kernel
+    events = await run(session, "sleep 30", limit=0.05)
+    done = done_of(events)
+    assert (done["status"], done["restarted"]) == ("timeout", False)
+    assert gw.process_of(session).interrupts >= 1
+    assert session.slot.kernel is kernel
+    assert done_of(await run(session, "print next"))["restarted"] is False
+
+
+async def test_timeout_then_kill_when_interrupts_are_ignored(gw: Harness) -> None:
+    session = await gw.session()
+    kernel = session.slot.kernel
+    events = await run(session, "hang", limit=0.05)
+    done = done_of(events)
+    assert (done["status"], done["restarted"]) == ("timeout", True)
+    assert "TimeoutError" in errors_of(events)
+    after = await run(session, "print alive")
+    assert done_of(after)["status"] == "ok"
+    assert done_of(after)["restarted"] is False  # the timed-out cell already said so
+    assert session.slot.kernel is not kernel
+    assert session.slot.policy.failed is None  # a kill on purpose is not a death
+
+
+async def test_user_interrupt(gw: Harness) -> None:
+    session = await gw.session()
+    execution = session.submit("sleep 30", None)
+    await until(lambda: execution.running)
+    assert await session.interrupt()
+    events = [e async for e in execution.stream()]
+    assert events[-1].data["status"] == "interrupted"
+    assert not await session.interrupt()  # nothing runs now
+
+
+async def test_death_is_reported_and_the_next_cell_is_told(gw: Harness) -> None:
+    session = await gw.session()
+    events = await run(session, "print before\ndie 3")
+    done = done_of(events)
+    assert (done["status"], done["reason"], done["restarted"]) == ("died", "exited", False)
+    assert "KernelDied" in errors_of(events)
+    after = await run(session, "print after")
+    assert ("stdout", {"text": "after\n"}) in after
+    assert done_of(after)["restarted"] is True
+
+
+async def test_out_of_memory_is_named(gw: Harness) -> None:
+    session = await gw.session()
+    assert done_of(await run(session, "oom"))["reason"] == "out_of_memory"
+
+
+async def test_death_while_idle_is_revived_in_the_background(gw: Harness) -> None:
+    session = await gw.session()
+    first = session.slot.kernel
+    await gw.process_of(session).kill()
+    for _ in range(200):
+        if session.slot.kernel is not first and session.slot.alive:
+            break
+        await asyncio.sleep(0.01)
+    assert session.slot.kernel is not first and session.slot.alive
+    assert done_of(await run(session, "print x"))["restarted"] is True
+
+
+async def test_restart_budget_fails_the_session_until_an_explicit_restart(gw: Harness) -> None:
+    session = await gw.session()
+    for _ in range(2):  # the budget is 2 deaths
+        assert done_of(await run(session, "die"))["status"] == "died"
+    events = await run(session, "die")
+    done = done_of(events)
+    assert done["session_failed"] is True and "SessionFailed" in errors_of(events)
+    assert session.status == "failed"
+    with pytest.raises(SessionFailed):
+        session.submit("print no", None)
+    await session.restart()
+    assert session.status == "idle"
+    assert done_of(await run(session, "print yes"))["status"] == "ok"
+
+
+async def test_cells_queued_behind_a_death_that_fails_the_session_do_not_revive(
+    gw: Harness,
+) -> None:
+    session = await gw.session()
+    await run(session, "die")
+    await run(session, "die")
+    last = session.submit("die", None)
+    queued = session.submit("print never", None)
+    await last.task  # type: ignore[misc]
+    events = [(e.name, e.data) async for e in queued.stream()]
+    assert done_of(events)["reason"] == "session_failed"
+    assert not any("never" in str(data) for _, data in events)
+
+
+async def test_restart_drops_queued_cells_and_stops_a_stuck_one(gw: Harness) -> None:
+    session = await gw.session()
+    stuck = session.submit("hang", None)
+    queued = session.submit("print queued", None)
+    await until(lambda: stuck.running)
+    await session.restart()
+    stuck_events = [e async for e in stuck.stream()]
+    queued_events = [e async for e in queued.stream()]
+    assert stuck_events[-1].data["status"] == "interrupted"
+    assert stuck_events[-1].data["restarted"] is True
+    assert queued_events[-1].data["status"] == "interrupted"
+    assert all(e.name != "stdout" for e in queued_events)
+    after = await run(session, "print fresh")
+    assert done_of(after) | {"duration_ms": 0} == {
+        "status": "ok",
+        "execution_count": 1,
+        "duration_ms": 0,
+        "restarted": False,  # asked for: not a surprise
+    }
+
+
+async def test_queue_limit(gw: Harness) -> None:
+    session = await gw.session()
+    cells = [session.submit("sleep 0.2", None) for _ in range(3)]
+    with pytest.raises(SessionBusy):
+        session.submit("print x", None)
+    for cell in cells:
+        await cell.task  # type: ignore[misc]
+
+
+async def test_closing_a_session_ends_running_and_queued_cells(gw: Harness) -> None:
+    session = await gw.session()
+    running = session.submit("hang", None)
+    queued = session.submit("print x", None)
+    await until(lambda: running.running)
+    await gw.registry.delete_session(session.id)
+    for execution in (running, queued):
+        events = [e async for e in execution.stream()]
+        assert events[-1].data["status"] == "interrupted"
+        assert "SessionClosed" in [e.data.get("ename") for e in events]
+
+
+# -- disconnects ------------------------------------------------------------------------------
+
+
+async def test_an_abandoned_cell_is_interrupted(gw: Harness) -> None:
+    session = await gw.session()
+    execution = session.submit("sleep 30", None)
+    await until(lambda: execution.running)
+    session.abandon(execution)
+    await execution.task  # type: ignore[misc]
+    assert execution.status == "interrupted"
+    assert done_of(await run(session, "print x"))["restarted"] is False
+
+
+async def test_an_abandoned_cell_that_ignores_interrupts_costs_its_kernel(gw: Harness) -> None:
+    session = await gw.session()
+    execution = session.submit("hang", None)
+    await until(lambda: execution.running)
+    session.abandon(execution)
+    await execution.task  # type: ignore[misc]
+    assert execution.status == "interrupted" and execution.restarted
+    after = await run(session, "print x")
+    assert done_of(after)["restarted"] is True  # nobody saw the abandoned cell's `done`
+    assert session.slot.policy.failed is None
+
+
+async def test_a_queued_cell_abandoned_never_runs(gw: Harness) -> None:
+    session = await gw.session()
+    first = session.submit("sleep 0.1", None)
+    second = session.submit("print never", None)
+    session.abandon(second)
+    await first.task  # type: ignore[misc]
+    await second.task  # type: ignore[misc]
+    assert second.status == "interrupted"
+    assert all("never" not in code for code in gw.process_of(session).executed)
+
+
+# -- launch failures (defect 5) ---------------------------------------------------------------
+
+
+async def test_restart_with_failing_launches_raises_kernel_unavailable(gw: Harness) -> None:
+    session = await gw.session()
+    gw.backend.fail_launches = 1
+    with pytest.raises(KernelUnavailable):
+        await session.restart()
+    assert session.status == "restarting"
+    assert done_of(await run(session, "print back"))["status"] == "ok"
+
+
+async def test_a_cell_whose_kernel_cannot_start_ends_died_and_the_session_recovers(
+    gw: Harness,
+) -> None:
+    session = await gw.session()
+    gw.backend.fail_launches = 100
+    events = await run(session, "die")
+    assert done_of(events)["status"] == "died"
+    for _ in range(50):  # let the background revival fail
+        await asyncio.sleep(0.01)
+    events = await run(session, "print x")
+    assert done_of(events)["reason"] == "start_failed"
+    assert "KernelUnavailable" in errors_of(events)
+    gw.backend.fail_launches = 0
+    after = await run(session, "print x")
+    assert done_of(after)["status"] == "ok" and done_of(after)["restarted"] is True
+
+
+# -- malformed messages (defect 4) ------------------------------------------------------------
+
+
+async def test_a_malformed_message_is_dropped_and_counted_not_fatal(gw: Harness) -> None:
+    session = await gw.session()
+    events = await run(session, "malformed\ngarbage\nprint still here", limit=5)
+    assert ("stdout", {"text": "still here\n"}) in events
+    assert done_of(events)["status"] == "ok"
+    kernel = session.slot.kernel
+    assert kernel is not None and kernel.dropped_messages == 2
+    assert done_of(await run(session, "print next"))["status"] == "ok"
+
+
+# -- stateless cleanup (defect 8) -------------------------------------------------------------
+
+
+async def test_a_stateless_kernel_is_released_when_its_cell_ends_even_unread(
+    gw: Harness,
+) -> None:
+    session, execution = await gw.registry.run_stateless("print x", None, [])
+    assert gw.registry.stats()["stateless"] == 1
+    await execution.task  # type: ignore[misc]
+    for _ in range(100):
+        if gw.registry.stats()["stateless"] == 0 and session.slot.closed:
+            break
+        await asyncio.sleep(0.01)
+    assert gw.registry.stats()["stateless"] == 0 and session.slot.closed
+
+
+async def test_a_stateless_response_torn_down_before_its_first_step_abandons_the_cell(
+    gw: Harness,
+) -> None:
+    from starlette.requests import Request
+
+    from kernel_gateway.routes.streaming import respond
+
+    session, execution = await gw.registry.run_stateless("sleep 30", None, [])
+    scope = {"type": "http", "method": "POST", "path": "/execute", "headers": []}
+    response = await respond(Request(scope), session, execution)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {}
+
+    async def send(message: Any) -> None:
+        return None
+
+    task = asyncio.ensure_future(response(scope, receive, send))
+    await asyncio.sleep(0)
+    task.cancel()  # torn down before the body generator ever ran
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.wait_for(asyncio.shield(execution.task), 5)  # type: ignore[arg-type]
+    assert execution.stop_reason is StopReason.DISCONNECT
+    for _ in range(100):
+        if gw.registry.stats()["stateless"] == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert gw.registry.stats()["stateless"] == 0
