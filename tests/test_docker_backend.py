@@ -5,10 +5,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import docker
 import httpx
 import pytest
+
+from kernel_gateway.backends.base import RuntimeDir
+from kernel_gateway.backends.docker import DockerBackend
+from kernel_gateway.errors import KernelUnavailable
 
 from .conftest import require_docker, settings_for
 from .helpers import ServerThread, execute
@@ -111,3 +116,22 @@ def test_out_of_memory_is_a_death_with_its_reason(client: httpx.Client, sid: str
     assert stream.done["reason"] == "out_of_memory"
     assert "out of memory" in stream.named("error")[0]["evalue"]
     assert execute(client, sid, "print('back')").stdout == "back\n"
+
+
+async def test_launch_failures_are_kernel_unavailable(tmp_path: Path) -> None:
+    """Whatever goes wrong at launch (here: the engine knows no such OCI runtime)."""
+    require_docker()
+    runtime = RuntimeDir(tmp_path / "rt")
+    runtime.open()
+    settings = settings_for("docker", tmp_path / "rt", runtime="kg-no-such-runtime")
+    backend = DockerBackend(settings, runtime)
+    try:
+        await backend.start()
+        storage = await backend.prepare_storage(runtime.new_workspace())
+        with pytest.raises(KernelUnavailable, match="could not start a kernel container"):
+            await backend.launch(storage)
+        await backend.release_storage(storage)
+        assert not list((runtime.path / "k").iterdir())  # its connection folder is gone too
+    finally:
+        await backend.close()
+        runtime.close()

@@ -7,6 +7,8 @@ local backend in its sandbox, gVisor, and a gateway SIGKILLed and restarted.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -20,10 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kernel_gateway.backends.base import RuntimeDir
+from kernel_gateway.backends.local import LocalBackend
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.storage import (
     LoopStorage,
     PlainStorage,
+    SessionStorage,
     choose_provider,
     image_path,
     loop_devices_of,
@@ -47,6 +52,10 @@ def loops_under(folder: Path) -> list[str]:
 def leftovers(folder: Path) -> tuple[list[str], list[str], list[Path]]:
     """Mounts, loop devices and disk images of ours still under `folder`."""
     return mounts_under(folder), loops_under(folder), sorted(folder.rglob("*.img"))
+
+
+def disk_state(root: Path) -> tuple[bool, bool]:
+    return os.path.ismount(root), image_path(root).exists()
 
 
 def fill_code(path: str) -> str:
@@ -228,9 +237,12 @@ def test_a_killed_gateway_s_disks_are_reclaimed_by_the_next(tmp_path: Path) -> N
     if os.geteuid() != 0:
         pytest.skip("capped session disks need a root gateway")
     args = ("--backend", "docker", "--pool-size", "1", "--workspace-size", "64m")
-    with serve(tmp_path, *args) as (proc, url):
+    env = {"KG_PRELOAD": "", "KG_KERNEL_START_TIMEOUT": "120"}
+    with serve(tmp_path, *args, env=env) as (proc, url):
         instance = httpx.get(url + "/health").json()["instance"]
-        sid = httpx.post(url + "/sessions", timeout=60).json()["id"]
+        response = httpx.post(url + "/sessions", timeout=60)
+        assert response.status_code == 201, response.text
+        sid = response.json()["id"]
         httpx.post(url + f"/sessions/{sid}/execute", json={"code": "1"}, timeout=60)
         dead = tmp_path / "rt" / instance
         deadline = time.monotonic() + 30
@@ -240,7 +252,7 @@ def test_a_killed_gateway_s_disks_are_reclaimed_by_the_next(tmp_path: Path) -> N
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     assert len(loops_under(dead)) == 2  # SIGKILL: nothing was cleaned up
-    with serve(tmp_path, *args) as (_, url):
+    with serve(tmp_path, *args, env=env) as (_, url):
         assert httpx.get(url + "/health").json()["instance"] != instance
         assert leftovers(dead) == ([], [], [])
         assert not dead.exists()
@@ -287,3 +299,29 @@ def test_gvisor_kernels_fill_their_disk_and_live_on(tmp_path: Path) -> None:
             execute(c, sid, f"import os; os.remove({path!r})")
         assert execute(c, sid, "print(x + 1)").stdout == "42\n"
     assert leftovers(tmp_path) == ([], [], [])
+
+
+@needs_root
+async def test_a_cancelled_setup_stops_before_its_cleanup_runs(tmp_path: Path) -> None:
+    """Cancelling `prepare_storage` returns only once mkfs/mount are over, so release sees all."""
+    runtime = RuntimeDir(tmp_path / "rt")
+    runtime.open()
+    backend = LocalBackend(settings_for("local", tmp_path / "rt", workspace_size="64m"), runtime)
+    try:
+        backend._storage = LoopStorage(64 * MiB)  # what start() chooses as root, minus its work
+        for delay in (0.0, 0.005, 0.02, 0.05):
+            root = runtime.new_workspace()
+            task = asyncio.ensure_future(backend.prepare_storage(root))
+            await asyncio.sleep(delay)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            state = disk_state(root)
+            await asyncio.sleep(0.3)
+            assert disk_state(root) == state  # nothing ran on after the cancel
+            await backend.release_storage(SessionStorage(root))
+            shutil.rmtree(root)
+            assert leftovers(runtime.path) == ([], [], [])
+    finally:
+        await backend.close()
+        runtime.close()
