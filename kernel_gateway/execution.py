@@ -106,9 +106,15 @@ class Execution:
         """Record why the cell ends; True if `reason` is now the stop reason.
 
         A reason replaces an earlier one only if it ranks higher: a kernel death
-        after an interrupt request is reported as the death.
+        after an interrupt request is reported as the death. Once the cell has
+        ended in the kernel (idle, or its files being reported), only a failure of
+        the gateway itself changes its verdict: a restart or delete that comes
+        after that did not stop it.
         """
         if self.finished:
+            return False
+        ended = self.idle.is_set() or self.state is State.FINISHING
+        if ended and reason is not StopReason.DEATH:
             return False
         current = self.stop_reason
         if current is not None and _PRECEDENCE[reason] <= _PRECEDENCE[current]:

@@ -97,9 +97,14 @@ class Session:
         return True
 
     def abandon(self, execution: Execution) -> None:
-        """The client stopped listening: stop the cell rather than run it for nobody."""
-        if not execution.stop(StopReason.DISCONNECT):
+        """The client stopped listening: stop the cell rather than run it for nobody.
+
+        Even if a stop was already asked for (a user's interrupt that the cell ignores):
+        with nobody left to see the cell, it must not run on until its timeout.
+        """
+        if execution.finished:
             return
+        execution.stop(StopReason.DISCONNECT)
         kernel = self.slot.kernel
         if self.current is execution and kernel is not None:
             self._spawn(self._stop_abandoned(execution, kernel))
@@ -226,9 +231,13 @@ class Session:
             execution.stop(StopReason.DEATH, "session_failed")
             execution.emit(error_event("SessionFailed", exc.message))
             return
-        execution.restarted = self.slot.take_restart_notice()
         kernel = self.slot.kernel
-        assert kernel is not None
+        if execution.stop_reason is not None or kernel is None:
+            # Stopped (abandoned, restarted, deleted) while its kernel was starting: not sent.
+            if self.closed:
+                execution.emit(error_event("SessionClosed", f"session {self.id} was deleted"))
+            return
+        execution.restarted = self.slot.take_restart_notice()
         execution.start()
         async with self._signalling:  # no SIGINT meant for the previous cell is in flight
             msg_id, reply = await kernel.execute(execution.code, execution)

@@ -422,3 +422,72 @@ async def test_a_stateless_response_torn_down_before_its_first_step_abandons_the
             break
         await asyncio.sleep(0.01)
     assert gw.registry.stats()["stateless"] == 0
+
+
+# -- review of the state rewrite: regressions and races ---------------------------------------
+
+
+async def test_a_disconnect_after_an_ignored_interrupt_still_costs_the_kernel(
+    gw: Harness,
+) -> None:
+    # The user's interrupt is a stop request of the same rank as a disconnect: the
+    # disconnect must still lead to the kill, not leave the cell running until its timeout.
+    session = await gw.session()
+    kernel = session.slot.kernel
+    execution = session.submit("hang", 30)
+    await until(lambda: execution.running)
+    assert await session.interrupt()
+    session.abandon(execution)
+    await asyncio.wait_for(asyncio.shield(execution.task), 3)  # type: ignore[arg-type]
+    assert execution.status == "interrupted" and execution.restarted
+    assert done_of(await run(session, "print x"))["status"] == "ok"
+    assert session.slot.kernel is not kernel
+
+
+async def test_a_restart_while_a_finished_cell_reports_its_files_leaves_it_ok(
+    gw: Harness,
+) -> None:
+    session = await gw.session()
+    gate = asyncio.Event()
+    report = session.files.changed_file_events
+
+    async def slow_report() -> list[Event]:
+        await gate.wait()
+        return await report()
+
+    session.files.changed_file_events = slow_report  # type: ignore[method-assign]
+    execution = session.submit("print hi", None)
+    await until(lambda: execution.state is State.FINISHING)
+    restart = asyncio.ensure_future(session.restart())
+    await asyncio.sleep(0.02)
+    gate.set()
+    await restart
+    events = [(e.name, e.data) async for e in execution.stream()]
+    assert done_of(events)["status"] == "ok"  # it ran to its end before the restart
+
+
+async def test_a_cell_abandoned_while_its_kernel_starts_is_never_sent(gw: Harness) -> None:
+    session = await gw.session()
+    gw.backend.fail_launches = 1  # the background revival fails: the next cell starts one
+    await run(session, "die")
+    await until(lambda: session.slot.kernel is None)
+    execution = session.submit("print never", None)
+    await until(lambda: session.current is execution)
+    session.abandon(execution)
+    await execution.task  # type: ignore[misc]
+    assert execution.status == "interrupted"
+    assert all("never" not in code for k in gw.backend.kernels for code in k.executed)
+    assert done_of(await run(session, "print x"))["restarted"] is True  # the notice is kept
+
+
+async def test_a_session_deleted_while_a_cell_starts_its_kernel_says_so(gw: Harness) -> None:
+    session = await gw.session()
+    gw.backend.fail_launches = 1
+    await run(session, "die")
+    await until(lambda: session.slot.kernel is None)
+    execution = session.submit("print never", None)
+    await until(lambda: session.current is execution)
+    await gw.registry.delete_session(session.id)
+    events = [(e.name, e.data) async for e in execution.stream()]
+    assert errors_of(events) == ["SessionClosed"]  # not a GatewayError
+    assert done_of(events)["status"] == "interrupted"
