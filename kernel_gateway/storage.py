@@ -92,7 +92,7 @@ def make_storage_dirs(storage: SessionStorage, owner: tuple[int, int] | None) ->
 
 def mounts_under(folder: Path) -> list[str]:
     """Mount points below `folder` (such as session disks), as /proc/self/mounts lists them."""
-    prefix = str(folder) + "/"
+    prefix = str(folder.resolve()) + "/"
     try:
         lines = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
@@ -163,7 +163,7 @@ class LoopStorage(StorageProvider):
     direct_io = True
 
     def describe(self) -> str:
-        return f"its own ext4 disk image capped at {self.size} bytes (files, /tmp and home)"
+        return f"its own ext4 disk, capped at {_size(self.size)} in all (disk, not memory)"
 
     def prepare(self, root: Path, owner: tuple[int, int] | None) -> SessionStorage:
         image = image_path(root)
@@ -187,14 +187,12 @@ class LoopStorage(StorageProvider):
 
     def release(self, root: Path) -> None:
         image = image_path(root)
+        backing_file = image.resolve()  # as the kernel names it
         if os.path.ismount(root):
             unmount(root)
-        for device in loop_devices_of(lambda backing: backing == image):
+        for device in loop_devices_of(lambda backing: backing == backing_file):
             detach(device)  # left attached only when a mount failed half-way
         image.unlink(missing_ok=True)
-
-
-PROVIDERS: dict[str, type[StorageProvider]] = {"loop": LoopStorage, "plain": PlainStorage}
 
 
 def choose_provider(size: int, scratch: Path) -> StorageProvider:
@@ -217,8 +215,8 @@ def choose_provider(size: int, scratch: Path) -> StorageProvider:
             return LoopStorage(size)
     logger.warning(
         "\n%s\nWARNING: session storage is NOT size-capped: %s.\nSessions get plain folders "
-        "on the host's disk, so one cell can fill it; run the gateway as root for a "
-        "capped disk per session.\n%s",
+        "on the host's disk, so one cell can fill it. A capped disk per session needs a "
+        "root gateway, loop devices and mkfs.ext4.\n%s",
         "!" * 78,
         reason,
         "!" * 78,
@@ -271,9 +269,10 @@ def unmount(point: Path) -> None:
 def set_direct_io(root: Path) -> None:
     """Let the loop device behind `root` bypass the host's page cache (best effort).
 
-    Without it every written page is cached twice, once per filesystem: direct I/O
-    halves the memory a full disk ties up and made filling 1 GiB under a 1 GiB
-    memory limit about 1.6x faster here (bench/storage.py --fill).
+    Without it every written page is cached twice: once in the session's filesystem
+    and once more as a page of the image file on the host. Direct I/O keeps one
+    copy. It costs about 20 ms more setup (off the acquisition path); filling 1 GiB
+    took as long either way, within noise (bench/storage.py --fill).
     """
     dev = os.stat(root).st_dev
     name = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}").resolve().name
@@ -322,6 +321,13 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror if exc.filename is None else f"{exc.strerror}: {exc.filename}"
     return str(exc) or type(exc).__name__
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= scale:
+            return f"{size / scale:g} {unit}"
+    return f"{size} bytes"
 
 
 def _filesystem_type(path: Path) -> str:
