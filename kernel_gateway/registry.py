@@ -53,10 +53,11 @@ class Registry:
         if self._reaper is not None:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
-        await asyncio.gather(*self._tasks, return_exceptions=True)  # stateless releases
+        # Taken out first, so a stateless cell that ends meanwhile starts no release of its own.
         sessions = [*self._sessions.values(), *self._ephemeral]
         self._sessions, self._ephemeral = {}, set()
         await asyncio.gather(*(self._close(s) for s in sessions), return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # releases under way
         await self.warm.close()
 
     def stats(self) -> JSON:

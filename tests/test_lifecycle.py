@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import zmq.asyncio
 
-from kernel_gateway.backends.base import RuntimeDir
+from kernel_gateway.backends.base import RuntimeDir, SessionStorage
 from kernel_gateway.errors import KernelUnavailable, SessionBusy, SessionFailed
 from kernel_gateway.events import OutputLimiter
 from kernel_gateway.execution import Execution, State, StopReason
@@ -491,3 +491,25 @@ async def test_a_session_deleted_while_a_cell_starts_its_kernel_says_so(gw: Harn
     events = [(e.name, e.data) async for e in execution.stream()]
     assert errors_of(events) == ["SessionClosed"]  # not a GatewayError
     assert done_of(events)["status"] == "interrupted"
+
+
+async def test_closing_the_registry_waits_for_stateless_releases_that_start_meanwhile(
+    gw: Harness,
+) -> None:
+    first, done_first = await gw.registry.run_stateless("print a", None, [])
+    second, done_second = await gw.registry.run_stateless("sleep 0.05", None, [])
+    delays = {first.slot.storage.root: 0.2, second.slot.storage.root: 0.4}
+    removed: list[Path] = []
+    remove = gw.registry.warm.remove_storage
+
+    async def slow_remove(storage: SessionStorage) -> None:
+        await asyncio.sleep(delays.get(storage.root, 0.0))
+        await remove(storage)
+        removed.append(storage.root)
+
+    gw.registry.warm.remove_storage = slow_remove  # type: ignore[method-assign]
+    await done_first.task  # type: ignore[misc]
+    await asyncio.sleep(0)  # the first release is under way; the second cell still runs
+    await gw.registry.close()  # the second cell ends, and is released, while it waits
+    assert done_second.finished and second.slot.closed
+    assert set(removed) >= set(delays)
