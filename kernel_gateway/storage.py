@@ -206,11 +206,15 @@ def choose_provider(size: int, scratch: Path) -> StorageProvider:
         reason = _probe(scratch)
         if reason is None:
             kind = _filesystem_type(scratch)
-            if kind in ("tmpfs", "ramfs"):
+            if kind in ("tmpfs", "ramfs"):  # XDG_RUNTIME_DIR usually is
                 logger.warning(
-                    "the runtime dir is on %s: session disk images there live in memory; "
-                    "put --runtime-dir on a disk",
+                    "\n%s\nWARNING: the runtime dir is on %s, so each session's disk image "
+                    "lives in memory: a cell that fills its disk uses host memory.\nPass "
+                    "--runtime-dir (KG_RUNTIME_DIR) on a disk, such as /var/lib/kernel-gateway."
+                    "\n%s",
+                    "!" * 78,
                     kind,
+                    "!" * 78,
                 )
             return LoopStorage(size)
     logger.warning(

@@ -151,6 +151,20 @@ def test_reclaim_unmounts_and_detaches_what_a_dead_gateway_left(tmp_path: Path) 
     assert mounts_under(tmp_path) == [] and loops_under(tmp_path) == []
 
 
+@needs_root
+def test_images_in_memory_are_called_out(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A runtime dir on a tmpfs (as XDG_RUNTIME_DIR is) would make every disk memory again."""
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "kg-test", str(tmp_path)], check=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="kernel_gateway.storage"):
+            provider = choose_provider(16 * MiB, tmp_path)
+        assert isinstance(provider, LoopStorage)
+        assert "the runtime dir is on tmpfs" in caplog.text
+        assert list(tmp_path.iterdir()) == []  # no probe left behind
+    finally:
+        subprocess.run(["umount", str(tmp_path)], check=True)
+
+
 def test_without_root_storage_is_plain_and_the_log_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
