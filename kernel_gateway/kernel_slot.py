@@ -133,8 +133,9 @@ class KernelSlot:
         kernel, self.kernel = self.kernel, None
         if kernel is not None:
             await kernel.close()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=10)
+        for task in list(self._tasks):  # a revival may be sleeping out a backoff
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _watch(self, kernel: Kernel) -> None:
         """Notice a kernel that ends while nobody uses it, and revive the slot."""

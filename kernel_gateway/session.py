@@ -14,7 +14,6 @@ cell, which reports `restarted: true`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable
@@ -335,17 +334,18 @@ class Session:
         ignores SIGINT, and the next cell is only sent once this one is idle.
         """
         deadline = time.monotonic() + within
-        while not execution.idle.is_set() and kernel.exit_info is None:
-            if self.current is not execution:
-                return True
-            await self._signal(execution, kernel)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.shield(execution.idle.wait()), min(SIGNAL_SPACING, remaining)
-                )
+        idle = asyncio.ensure_future(execution.idle.wait())  # one waiter, cancelled below
+        try:
+            while not idle.done() and kernel.exit_info is None:
+                if self.current is not execution:
+                    return True
+                await self._signal(execution, kernel)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                await asyncio.wait({idle}, timeout=min(SIGNAL_SPACING, remaining))
+        finally:
+            idle.cancel()
         return execution.idle.is_set()
 
     async def _keep_interrupting(self, execution: Execution, kernel: Kernel) -> None:

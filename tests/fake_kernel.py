@@ -211,7 +211,8 @@ def _error(ename: str, evalue: str) -> dict[str, Any]:
 
 
 class FakeBackend(Backend):
-    """Launches `FakeKernelProcess`es; `fail_launches` makes the next N launches fail."""
+    """Launches `FakeKernelProcess`es; `fail_launches` makes the next N launches fail,
+    `launch_delay` makes each launch take that long."""
 
     name = "fake"
 
@@ -221,6 +222,7 @@ class FakeBackend(Backend):
         self._context = zmq.asyncio.Context()
         self.kernels: list[FakeKernelProcess] = []
         self.fail_launches = 0
+        self.launch_delay = 0.0
         self._n = 0
 
     @property
@@ -231,6 +233,7 @@ class FakeBackend(Backend):
         return None
 
     async def launch(self, storage: SessionStorage) -> KernelProcess:
+        await asyncio.sleep(self.launch_delay)
         if self.fail_launches:
             self.fail_launches -= 1
             raise KernelUnavailable("scripted launch failure", retry_after=1)

@@ -471,6 +471,7 @@ async def test_a_cell_abandoned_while_its_kernel_starts_is_never_sent(gw: Harnes
     gw.backend.fail_launches = 1  # the background revival fails: the next cell starts one
     await run(session, "die")
     await until(lambda: session.slot.kernel is None)
+    gw.backend.launch_delay = 0.3  # the cell's own revival is still starting below
     execution = session.submit("print never", None)
     await until(lambda: session.current is execution)
     session.abandon(execution)
@@ -485,6 +486,7 @@ async def test_a_session_deleted_while_a_cell_starts_its_kernel_says_so(gw: Harn
     gw.backend.fail_launches = 1
     await run(session, "die")
     await until(lambda: session.slot.kernel is None)
+    gw.backend.launch_delay = 0.3  # the cell's own revival is still starting below
     execution = session.submit("print never", None)
     await until(lambda: session.current is execution)
     await gw.registry.delete_session(session.id)
@@ -513,3 +515,26 @@ async def test_closing_the_registry_waits_for_stateless_releases_that_start_mean
     await gw.registry.close()  # the second cell ends, and is released, while it waits
     assert done_second.finished and second.slot.closed
     assert set(removed) >= set(delays)
+
+
+async def test_deleting_a_session_does_not_wait_out_a_restart_backoff(gw: Harness) -> None:
+    session = await gw.session()
+    await run(session, "die")
+    await run(session, "die")  # the next revival backs off 0.5 s
+    await gw.process_of(session).kill()
+    await until(lambda: session.slot.kernel is not None and not session.slot.alive)
+    await asyncio.sleep(0.05)  # the background revival is now sleeping its backoff
+    started = asyncio.get_running_loop().time()
+    await gw.registry.delete_session(session.id)
+    assert asyncio.get_running_loop().time() - started < 0.4
+
+
+async def test_no_waiter_outlives_a_cell_whose_kernel_was_killed(gw: Harness) -> None:
+    session = await gw.session()
+    before = len(asyncio.all_tasks())
+    events = await run(session, "hang", limit=0.05)
+    assert done_of(events)["restarted"] is True
+    await asyncio.sleep(0.05)
+    leftover = [t for t in asyncio.all_tasks() if "Event.wait" in repr(t)]
+    assert not leftover, leftover
+    assert len(asyncio.all_tasks()) <= before + 2
