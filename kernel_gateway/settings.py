@@ -51,13 +51,24 @@ POSITIVE_NUMBERS = (
 )
 
 
-def _default_runtime_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """`$XDG_RUNTIME_DIR/kernel-gateway` if that is ours, else `<tmp>/kernel-gateway-<uid>`.
+ROOT_RUNTIME_DIR = Path("/var/lib/kernel-gateway")
 
-    XDG_RUNTIME_DIR is private to its user by design; it is skipped when it is not
-    an absolute path to a folder this user owns (`sudo` may keep the invoking
-    user's). Either way `RuntimeDir` checks the folder's owner and mode at startup.
+
+def default_runtime_dir(environ: Mapping[str, str] | None = None, euid: int | None = None) -> Path:
+    """Where a gateway keeps connection files and session disks unless told otherwise.
+
+    - root: `/var/lib/kernel-gateway`, on disk. Session disks (sparse images) live
+      here, and on a tmpfs such as `/run/user/0` they would be memory again; it is
+      also a stable place for a later gateway to find what an earlier one left.
+    - anyone else: `$XDG_RUNTIME_DIR/kernel-gateway` when that is an absolute path to
+      a folder this user owns (`sudo` may keep the invoking user's), else
+      `<tmp>/kernel-gateway-<uid>`. Without root, storage is plain folders anyway.
+
+    Either way `RuntimeDir` checks the folder's owner and mode at startup.
     """
+    euid = os.geteuid() if euid is None else euid
+    if euid == 0:
+        return ROOT_RUNTIME_DIR
     xdg = (environ or {}).get("XDG_RUNTIME_DIR", "")
     if os.path.isabs(xdg):
         try:
@@ -65,9 +76,9 @@ def _default_runtime_dir(environ: Mapping[str, str] | None = None) -> Path:
         except OSError:
             pass
         else:
-            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == euid:
                 return Path(xdg) / "kernel-gateway"
-    return Path(tempfile.gettempdir()) / f"kernel-gateway-{os.geteuid()}"
+    return Path(tempfile.gettempdir()) / f"kernel-gateway-{euid}"
 
 
 @dataclass(frozen=True)
@@ -106,7 +117,7 @@ class Settings:
     workspace_size: str = "1g"
     restart_budget: int = 5
     restart_window: float = 300.0
-    runtime_dir: Path = field(default_factory=_default_runtime_dir)
+    runtime_dir: Path = field(default_factory=default_runtime_dir)
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -260,7 +271,7 @@ def from_env(environ: Mapping[str, str], **overrides: Any) -> Settings:
                 raise ValueError(f"KG_{f.name.upper()}: {exc}") from exc
     values.update({k: v for k, v in overrides.items() if v is not None})
     if "runtime_dir" not in values:
-        values["runtime_dir"] = _default_runtime_dir(environ)
+        values["runtime_dir"] = default_runtime_dir(environ)
     return Settings(**values)
 
 
@@ -314,7 +325,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--runtime-dir",
         type=Path,
         help="where connection files and workspaces live, a folder only this user may use "
-        "(default $XDG_RUNTIME_DIR/kernel-gateway, else $TMPDIR/kernel-gateway-<uid>)",
+        "(default /var/lib/kernel-gateway as root; else $XDG_RUNTIME_DIR/kernel-gateway, "
+        "else $TMPDIR/kernel-gateway-<uid>)",
     )
     add("--log-level", choices=["debug", "info", "warning", "error"], help="(default info)")
 

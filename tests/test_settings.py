@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from kernel_gateway.settings import (
+    ROOT_RUNTIME_DIR,
     Settings,
     add_serve_arguments,
+    default_runtime_dir,
     describe,
     from_args,
     from_env,
@@ -171,21 +173,40 @@ def test_limits_at_their_edges_are_accepted() -> None:
     )
 
 
-# -- the runtime folder: XDG_RUNTIME_DIR where set, read from the environ given -------------
+# -- the runtime folder: on disk for root; XDG_RUNTIME_DIR where set, read from the environ given
+
+
+def test_a_root_gateway_keeps_its_runtime_dir_on_disk(tmp_path: Path) -> None:
+    assert default_runtime_dir({"XDG_RUNTIME_DIR": str(tmp_path)}, euid=0) == Path(
+        "/var/lib/kernel-gateway"
+    )
+    if os.geteuid() == 0:
+        assert from_env({"XDG_RUNTIME_DIR": str(tmp_path)}).runtime_dir == ROOT_RUNTIME_DIR
+        assert Settings().runtime_dir == ROOT_RUNTIME_DIR
+
+
+def _ours(tmp_path: Path) -> int:
+    """A uid that owns `tmp_path`: ours, or (as root) a user we give it to."""
+    if os.geteuid() != 0:
+        return os.geteuid()
+    os.chown(tmp_path, 1000, 1000)
+    return 1000
 
 
 def test_runtime_dir_prefers_xdg_runtime_dir(tmp_path: Path) -> None:
-    s = from_env({"XDG_RUNTIME_DIR": str(tmp_path)})
-    assert s.runtime_dir == tmp_path / "kernel-gateway"
+    uid = _ours(tmp_path)
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    assert default_runtime_dir(env, euid=uid) == tmp_path / "kernel-gateway"
 
 
 def test_runtime_dir_falls_back_to_the_temp_folder(tmp_path: Path) -> None:
-    expected = Path(tempfile.gettempdir()) / f"kernel-gateway-{os.geteuid()}"
-    assert from_env({}).runtime_dir == expected
-    assert from_env({"XDG_RUNTIME_DIR": ""}).runtime_dir == expected
-    assert from_env({"XDG_RUNTIME_DIR": "relative/dir"}).runtime_dir == expected
-    assert from_env({"XDG_RUNTIME_DIR": str(tmp_path / "missing")}).runtime_dir == expected
-    assert Settings().runtime_dir == expected  # no environ given: none is read
+    uid = _ours(tmp_path)
+    expected = Path(tempfile.gettempdir()) / f"kernel-gateway-{uid}"
+    assert default_runtime_dir({}, euid=uid) == expected
+    assert default_runtime_dir({"XDG_RUNTIME_DIR": ""}, euid=uid) == expected
+    assert default_runtime_dir({"XDG_RUNTIME_DIR": "relative/dir"}, euid=uid) == expected
+    assert default_runtime_dir({"XDG_RUNTIME_DIR": str(tmp_path / "no")}, euid=uid) == expected
+    assert default_runtime_dir(None, euid=uid) == expected  # no environ given: none is read
 
 
 def test_an_xdg_runtime_dir_of_another_user_is_not_used(tmp_path: Path) -> None:
@@ -194,7 +215,7 @@ def test_an_xdg_runtime_dir_of_another_user_is_not_used(tmp_path: Path) -> None:
     theirs = tmp_path / "theirs"  # e.g. kept by `sudo` from the invoking user's session
     theirs.mkdir(mode=0o700)
     os.chown(theirs, 12345, 12345)
-    assert from_env({"XDG_RUNTIME_DIR": str(theirs)}).runtime_dir.parent != theirs
+    assert default_runtime_dir({"XDG_RUNTIME_DIR": str(theirs)}, euid=1000).parent != theirs
 
 
 def test_runtime_dir_flag_and_variable_win_over_xdg(tmp_path: Path) -> None:
