@@ -19,6 +19,8 @@ import sys
 import threading
 from typing import Any
 
+FLUSH_CHARS = 64 * 1024
+
 
 def _install_thread_output_routing() -> None:
     from ipykernel.iostream import OutStream
@@ -50,7 +52,15 @@ def _install_thread_output_routing() -> None:
     def write(self: Any, string: str) -> int | None:
         origin = getattr(local, "origin", None)
         if origin is None or self.pub_thread is None or not isinstance(string, str):
-            return original_write(self, string)
+            written = original_write(self, string)
+            buffer = getattr(self, "_buffer", None)
+            # ipykernel sends what was written in each 0.2 s as one message, however
+            # large: a tight print loop makes messages of tens of MB that the gateway
+            # must decode whole. Flushing past FLUSH_CHARS bounds every message, and
+            # the writer waits for the send, so output cannot outrun its consumer.
+            if buffer is not None and buffer.tell() > FLUSH_CHARS and self._is_master_process():
+                self.flush()
+            return written
         if string:
             session, pub, topic = self.session, self.pub_thread, self.topic
             msg = session.msg("stream", {"name": self.name, "text": string}, parent=origin)
