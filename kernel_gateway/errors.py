@@ -5,11 +5,14 @@
     ├── Unauthorized                  401 unauthorized        (missing or wrong token)
     ├── Forbidden                     403 forbidden
     ├── NotFound                      404 not_found
-    │   └── SessionNotFound           404 session_not_found
+    │   ├── SessionNotFound           404 session_not_found
+    │   └── ExecutionNotFound         404 execution_not_found
     ├── Conflict                      409 conflict
     │   ├── SessionBusy               409 session_busy        (too many queued executions)
     │   ├── SessionClosed             409 session_closed      (deleted while the request waited)
     │   └── SessionFailed             409 session_failed      (its kernel kept dying: gave up)
+    ├── Gone                          410 gone
+    │   └── ExecutionExpired          410 execution_expired   (its events aged out of retention)
     ├── PayloadTooLarge               413 payload_too_large
     ├── UnsupportedMediaType          415 unsupported_media_type (JSON body without its type)
     ├── InvalidRequest                422 invalid_request     (well-formed JSON, wrong fields)
@@ -63,6 +66,19 @@ class NotFound(GatewayError):
 
 class SessionNotFound(NotFound):
     error_type = "session_not_found"
+
+
+class ExecutionNotFound(NotFound):
+    error_type = "execution_not_found"
+
+
+class Gone(GatewayError):
+    status_code = 410
+    error_type = "gone"
+
+
+class ExecutionExpired(Gone):
+    error_type = "execution_expired"
 
 
 class Conflict(GatewayError):

@@ -216,7 +216,7 @@ class OutputLimiter:
         return Event(event.name, {"text": head + marker})
 
     def _limit_rich(self, event: Event) -> Event:
-        size = _rough_size(event.data)
+        size = rough_size(event.data)
         if size > self.max_display_bytes and event.name != "error":
             note = (
                 f"[output omitted: this {event.name} was {size} bytes, "
@@ -230,12 +230,12 @@ class OutputLimiter:
         return event
 
 
-def _rough_size(value: Any) -> int:
+def rough_size(value: Any) -> int:
     """Bytes a JSON value will take, near enough, without serializing it."""
     if isinstance(value, str):
         return len(value)
     if isinstance(value, dict):
-        return sum(len(str(k)) + _rough_size(v) for k, v in value.items()) + 2
+        return sum(len(str(k)) + rough_size(v) for k, v in value.items()) + 2
     if isinstance(value, list | tuple):
-        return sum(_rough_size(v) for v in value) + 2
+        return sum(rough_size(v) for v in value) + 2
     return 8

@@ -10,20 +10,26 @@ place the final `done` event is computed, from the state, the stop reason and
 the kernel's reply.
 
 The kernel's reader feeds `on_input`/`on_event`/`on_idle` directly (no task per
-message); the HTTP side drains `stream()`. The queue stays bounded because
+message). Every event is appended to the execution's log with an id that
+increases within its session, so any number of readers can follow it live or
+replay it from after any id (`records(after)`), while it runs and after it
+ended, until the session's retention expires it. The log stays bounded because
 `OutputLimiter` caps what one execution may produce.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import enum
+import itertools
 import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 
-from .events import ExecuteReply, OutputLimiter
-from .types import JSON, DoneStatus, Event
+from .errors import ExecutionExpired
+from .events import ExecuteReply, OutputLimiter, rough_size
+from .types import JSON, DoneStatus, Event, Record
 
 
 class State(enum.Enum):
@@ -55,8 +61,17 @@ _PRECEDENCE[StopReason.DISCONNECT] = _PRECEDENCE[StopReason.INTERRUPT]  # both m
 
 
 class Execution:
-    def __init__(self, code: str, timeout: float, limiter: OutputLimiter) -> None:
-        self.id = uuid.uuid4().hex
+    def __init__(
+        self,
+        code: str,
+        timeout: float,
+        limiter: OutputLimiter,
+        number: int = 1,
+        event_ids: Callable[[], int] | None = None,
+    ) -> None:
+        self.number = number
+        """Its place among the session's executions (1, 2, ...): its id in the API."""
+        self.id = str(number)
         self.code = code
         self.timeout = timeout
         self.state = State.QUEUED
@@ -76,11 +91,18 @@ class Execution:
         self.signalled_at = -1e9
         """When the gateway last sent this cell a SIGINT (monotonic seconds)."""
         self.task: asyncio.Task[None] | None = None
-        self.created = time.monotonic()
+        self.submitted_at = datetime.now(UTC)
         self.started: float | None = None
         self.ended: float | None = None
+        self.readers = 0
+        """Clients streaming this execution now (a disconnect with none left is a detach)."""
         self._limiter = limiter
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._event_ids = event_ids or itertools.count(1).__next__
+        self._log: list[Record] = []
+        self.bytes = 0
+        """Roughly what the log holds, for the session's retention cap."""
+        self.expired = False
+        self._appended = asyncio.Event()
 
     # -- life --------------------------------------------------------------------------------
 
@@ -128,7 +150,7 @@ class Execution:
         if self.finished:
             return
         self.ended = time.monotonic()
-        self._events.put_nowait(Event("done", self.done_data()))
+        self.emit(Event("done", self.done_data()))
         self.state = State.DONE
 
     # -- the outcome, computed in one place --------------------------------------------------
@@ -195,12 +217,65 @@ class Execution:
     # -- what clients read -------------------------------------------------------------------
 
     def emit(self, event: Event) -> None:
-        if not self.finished:
-            self._events.put_nowait(event)
+        if self.finished:
+            return
+        self._log.append(Record(self._event_ids(), event))
+        self.bytes += rough_size(event.data) + 16
+        self._appended.set()
+        self._appended = asyncio.Event()
+
+    async def records(self, after: int | None = None) -> AsyncIterator[Record]:
+        """The log from after event id `after` (from the start if None), then live
+        events, ending with `done`. Raises ExecutionExpired if the log is dropped."""
+        if self.expired:
+            raise ExecutionExpired(self._expired_message())
+        log = self._log
+        index = 0 if after is None else bisect.bisect_right(log, after, key=lambda r: r.id)
+        while True:
+            while index < len(log):
+                record = log[index]
+                index += 1
+                yield record
+                if record.event.name == "done":
+                    return
+            if self.finished:  # resumed from after its `done`: nothing more will come
+                return
+            appended = self._appended
+            await appended.wait()
+            if self.expired:
+                raise ExecutionExpired(self._expired_message())
 
     async def stream(self) -> AsyncIterator[Event]:
-        while True:
-            event = await self._events.get()
-            yield event
-            if event.name == "done":
-                return
+        async for record in self.records():
+            yield record.event
+
+    @property
+    def last_event_id(self) -> int | None:
+        return self._log[-1].id if self._log else None
+
+    def expire(self) -> None:
+        """Drop the log (the session's retention): readers of it get ExecutionExpired."""
+        self.expired = True
+        self._log = []
+        self.bytes = 0
+        self._appended.set()
+
+    def _expired_message(self) -> str:
+        return f"the events of execution {self.id} are no longer kept (retention)"
+
+    def summary(self) -> JSON:
+        """What the list of a session's executions says about this one."""
+        if self.state is State.QUEUED:
+            status = "queued"
+        elif not self.finished:
+            status = "running"
+        else:
+            status = self.status
+        return {
+            "id": self.id,
+            "status": status,
+            "submitted_at": self.submitted_at.isoformat().replace("+00:00", "Z"),
+            "duration_ms": round(self.duration_ms, 3),
+            "execution_count": self.execution_count,
+            "last_event_id": self.last_event_id,
+        }

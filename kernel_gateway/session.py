@@ -9,17 +9,31 @@ computed by `Execution` alone.
 Timeout: interrupt, wait `interrupt_grace`, and if the cell still runs, retire
 the kernel. Death: report it at once; the slot revives the kernel for the next
 cell, which reports `restarted: true`.
+
+Clients come and go: a cell whose last reader disconnects keeps running for
+`reconnect_grace` seconds, so a client can resume its stream, and is only then
+abandoned (interrupted). The session keeps its recent executions' events for
+that, within `replay_executions` and `replay_bytes`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable
 from datetime import UTC, datetime
 
-from .errors import KernelUnavailable, SessionBusy, SessionClosed, SessionFailed
+from .errors import (
+    ExecutionExpired,
+    ExecutionNotFound,
+    KernelUnavailable,
+    SessionBusy,
+    SessionClosed,
+    SessionFailed,
+)
 from .events import MalformedMessage, OutputLimiter, error_event, parse_reply
 from .execution import Execution, StopReason
 from .kernel import Kernel
@@ -54,6 +68,10 @@ class Session:
         """Held while a signal is on its way, so it cannot land in the next cell."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._queue: list[Execution] = []
+        self._submitted = 0
+        self._event_ids = itertools.count(1).__next__
+        self._history: deque[Execution] = deque()
+        """Executions whose events are kept (queued, running, and recent finished ones)."""
         self.current: Execution | None = None
         self.execution_count = 0
         self.created_at = datetime.now(UTC)
@@ -78,8 +96,12 @@ class Session:
             code,
             timeout if timeout is not None else s.exec_timeout,
             OutputLimiter(s.max_output_bytes, s.max_display_bytes),
+            self._submitted + 1,
+            self._event_ids,
         )
+        self._submitted += 1
         self._queue.append(execution)
+        self._history.append(execution)
         self.touch()
         execution.task = self._spawn(self._run(execution))
         return execution
@@ -94,6 +116,70 @@ class Session:
         await self._signal(execution, kernel)
         self._spawn(self._keep_interrupting(execution, kernel))
         return True
+
+    def execution(self, execution_id: str) -> Execution:
+        """A kept execution by id; 410 if it aged out of retention, 404 if it never was."""
+        for execution in self._history:
+            if execution.id == execution_id:
+                return execution
+        number = int(execution_id) if execution_id.isdecimal() else 0
+        if 0 < number <= self._submitted:
+            raise ExecutionExpired(
+                f"the events of execution {execution_id} of session {self.id} are no longer "
+                f"kept (sessions keep their last {self._settings.replay_executions} executions "
+                f"and {self._settings.replay_bytes} bytes of events)"
+            )
+        raise ExecutionNotFound(f"session {self.id} has no execution {execution_id!r}")
+
+    def executions(self) -> list[Execution]:
+        return list(self._history)
+
+    def attach(self, execution: Execution) -> None:
+        """A client starts reading the execution's events."""
+        execution.readers += 1
+        self.touch()
+
+    def detach(self, execution: Execution) -> None:
+        """A client stopped reading; with none left, the cell is abandoned after the grace."""
+        execution.readers -= 1
+        if execution.finished:
+            self._keep_recent()  # it may have been kept only for this reader
+            return
+        if execution.readers > 0:
+            return
+        grace = self._settings.reconnect_grace
+        if grace <= 0 or self.ephemeral:  # a stateless cell has nothing to resume
+            self.abandon(execution)
+        else:
+            self._spawn(self._abandon_unless_resumed(execution, grace))
+
+    async def _abandon_unless_resumed(self, execution: Execution, grace: float) -> None:
+        await asyncio.sleep(grace)
+        if execution.readers == 0 and not execution.finished:
+            logger.info(
+                "session %s: nobody resumed execution %s within %g s; interrupting it",
+                self.id,
+                execution.id,
+                grace,
+            )
+            self.abandon(execution)
+
+    def _keep_recent(self) -> None:
+        """Keep the newest finished executions within the retention limits; expire the rest.
+
+        The newest finished one is always kept (its size is bounded by the output
+        caps), and one a client is reading right now is kept until it is done.
+        """
+        s = self._settings
+        count = kept = 0
+        for execution in reversed([e for e in self._history if e.finished]):
+            count, kept = count + 1, kept + execution.bytes
+            if count == 1 or (count <= s.replay_executions and kept <= s.replay_bytes):
+                continue
+            if execution.readers:
+                continue
+            self._history.remove(execution)
+            execution.expire()
 
     def abandon(self, execution: Execution) -> None:
         """The client stopped listening: stop the cell rather than run it for nobody.
@@ -203,6 +289,7 @@ class Session:
             if execution in self._queue:
                 self._queue.remove(execution)
             execution.finish()
+            self._keep_recent()
 
     def _refused(self, execution: Execution) -> bool:
         """End a cell that must not run (session gone or failed, stopped while queued)."""

@@ -38,6 +38,8 @@ INT_MINIMUMS = {
     "max_stateless_body_bytes": 1,
     "max_upload_bytes": 1,
     "pids_limit": 1,
+    "replay_executions": 1,
+    "replay_bytes": 0,
 }
 # Seconds (and CPUs) that must be finite and > 0.
 POSITIVE_NUMBERS = (
@@ -117,6 +119,9 @@ class Settings:
     workspace_size: str = "1g"
     restart_budget: int = 5
     restart_window: float = 300.0
+    reconnect_grace: float = 10.0
+    replay_executions: int = 20
+    replay_bytes: int = 16 * 1024 * 1024
     runtime_dir: Path = field(default_factory=default_runtime_dir)
     log_level: str = "info"
 
@@ -145,6 +150,8 @@ class Settings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{_origin(name)}: must be a finite number > 0 (got {value})")
+        if not (math.isfinite(self.reconnect_grace) and self.reconnect_grace >= 0):
+            raise ValueError(f"{_origin('reconnect_grace')}: must be a finite number >= 0")
         if self.cpu_limit < 0.01:
             raise ValueError(f"{_origin('cpu_limit')}: must be at least 0.01 (Docker's minimum)")
         if self.exec_timeout > self.max_exec_timeout:
@@ -313,6 +320,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="kernel deaths a session may have within --restart-window before it is failed (5)",
     )
     add("--restart-window", type=float, help="seconds the restart budget counts over (300)")
+    add(
+        "--reconnect-grace",
+        type=float,
+        help="seconds a cell keeps running after its client disconnected, waiting for it to "
+        "resume the stream, before it is interrupted (default 10; 0: interrupt at once)",
+    )
+    add(
+        "--replay-executions",
+        type=int,
+        help="finished executions whose events each session keeps for resuming (default 20)",
+    )
+    add(
+        "--replay-bytes",
+        type=int,
+        help="bytes of finished executions' events each session keeps (default 16 MiB)",
+    )
     add("--figure-formats", help="inline chart formats, e.g. png or png,svg (default png)")
     add("--figure-dpi", type=int, help="inline chart resolution (default 100)")
     add(

@@ -1,7 +1,9 @@
 """Events on the wire: server-sent events, or one collected JSON document.
 
-Each event is one `event:` line and one `data:` line of compact JSON. JSON
-escapes every CR and LF, so nothing the code prints can forge a frame.
+Each event is an `id:` line (increasing within the session: what a client
+sends back as `Last-Event-ID` to resume), one `event:` line and one `data:`
+line of compact JSON. JSON escapes every CR and LF, so nothing the code prints
+can forge a frame.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .types import JSON, Event
+from .types import JSON, Event, Record
 
 
 def dumps(data: Any) -> bytes:
@@ -21,13 +23,14 @@ def dumps(data: Any) -> bytes:
         return json.dumps(data, separators=(",", ":")).encode()
 
 
-def encode(event: Event) -> bytes:
-    return b"event: " + event.name.encode() + b"\ndata: " + dumps(event.data) + b"\n\n"
+def encode(event: Event, event_id: int | None = None) -> bytes:
+    head = b"" if event_id is None else b"id: %d\n" % event_id
+    return head + b"event: " + event.name.encode() + b"\ndata: " + dumps(event.data) + b"\n\n"
 
 
-async def as_sse(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
-    async for event in events:
-        yield encode(event)
+async def as_sse(records: AsyncIterator[Record]) -> AsyncIterator[bytes]:
+    async for record in records:
+        yield encode(record.event, record.id)
 
 
 async def collect(events: AsyncIterator[Event]) -> JSON:

@@ -31,3 +31,10 @@ class Event(NamedTuple):
 
     name: str
     data: JSON
+
+
+class Record(NamedTuple):
+    """One event in an execution's log; `id` increases within the session (the SSE id)."""
+
+    id: int
+    event: Event

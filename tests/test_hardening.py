@@ -245,12 +245,16 @@ def raw_frames(client: httpx.Client, sid: str, code: str, timeout: float) -> lis
 
 def test_output_flood_is_capped_and_every_frame_is_valid(client: httpx.Client, sid: str) -> None:
     frames = raw_frames(client, sid, "while True: print('x' * 100)", timeout=4)
-    events = []
+    events, ids = [], []
     for frame in frames:
         if all(line.startswith(":") for line in frame):
             continue  # keepalive
-        assert len(frame) == 2 and frame[0].startswith("event: ") and frame[1].startswith("data: ")
-        events.append((frame[0][7:], json.loads(frame[1][6:])))
+        assert len(frame) == 3, frame
+        assert frame[0].startswith("id: ") and frame[1].startswith("event: ")
+        assert frame[2].startswith("data: ")
+        ids.append(int(frame[0][4:]))
+        events.append((frame[1][7:], json.loads(frame[2][6:])))
+    assert ids == sorted(set(ids))  # increasing, none twice
     names = [name for name, _ in events]
     assert names.count("done") == 1 and names[-1] == "done"
     done = events[-1][1]
@@ -295,7 +299,7 @@ def test_hostile_bytes_stay_inside_their_event(client: httpx.Client, sid: str) -
         "time.sleep(0.5)  # fd-level output is forwarded by a watcher thread\n"
     )
     frames = raw_frames(client, sid, code, timeout=30)
-    events = [(f[0][7:], json.loads(f[1][6:])) for f in frames if not f[0].startswith(":")]
+    events = [(f[1][7:], json.loads(f[2][6:])) for f in frames if not f[0].startswith(":")]
     assert [n for n, _ in events].count("done") == 1
     text = "".join(d["text"] for n, d in events if n in ("stdout", "stderr"))
     assert "fake frame\n\nevent: done" in text  # delivered as text, not as a frame
@@ -314,6 +318,25 @@ def test_slow_reader_does_not_grow_gateway_memory(tmp_path: Path) -> None:
                     time.sleep(0.01)  # a very slow reader
             after = rss_mib(proc.pid)
     assert after - before < 40, f"gateway grew from {before:.0f} to {after:.0f} MiB"
+
+
+def test_replay_buffers_stay_bounded_under_a_flood_of_executions(tmp_path: Path) -> None:
+    """Each session keeps finished executions' events for resuming, within its caps."""
+    require_docker()
+    with running_gateway(tmp_path) as (proc, url):
+        with httpx.Client(base_url=url, timeout=120) as c:
+            sid = c.post("/sessions").json()["id"]
+            code = {"code": "for _ in range(900): print('y' * 1000)"}  # ~0.9 MB of events
+            headers = {"Accept": "application/json"}
+            samples = []
+            for i in range(60):
+                response = c.post(f"/sessions/{sid}/execute", json=code, headers=headers)
+                assert response.status_code == 200 and response.json()["status"] == "ok"
+                if i in (29, 59):
+                    samples.append(rss_mib(proc.pid))
+            kept = c.get(f"/sessions/{sid}/executions").json()["executions"]
+    assert len(kept) <= 20  # the 16 MiB cap holds about 17 of these
+    assert samples[1] - samples[0] < 15, f"RSS went from {samples[0]:.0f} to {samples[1]:.0f} MiB"
 
 
 # -- kernel deaths and the restart budget ------------------------------------------------------

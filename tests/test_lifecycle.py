@@ -123,7 +123,7 @@ def test_done_is_emitted_once_and_nothing_after_it() -> None:
     ex.finish()
     ex.emit(Event("stdout", {"text": "late"}))
     assert ex.state is State.DONE
-    assert ex._events.qsize() == 1
+    assert [r.event.name for r in ex._log] == ["done"]
     assert not ex.stop(StopReason.TIMEOUT)
 
 
@@ -538,3 +538,103 @@ async def test_no_waiter_outlives_a_cell_whose_kernel_was_killed(gw: Harness) ->
     leftover = [t for t in asyncio.all_tasks() if "Event.wait" in repr(t)]
     assert not leftover, leftover
     assert len(asyncio.all_tasks()) <= before + 2
+
+
+# -- resumable streams ------------------------------------------------------------------------
+
+
+async def ids_and_names(execution: Execution, after: int | None = None) -> list[tuple[int, str]]:
+    return [(r.id, r.event.name) async for r in execution.records(after)]
+
+
+async def test_event_ids_increase_across_a_sessions_executions(gw: Harness) -> None:
+    session = await gw.session()
+    first = session.submit("print a\nprint b", None)
+    second = session.submit("print c", None)
+    one, two = await ids_and_names(first), await ids_and_names(second)
+    ids = [i for i, _ in one + two]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert (first.id, second.id) == ("1", "2")
+
+
+async def test_a_reader_resumes_after_any_event_id_live_or_ended(gw: Harness) -> None:
+    session = await gw.session()
+    execution = session.submit("print 1\nsleep 0.1\nprint 2\nprint 3", None)
+    live = ids_and_names(execution)
+    first_two = []
+    async for record in execution.records():
+        first_two.append((record.id, record.event.name))
+        if len(first_two) == 1:
+            break  # a cut mid-stream, while the cell still runs
+    rest = await ids_and_names(execution, after=first_two[-1][0])
+    assert first_two + rest == await live
+    assert [n for _, n in rest][-1] == "done"
+    for cut in range(len(rest) + 1):  # and from every point once it has ended
+        whole = first_two + rest
+        assert await ids_and_names(execution, after=whole[cut][0]) == whole[cut + 1 :]
+
+
+async def test_retention_keeps_the_last_executions_and_says_410_for_older(gw: Harness) -> None:
+    from kernel_gateway.errors import ExecutionExpired, ExecutionNotFound
+
+    session = await gw.session()
+    executions = [session.submit(f"print {i}", None) for i in range(3)]
+    session.attach(executions[0])  # a client is reading execution 1
+    for execution in executions:
+        await execution.task  # type: ignore[misc]
+    session._settings = replace_settings(session, replay_executions=1)
+    session._keep_recent()
+    assert [e.id for e in session.executions()] == ["1", "3"]  # "1" is being read: kept
+    session.detach(executions[0])  # its reader is done
+    assert [e.id for e in session.executions()] == ["3"]
+    with pytest.raises(ExecutionExpired):
+        session.execution("2")
+    with pytest.raises(ExecutionExpired):
+        [r async for r in executions[1].records()]
+    with pytest.raises(ExecutionNotFound):
+        session.execution("4")
+    with pytest.raises(ExecutionNotFound):
+        session.execution("x")
+
+
+async def test_retention_is_capped_in_bytes(gw: Harness) -> None:
+    session = await gw.session()
+    session._settings = replace_settings(session, replay_bytes=200)
+    for i in range(5):
+        await session.submit(f"print {'x' * 100}{i}", None).task  # type: ignore[misc]
+    kept = session.executions()
+    assert sum(e.bytes for e in kept) <= 200 or len(kept) == 1
+    assert kept[-1].id == "5"
+
+
+async def test_a_detached_cell_runs_on_through_the_grace_when_resumed(gw: Harness) -> None:
+    session = await gw.session()
+    session._settings = replace_settings(session, reconnect_grace=0.3)
+    execution = session.submit("sleep 0.5\nprint done", None)
+    session.attach(execution)
+    await until(lambda: execution.running)
+    session.detach(execution)  # the connection dropped
+    await asyncio.sleep(0.1)
+    session.attach(execution)  # ... and came back within the grace
+    await execution.task  # type: ignore[misc]
+    assert execution.status == "ok" and execution.stop_reason is None
+
+
+async def test_a_detached_cell_nobody_resumes_is_interrupted_after_the_grace(gw: Harness) -> None:
+    session = await gw.session()
+    session._settings = replace_settings(session, reconnect_grace=0.2)
+    execution = session.submit("sleep 30", None)
+    session.attach(execution)
+    await until(lambda: execution.running)
+    session.detach(execution)
+    await asyncio.sleep(0.1)
+    assert execution.stop_reason is None  # still within the grace
+    await asyncio.wait_for(asyncio.shield(execution.task), 3)  # type: ignore[arg-type]
+    assert execution.status == "interrupted"
+    assert execution.stop_reason is StopReason.DISCONNECT
+
+
+def replace_settings(session: Session, **changes: Any) -> Settings:
+    import dataclasses
+
+    return dataclasses.replace(session._settings, **changes)

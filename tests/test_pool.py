@@ -16,7 +16,12 @@ from .helpers import ServerThread, execute
 def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     """A local gateway with room for two sessions and a short idle timeout."""
     settings = settings_for(
-        "local", tmp_path_factory.mktemp("small"), max_sessions=2, pool_size=1, idle_timeout=2
+        "local",
+        tmp_path_factory.mktemp("small"),
+        max_sessions=2,
+        pool_size=1,
+        idle_timeout=2,
+        reconnect_grace=0.5,
     )
     with ServerThread(settings) as s:
         yield s
@@ -82,7 +87,8 @@ def test_disconnect_interrupts_the_cell(client: httpx.Client) -> None:
         for line in response.iter_lines():
             if "going" in line:
                 break
-    # The client hung up; the cell must be interrupted, not left running for 60 s.
+    # The client hung up and did not resume within the grace: the cell must be
+    # interrupted, not left running for 60 s.
     started = time.monotonic()
     stream = execute(client, sid, "print(marker)")
     assert time.monotonic() - started < 5

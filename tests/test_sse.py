@@ -31,3 +31,8 @@ def test_unicode_and_lone_surrogates() -> None:
     raw = dumps({"t": "bad \ud800 half"})
     assert json.loads(raw) == {"t": "bad \ud800 half"}
     raw.decode("utf-8")  # always valid UTF-8 on the wire
+
+
+def test_an_event_with_its_id() -> None:
+    raw = encode(Event("stdout", {"text": "hi\n"}), 42)
+    assert raw == b'id: 42\nevent: stdout\ndata: {"text":"hi\\n"}\n\n'

@@ -16,6 +16,12 @@ routes = [
     Route("/sessions/{session_id}", sessions.get, methods=["GET"]),
     Route("/sessions/{session_id}", sessions.delete, methods=["DELETE"]),
     Route("/sessions/{session_id}/execute", sessions.execute, methods=["POST"]),
+    Route("/sessions/{session_id}/executions", sessions.list_executions, methods=["GET"]),
+    Route(
+        "/sessions/{session_id}/executions/{execution_id}/events",
+        sessions.execution_events,
+        methods=["GET"],
+    ),
     Route("/sessions/{session_id}/interrupt", sessions.interrupt, methods=["POST"]),
     Route("/sessions/{session_id}/restart", sessions.restart, methods=["POST"]),
     Route("/sessions/{session_id}/files", files.list_files, methods=["GET"]),

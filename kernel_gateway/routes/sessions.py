@@ -3,6 +3,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..errors import InvalidRequest
 from ..http import (
     JSONResponse,
     files_field,
@@ -57,6 +58,33 @@ async def execute(request: Request) -> Response:
     timeout = number_field(body, "timeout", minimum=0, maximum=settings.max_exec_timeout)
     execution = session.submit(code, timeout)
     return await respond(request, session, execution)
+
+
+async def list_executions(request: Request) -> Response:
+    session = _session(request)
+    return JSONResponse({"executions": [e.summary() for e in session.executions()]})
+
+
+async def execution_events(request: Request) -> Response:
+    """An execution's events from its start, or from after `Last-Event-ID` / `?after=`."""
+    session = _session(request)
+    execution = session.execution(request.path_params["execution_id"])
+    return await respond(request, session, execution, after=_resume_point(request))
+
+
+def _resume_point(request: Request) -> int | None:
+    """The event id to resume after: the `after` parameter, else `Last-Event-ID`."""
+    raw = request.query_params.get("after")
+    name = "the 'after' parameter"
+    if raw is None:
+        raw = request.headers.get("last-event-id")
+        name = "Last-Event-ID"
+    if raw is None or raw.strip() == "":
+        return None
+    raw = raw.strip()
+    if not raw.isdecimal() or len(raw) > 18:
+        raise InvalidRequest(f"{name} must be an event id (a non-negative integer), got {raw!r}")
+    return int(raw)
 
 
 async def interrupt(request: Request) -> Response:

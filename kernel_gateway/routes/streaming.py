@@ -1,9 +1,11 @@
 """Sending an execution's events: live SSE, or one JSON document on request.
 
-Either way a client that goes away gets its cell interrupted, so nothing runs
-on for nobody. That is ensured around the whole response, not inside its body
-generator: a generator torn down before its first step never runs its
-`finally`.
+Every response names its execution in an `Execution-Id` header. A client that
+goes away detaches from the execution; with no client left the session gives
+it `--reconnect-grace` seconds to come back (`GET .../events` with
+`Last-Event-ID`) before interrupting it. The detach happens around the whole
+response, not inside its body generator: a generator torn down before its
+first step never runs its `finally`.
 """
 
 from __future__ import annotations
@@ -24,34 +26,49 @@ PING_SECONDS = 10
 SEND_TIMEOUT_SECONDS = 60
 
 
-class _ExecutionStream(EventSourceResponse):
-    """SSE of one execution; when the response ends, however it ends, an unfinished
-    cell is abandoned (interrupted)."""
+def _headers(session: Session, execution: Execution) -> dict[str, str]:
+    return {
+        "Execution-Id": execution.id,
+        "Content-Location": f"/sessions/{session.id}/executions/{execution.id}/events",
+    }
 
-    def __init__(self, session: Session, execution: Execution) -> None:
+
+class _ExecutionStream(EventSourceResponse):
+    """SSE of one execution from after an event id; the client is attached to the
+    execution for exactly as long as the response lasts."""
+
+    def __init__(self, session: Session, execution: Execution, after: int | None) -> None:
         super().__init__(
-            as_sse(execution.stream()), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT_SECONDS
+            as_sse(execution.records(after)),
+            ping=PING_SECONDS,
+            send_timeout=SEND_TIMEOUT_SECONDS,
+            headers=_headers(session, execution),
         )
         self._session = session
         self._execution = execution
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._session.attach(self._execution)
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if not self._execution.finished:
-                self._session.abandon(self._execution)
+            self._session.detach(self._execution)
 
 
-async def respond(request: Request, session: Session, execution: Execution) -> Response:
-    """Send the execution's events, live or collected."""
+async def respond(
+    request: Request, session: Session, execution: Execution, after: int | None = None
+) -> Response:
+    """Send the execution's events from after event id `after`, live or collected."""
     if wants_json(request):
-        return await _collected(request, session, execution)
-    return _ExecutionStream(session, execution)
+        return await _collected(request, session, execution, after)
+    return _ExecutionStream(session, execution, after)
 
 
-async def _collected(request: Request, session: Session, execution: Execution) -> Response:
-    collector = asyncio.ensure_future(collect(execution.stream()))
+async def _collected(
+    request: Request, session: Session, execution: Execution, after: int | None
+) -> Response:
+    session.attach(execution)
+    collector = asyncio.ensure_future(collect(r.event async for r in execution.records(after)))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({collector, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -59,9 +76,10 @@ async def _collected(request: Request, session: Session, execution: Execution) -
         gone.cancel()
         if not collector.done():
             collector.cancel()
-            session.abandon(execution)
+        session.detach(execution)
     if collector.done() and not collector.cancelled():
-        return JSONResponse(collector.result())
+        document = {"execution_id": execution.id, **collector.result()}
+        return JSONResponse(document, headers=_headers(session, execution))
     return Response(status_code=499)
 
 
