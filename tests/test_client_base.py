@@ -28,7 +28,6 @@ from kernel_gateway.client import (
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
-    ProtocolError,
     RateLimitError,
     ServerError,
     SessionBusyError,
@@ -36,6 +35,7 @@ from kernel_gateway.client import (
     SessionFailedError,
     SessionNotFoundError,
     Stdout,
+    StreamEnded,
     TransportError,
     UnavailableError,
 )
@@ -160,7 +160,7 @@ def test_streams_decode_text_that_httpx_iter_lines_would_split() -> None:
 
 def test_a_stream_without_done_or_with_bad_json_is_a_protocol_error() -> None:
     for outcome in run_both(sse(Event("stdout", {"text": "1"}))):
-        assert type(outcome) is ProtocolError and "done" in str(outcome)
+        assert type(outcome) is StreamEnded and "done" in str(outcome)  # a ProtocolError
     for outcome in run_both(sse(tail=b"event: stdout\ndata: {not json\n\n")):
         assert isinstance(outcome, TransportError) and "not JSON" in str(outcome)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Generator
 from types import TracebackType
 from typing import Any, TypeVar
@@ -19,7 +20,7 @@ from ._base import (
     execute_body,
     read,
 )
-from .errors import NotFoundError, from_response, map_exceptions
+from .errors import NotFoundError, TransportError, from_response, map_exceptions
 from .models import Event, Execution
 
 T = TypeVar("T")
@@ -33,8 +34,9 @@ class AsyncClient(BaseClient):
         token: str | None = None,
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        resume_retries: int = 5,
     ) -> None:
-        super().__init__(base_url, token=token, timeout=timeout)
+        super().__init__(base_url, token=token, timeout=timeout, resume_retries=resume_retries)
         self._http = httpx.AsyncClient(transport=transport, **self._http_options())
 
     async def __aenter__(self) -> AsyncClient:
@@ -59,20 +61,30 @@ class AsyncClient(BaseClient):
         return call.parse(response)
 
     async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[Event]:
-        reader = EventReader()
-        with map_exceptions("the event stream broke"):
-            async with self._http.stream(
-                "POST", path, json=body, headers=STREAM_HEADERS
-            ) as response:
-                if response.is_error:
-                    await response.aread()
-                    raise from_response(response)
-                async for chunk in response.aiter_bytes():
-                    for event in reader.feed(chunk):
-                        yield event
-                    if reader.done:
-                        return
-        raise reader.incomplete()
+        """POST the cell; if the stream breaks, resume it from the last event id seen."""
+        reader, resumer = EventReader(), self._resumer()
+        request: dict[str, Any] = {"method": "POST", "url": path, "json": body}
+        request["headers"] = STREAM_HEADERS
+        while True:
+            try:
+                with map_exceptions("the event stream broke"):
+                    async with self._http.stream(
+                        **request, timeout=self._stream_timeout()
+                    ) as response:
+                        if response.is_error:
+                            await response.aread()
+                            raise from_response(response)
+                        resumer.seen(response)
+                        async for chunk in response.aiter_bytes():
+                            for event in reader.feed(chunk):
+                                yield event
+                            if reader.done:
+                                return
+                raise reader.incomplete()
+            except TransportError as exc:
+                delay, url, headers = resumer.next_request(reader, exc)
+            await asyncio.sleep(delay)
+            request = {"method": "GET", "url": url, "headers": headers}
 
     async def health(self) -> dict[str, Any]:
         return await self._send(self._health())

@@ -15,12 +15,13 @@ from urllib.parse import quote
 
 import httpx
 
-from .errors import ProtocolError, from_response
+from .errors import ProtocolError, StreamEnded, from_response
 from .models import Callbacks, Done, Event, Execution, event_from
 from .sse import SSEDecoder
 
 DEFAULT_URL = "http://127.0.0.1:8888"
 STREAM_HEADERS = {"Accept": "text/event-stream"}
+STREAM_READ_TIMEOUT = 35.0
 
 T = TypeVar("T")
 ClientT = TypeVar("ClientT")
@@ -100,14 +101,18 @@ class EventReader:
     def __init__(self) -> None:
         self._decoder = SSEDecoder()
         self.done = False
+        self.last_event_id = ""
+        """The id of the last whole event read: where a resumed stream starts after."""
 
-    @property
-    def last_event_id(self) -> str:
-        return self._decoder.last_event_id
+    def reconnected(self) -> None:
+        """A new connection: a partial event of the broken one is dropped."""
+        self._decoder = SSEDecoder()
 
     def feed(self, chunk: bytes) -> list[Event]:
         events = []
         for sse in self._decoder.feed(chunk):
+            if sse.id:
+                self.last_event_id = sse.id
             try:
                 data = sse.json()
             except ValueError as exc:
@@ -125,8 +130,44 @@ class EventReader:
                     break
         return events
 
-    def incomplete(self) -> ProtocolError:
-        return ProtocolError("the event stream ended without a `done` event")
+    def incomplete(self) -> StreamEnded:
+        return StreamEnded("the event stream ended without a `done` event")
+
+
+@dataclass
+class Resumer:
+    """When and how a broken execution stream is resumed (shared by both clients).
+
+    Only a stream the gateway said can be resumed (its `Content-Location`) is, with
+    `Last-Event-ID`; a POST is never sent again. The retry budget starts afresh
+    whenever a connection brings new events.
+    """
+
+    retries: int
+    location: str | None = None
+    attempt: int = 0
+    _progress_at: str = ""
+
+    def seen(self, response: httpx.Response) -> None:
+        self.location = response.headers.get("content-location") or self.location
+
+    def next_request(
+        self, reader: EventReader, error: Exception
+    ) -> tuple[float, str, dict[str, str]]:
+        """(delay, url, headers) of the resuming request, or `error` raised."""
+        resumable = not isinstance(error, ProtocolError) or isinstance(error, StreamEnded)
+        if not resumable or self.location is None:
+            raise error
+        if reader.last_event_id != self._progress_at:
+            self.attempt, self._progress_at = 0, reader.last_event_id
+        if self.attempt >= self.retries:
+            raise error
+        self.attempt += 1
+        reader.reconnected()
+        headers = dict(STREAM_HEADERS)
+        if reader.last_event_id:
+            headers["Last-Event-ID"] = reader.last_event_id
+        return min(2.0, 0.1 * 2**self.attempt), self.location, headers
 
 
 @dataclass
@@ -152,10 +193,21 @@ def _file_path(session_id: str, path: str) -> str:
 class BaseClient:
     """Configuration and the calls of the gateway's top-level routes."""
 
-    def __init__(self, base_url: str, *, token: str | None, timeout: float) -> None:
+    def __init__(
+        self, base_url: str, *, token: str | None, timeout: float, resume_retries: int = 5
+    ) -> None:
         self.base_url = base_url
         self._token = token
         self._timeout = timeout
+        self._resume_retries = resume_retries
+        """Reconnects in a row without progress before a broken stream is given up (0: never)."""
+
+    def _resumer(self) -> Resumer:
+        return Resumer(self._resume_retries)
+
+    def _stream_timeout(self) -> httpx.Timeout:
+        # The gateway pings every 10 s: silence for longer means the connection is dead.
+        return httpx.Timeout(self._timeout, read=STREAM_READ_TIMEOUT)
 
     def _http_options(self) -> dict[str, Any]:
         return {

@@ -2,7 +2,8 @@
 
     ClientError
     ├── TransportError                  the gateway could not be reached, or the connection broke
-    │   └── ProtocolError               the answer broke the protocol (no `done`, not JSON)
+    │   └── ProtocolError               the answer broke the protocol (not JSON)
+    │       └── StreamEnded             an event stream ended without its `done` (resumed first)
     └── APIError                        the gateway answered with an error document
         ├── BadRequestError             400 bad_request (and any other 400)
         │   ├── PayloadTooLargeError    413 payload_too_large
@@ -11,8 +12,11 @@
         ├── AuthenticationError         401 unauthorized
         ├── PermissionDeniedError       403 forbidden
         ├── NotFoundError               404 not_found
-        │   └── SessionNotFoundError    404 session_not_found
+        │   ├── SessionNotFoundError    404 session_not_found
+        │   └── ExecutionNotFoundError  404 execution_not_found
         ├── MethodNotAllowedError       405 method_not_allowed
+        ├── GoneError                   410 gone
+        │   └── ExecutionExpiredError   410 execution_expired (past the session's retention)
         ├── ConflictError               409 conflict
         │   ├── SessionBusyError        409 session_busy     (too many queued executions)
         │   ├── SessionClosedError      409 session_closed   (deleted while the request waited)
@@ -51,6 +55,10 @@ class TransportError(ClientError):
 
 class ProtocolError(TransportError):
     """The gateway's answer did not follow the protocol."""
+
+
+class StreamEnded(ProtocolError):
+    """An event stream ended without its `done`, and could not be resumed."""
 
 
 class APIError(ClientError):
@@ -103,6 +111,18 @@ class SessionNotFoundError(NotFoundError):
     """404: no session with this id (never created, deleted, or reaped when idle)."""
 
 
+class ExecutionNotFoundError(NotFoundError):
+    """404: the session has no execution with this id."""
+
+
+class GoneError(APIError):
+    """410: what was asked for existed but is no longer kept."""
+
+
+class ExecutionExpiredError(GoneError):
+    """410: the execution's events are past the session's retention."""
+
+
 class MethodNotAllowedError(APIError):
     """405: the route does not take this method."""
 
@@ -152,6 +172,9 @@ BY_TYPE: dict[str, type[APIError]] = {
     "forbidden": PermissionDeniedError,
     "not_found": NotFoundError,
     "session_not_found": SessionNotFoundError,
+    "execution_not_found": ExecutionNotFoundError,
+    "gone": GoneError,
+    "execution_expired": ExecutionExpiredError,
     "method_not_allowed": MethodNotAllowedError,
     "conflict": ConflictError,
     "session_busy": SessionBusyError,
@@ -169,6 +192,7 @@ BY_STATUS: dict[int, type[APIError]] = {
     404: NotFoundError,
     405: MethodNotAllowedError,
     409: ConflictError,
+    410: GoneError,
     413: PayloadTooLargeError,
     415: UnsupportedMediaTypeError,
     422: InvalidRequestError,

@@ -27,10 +27,11 @@ SEND_TIMEOUT_SECONDS = 60
 
 
 def _headers(session: Session, execution: Execution) -> dict[str, str]:
-    return {
-        "Execution-Id": execution.id,
-        "Content-Location": f"/sessions/{session.id}/executions/{execution.id}/events",
-    }
+    """The execution's id, and where to resume its stream (a stateless one cannot be)."""
+    headers = {"Execution-Id": execution.id}
+    if not session.ephemeral:
+        headers["Content-Location"] = f"/sessions/{session.id}/executions/{execution.id}/events"
+    return headers
 
 
 class _ExecutionStream(EventSourceResponse):
