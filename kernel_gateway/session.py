@@ -67,6 +67,8 @@ class Session:
         self._signalling = asyncio.Lock()
         """Held while a signal is on its way, so it cannot land in the next cell."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._grace_timers: set[asyncio.Task[None]] = set()
+        """Waits for a detached cell's client to come back (cancelled when the session closes)."""
         self._queue: list[Execution] = []
         self._submitted = 0
         self._event_ids = itertools.count(1).__next__
@@ -151,7 +153,9 @@ class Session:
         if grace <= 0 or self.ephemeral:  # a stateless cell has nothing to resume
             self.abandon(execution)
         else:
-            self._spawn(self._abandon_unless_resumed(execution, grace))
+            timer = self._spawn(self._abandon_unless_resumed(execution, grace))
+            self._grace_timers.add(timer)
+            timer.add_done_callback(self._grace_timers.discard)
 
     async def _abandon_unless_resumed(self, execution: Execution, grace: float) -> None:
         await asyncio.sleep(grace)
@@ -220,6 +224,8 @@ class Session:
             waiting.stop(StopReason.CLOSED)
         if self.current is not None:
             self.current.stop(StopReason.CLOSED)
+        for timer in self._grace_timers:
+            timer.cancel()
         await self.slot.close()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)

@@ -638,3 +638,14 @@ def replace_settings(session: Session, **changes: Any) -> Settings:
     import dataclasses
 
     return dataclasses.replace(session._settings, **changes)
+
+
+async def test_deleting_a_session_does_not_wait_out_a_reconnect_grace(gw: Harness) -> None:
+    session = await gw.session()
+    execution = session.submit("sleep 30", None)
+    session.attach(execution)
+    await until(lambda: execution.running)
+    session.detach(execution)  # the default grace is 10 s
+    started = asyncio.get_running_loop().time()
+    await gw.registry.delete_session(session.id)
+    assert asyncio.get_running_loop().time() - started < 2

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from .conftest import settings_for
-from .helpers import ServerThread
+from .helpers import CuttableProxy, ServerThread
 
 CHROMIUM = Path("/usr/bin/chromium")
 OUTPUT = Path(__file__).resolve().parent.parent / "test-output" / "web"
@@ -227,3 +227,86 @@ def test_chat_with_text_chart_and_traceback(browser: Any, server: ServerThread) 
     OUTPUT.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(OUTPUT / "chat.png"))
     context.close()
+
+
+# -- resuming streams ------------------------------------------------------------------------
+
+SLOW_CELL = (
+    "import time\nfor i in range(40):\n    print(f'line {i}', flush=True)\n    time.sleep(0.1)\n"
+)
+SLOW_TEXT = "".join(f"line {i}\n" for i in range(40))
+
+
+@pytest.fixture
+def proxy(server: ServerThread) -> Iterator[CuttableProxy]:
+    proxy = CuttableProxy(server.url)
+    yield proxy
+    proxy.close()
+
+
+def test_a_native_event_source_resumes_after_its_connection_is_killed(
+    browser: Any, server: ServerThread, proxy: CuttableProxy
+) -> None:
+    sid = httpx.post(f"{server.url}/sessions", timeout=60).json()["id"]
+    url = f"{server.url}/sessions/{sid}/execute"
+    with httpx.stream("POST", url, json={"code": SLOW_CELL}, timeout=60) as response:
+        events = response.headers["content-location"]  # dropped at once: it runs on (grace)
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(proxy.url + "/static/favicon.svg")  # a page of the gateway's origin
+    page.evaluate(
+        """(url) => {
+            window.got = []; window.opens = 0; window.finished = false;
+            const es = new EventSource(url);
+            es.onopen = () => { window.opens += 1; };
+            for (const name of ["stdout", "done"]) {
+                es.addEventListener(name, (e) => {
+                    window.got.push([Number(e.lastEventId), name, JSON.parse(e.data)]);
+                    if (name === "done") { es.close(); window.finished = true; }
+                });
+            }
+        }""",
+        events,
+    )
+    page.wait_for_function("window.got.length >= 5", timeout=20_000)
+    proxy.cut()  # the browser's connection dies mid-stream; EventSource reconnects itself
+    page.wait_for_function("window.finished", timeout=40_000)
+    got = page.evaluate("window.got")
+    context.close()
+    httpx.delete(f"{server.url}/sessions/{sid}")
+    assert page_text(got) == SLOW_TEXT  # every line once, in order
+    ids = [event_id for event_id, _, _ in got]
+    assert ids == sorted(set(ids))
+    assert got[-1][2]["status"] == "ok"  # resumed within the grace: never interrupted
+
+
+def page_text(got: list[Any]) -> str:
+    return "".join(data["text"] for _, name, data in got if name == "stdout")
+
+
+def test_the_ui_resumes_a_running_cell_after_a_network_drop(
+    browser: Any, proxy: CuttableProxy
+) -> None:
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    page.goto(proxy.url + "/")
+    page.wait_for_selector("#session-state:has-text('idle')")
+    answer = run_cell(page, SLOW_CELL, wait=False)
+    answer.locator(".stream.stdout", has_text="line 3\n").wait_for(timeout=20_000)
+    proxy.cut()
+    answer.locator(".done").wait_for(timeout=40_000)
+    assert answer.get_attribute("data-status") == "ok"
+    assert answer.locator(".stream.stdout").inner_text() == SLOW_TEXT
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(OUTPUT / "resume-after-network-drop.png"), full_page=True)
+    context.close()
+
+
+def test_the_ui_picks_up_a_running_cell_after_a_reload(page: Any) -> None:
+    answer = run_cell(page, SLOW_CELL, wait=False)
+    answer.locator(".stream.stdout", has_text="line 3\n").wait_for(timeout=20_000)
+    page.reload()
+    resumed = page.locator(".turn .answer").last
+    resumed.locator(".done").wait_for(timeout=40_000)
+    assert resumed.get_attribute("data-status") == "ok"
+    assert resumed.locator(".stream.stdout").inner_text() == SLOW_TEXT

@@ -1,7 +1,9 @@
 // kernel-gateway browser UI: the reference client for the SSE stream.
 //
 // EventSource cannot POST, so each cell is a fetch() whose body is read with a
-// stream reader and parsed as server-sent events. Everything the code produced
+// stream reader and parsed as server-sent events. A stream that breaks is resumed
+// from the last event id seen (GET .../executions/{id}/events with Last-Event-ID),
+// and a cell still running when the page is reloaded is picked up again. Everything the code produced
 // is untrusted: text goes in through textContent, HTML only into a sandboxed
 // iframe without scripts, SVG only as an <img>, never into this page's DOM.
 "use strict";
@@ -41,16 +43,23 @@ async function errorFrom(response) {
   }
 }
 
-async function request(method, path, body, { retried = false, stream = false, signal } = {}) {
+async function request(
+  method,
+  path,
+  body,
+  { retried = false, stream = false, signal, lastEventId = "" } = {},
+) {
+  const h = headers(body !== undefined);
+  if (lastEventId) h["Last-Event-ID"] = lastEventId;
   const response = await fetch(path, {
     method,
-    headers: headers(body !== undefined),
+    headers: h,
     body: body === undefined ? undefined : JSON.stringify(body),
     signal,
   });
   if (response.status === 401 && !retried) {
     await askToken();
-    return request(method, path, body, { retried: true, stream, signal });
+    return request(method, path, body, { retried: true, stream, signal, lastEventId });
   }
   if (!response.ok) throw await errorFrom(response);
   if (stream || response.status === 204) return response;
@@ -124,8 +133,9 @@ async function connect() {
         notice("Variables persist between the cells of this session.");
         systemMessage(
           `Reconnected to session ${previous.slice(0, 8)} after a reload: its variables are still there ` +
-            "(earlier output is not shown again).",
+            "(earlier output is not shown again, but a cell that was running is).",
         );
+        resumeRunning();
         return;
       } catch (err) {
         if (!(err instanceof ApiError && err.status === 404)) throw err;
@@ -150,6 +160,7 @@ async function* sseEvents(response) {
   const decoder = new TextDecoder();
   let buffer = "";
   let name = "";
+  let id = "";
   let data = [];
   for (;;) {
     const { value, done } = await reader.read();
@@ -160,7 +171,7 @@ async function* sseEvents(response) {
       const line = buffer.slice(0, newline);
       buffer = buffer.slice(newline + (buffer.startsWith("\r\n", newline) ? 2 : 1));
       if (line === "") {
-        if (data.length) yield { event: name || "message", data: JSON.parse(data.join("\n")) };
+        if (data.length) yield { event: name || "message", id, data: JSON.parse(data.join("\n")) };
         name = "";
         data = [];
       } else if (line.startsWith(":")) {
@@ -172,6 +183,7 @@ async function* sseEvents(response) {
         if (value.startsWith(" ")) value = value.slice(1);
         if (field === "event") name = value;
         else if (field === "data") data.push(value);
+        else if (field === "id") id = value;
       }
     }
   }
@@ -514,17 +526,20 @@ function setRunning(running) {
   setState(running ? "running" : "idle", running ? "busy" : "");
 }
 
-async function runCell(code) {
+function newTurn(code) {
   $("intro")?.remove();
   const turn = el("div", "turn");
   const cell = el("div", "cell");
   cell.appendChild(el("pre", "", code));
   turn.appendChild(cell);
   $("chat").appendChild(turn);
-  const answer = new Answer(turn);
+  return new Answer(turn);
+}
+
+async function runCell(code) {
+  const answer = newTurn(code);
   const controller = new AbortController();
   setRunning({ controller, answer });
-  let sawDone = false;
   try {
     if (!state.sessionId) await startSession();
     let response;
@@ -544,13 +559,62 @@ async function runCell(code) {
         throw err;
       }
     }
-    for await (const event of sseEvents(response)) {
-      answer.handle(event);
-      if (event.event === "done") sawDone = true;
-    }
-    if (!sawDone) answer.fail("The connection to the gateway ended before the cell finished.");
+    const execution = response.headers.get("Execution-Id");
+    store.setItem("kg-running", JSON.stringify({ session: state.sessionId, execution, code }));
+    await follow(answer, state.sessionId, execution, response, controller.signal);
   } catch (err) {
-    if (!sawDone) answer.fail(err.name === "AbortError" ? "Stopped." : `Error: ${err.message}`);
+    answer.fail(err.name === "AbortError" ? "Stopped." : `Error: ${err.message}`);
+  } finally {
+    setRunning(null);
+  }
+}
+
+// Reads an execution's events into `answer` until its `done`. When the connection
+// breaks, reconnects with the last event id seen and carries on: the answer shows
+// exactly what it would have without the break.
+async function follow(answer, sessionId, execution, response, signal) {
+  const url = `/sessions/${sessionId}/executions/${execution}/events`;
+  let lastId = "";
+  let failures = 0;
+  for (;;) {
+    try {
+      if (!response) {
+        response = await request("GET", url, undefined, { stream: true, signal, lastEventId: lastId });
+      }
+      for await (const event of sseEvents(response)) {
+        if (event.id) lastId = event.id;
+        failures = 0;
+        answer.handle(event);
+        if (event.event === "done") {
+          store.removeItem("kg-running");
+          return;
+        }
+      }
+    } catch (err) {
+      if (err.name === "AbortError" || err instanceof ApiError) throw err;
+    }
+    response = null;
+    if (!execution || ++failures > 20) {
+      throw new Error("the connection to the gateway broke and could not be resumed");
+    }
+    setState("reconnecting…", "busy");
+    await new Promise((resolve) => setTimeout(resolve, Math.min(2000, 250 * failures)));
+    setState("running", "busy");
+  }
+}
+
+// After a reload: show the cell that was running (or finished meanwhile) in full.
+async function resumeRunning() {
+  const saved = JSON.parse(store.getItem("kg-running") || "null");
+  if (!saved || saved.session !== state.sessionId || !saved.execution) return;
+  const answer = newTurn(saved.code);
+  const controller = new AbortController();
+  setRunning({ controller, answer });
+  try {
+    await follow(answer, saved.session, saved.execution, null, controller.signal);
+  } catch (err) {
+    store.removeItem("kg-running");
+    answer.fail(err.name === "AbortError" ? "Stopped." : `Could not resume this cell: ${err.message}`);
   } finally {
     setRunning(null);
   }
