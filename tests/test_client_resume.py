@@ -7,6 +7,7 @@ A transport around httpx's real one cuts each event stream after some bytes (an
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -25,8 +26,27 @@ CELL = (
 EXPECTED = "".join(f"line {i}\n" for i in range(300))
 
 
-def noted(request: httpx.Request) -> tuple[str, str, str | None]:
-    return request.method, request.url.path, request.headers.get("last-event-id")
+class Cuts:
+    """Which responses to cut (the first `cuts` event streams), and every request seen."""
+
+    def __init__(self, cuts: int, budget: int) -> None:
+        self.cuts, self.budget = cuts, budget
+        self.requests: list[tuple[str, str, str | None]] = []
+
+    def cut(self, request: httpx.Request, response: httpx.Response, stream: Any) -> httpx.Response:
+        self.requests.append(
+            (request.method, request.url.path, request.headers.get("last-event-id"))
+        )
+        streaming = response.headers.get("content-type", "").startswith("text/event-stream")
+        if not (self.cuts and streaming):
+            return response
+        self.cuts -= 1
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=stream(response.stream, self.budget),
+            extensions=response.extensions,
+        )
 
 
 class _CutStream(httpx.SyncByteStream):
@@ -50,25 +70,11 @@ class CuttingTransport(httpx.BaseTransport):
 
     def __init__(self, cuts: int, budget: int = 1500) -> None:
         self._inner = httpx.HTTPTransport()
-        self.cuts, self.budget = cuts, budget
-        self.requests: list[tuple[str, str, str | None]] = []
+        self.counter = Cuts(cuts, budget)
+        self.requests = self.counter.requests
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        response = self._inner.handle_request(request)
-        self.requests.append(
-            (request.method, request.url.path, request.headers.get("last-event-id"))
-        )
-        streaming = response.headers.get("content-type", "").startswith("text/event-stream")
-        if not (self.cuts and streaming):
-            return response
-        self.cuts -= 1
-        assert isinstance(response.stream, httpx.SyncByteStream)
-        return httpx.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=_CutStream(response.stream, self.budget),
-            extensions=response.extensions,
-        )
+        return self.counter.cut(request, self._inner.handle_request(request), _CutStream)
 
     def close(self) -> None:
         self._inner.close()
@@ -93,25 +99,12 @@ class _AsyncCutStream(httpx.AsyncByteStream):
 class AsyncCuttingTransport(httpx.AsyncBaseTransport):
     def __init__(self, cuts: int, budget: int = 1500) -> None:
         self._inner = httpx.AsyncHTTPTransport()
-        self.cuts, self.budget = cuts, budget
-        self.requests: list[tuple[str, str, str | None]] = []
+        self.counter = Cuts(cuts, budget)
+        self.requests = self.counter.requests
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self._inner.handle_async_request(request)
-        self.requests.append(
-            (request.method, request.url.path, request.headers.get("last-event-id"))
-        )
-        streaming = response.headers.get("content-type", "").startswith("text/event-stream")
-        if not (self.cuts and streaming):
-            return response
-        self.cuts -= 1
-        assert isinstance(response.stream, httpx.AsyncByteStream)
-        return httpx.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=_AsyncCutStream(response.stream, self.budget),
-            extensions=response.extensions,
-        )
+        return self.counter.cut(request, response, _AsyncCutStream)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
