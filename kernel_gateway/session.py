@@ -387,7 +387,8 @@ class Session:
             execution.emit(error_event("SessionClosed", f"session {self.id} was deleted"))
             return
         if self.slot.was_retired(kernel) or execution.stop_reason is StopReason.RESTART:
-            execution.stop(StopReason.RESTART)
+            if execution.stop_reason is None:  # else it says why the kernel was retired
+                execution.stop(StopReason.RESTART)
             execution.restarted = True
             message = "the kernel was restarted during this cell; its state is lost"
             execution.emit(error_event("KernelRestarted", message))

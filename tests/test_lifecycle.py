@@ -59,6 +59,16 @@ async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
     raise AssertionError("condition not met in time")
 
 
+async def empty_slot(gw: Harness, session: Session) -> None:
+    """Kill the session's kernel with every launch failing, so its revival leaves the slot
+    empty; then launches work again (the warm pool's refills cannot take the failure)."""
+    gw.backend.fail_launches = 10_000
+    await run(session, "die")
+    await until(lambda: session.slot.kernel is None and not session.slot.lock.locked())
+    await asyncio.sleep(0.05)
+    gw.backend.fail_launches = 0
+
+
 def done_of(events: list[Any]) -> dict[str, Any]:
     names = [name for name, _ in events]
     assert names.count("done") == 1 and names[-1] == "done", names
@@ -468,9 +478,7 @@ async def test_a_restart_while_a_finished_cell_reports_its_files_leaves_it_ok(
 
 async def test_a_cell_abandoned_while_its_kernel_starts_is_never_sent(gw: Harness) -> None:
     session = await gw.session()
-    gw.backend.fail_launches = 1  # the background revival fails: the next cell starts one
-    await run(session, "die")
-    await until(lambda: session.slot.kernel is None)
+    await empty_slot(gw, session)
     gw.backend.launch_delay = 0.3  # the cell's own revival is still starting below
     execution = session.submit("print never", None)
     await until(lambda: session.current is execution)
@@ -483,9 +491,7 @@ async def test_a_cell_abandoned_while_its_kernel_starts_is_never_sent(gw: Harnes
 
 async def test_a_session_deleted_while_a_cell_starts_its_kernel_says_so(gw: Harness) -> None:
     session = await gw.session()
-    gw.backend.fail_launches = 1
-    await run(session, "die")
-    await until(lambda: session.slot.kernel is None)
+    await empty_slot(gw, session)
     gw.backend.launch_delay = 0.3  # the cell's own revival is still starting below
     execution = session.submit("print never", None)
     await until(lambda: session.current is execution)
