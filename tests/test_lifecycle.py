@@ -37,6 +37,10 @@ class Harness:
     async def session(self) -> Session:
         return await self.registry.create_session()
 
+    def pool_full(self) -> bool:
+        stats = self.registry.warm.stats()
+        return stats["warm"] == stats["target"] and stats["starting"] == 0
+
     def process_of(self, session: Session) -> FakeKernelProcess:
         kernel = session.slot.kernel
         assert kernel is not None
@@ -504,9 +508,7 @@ async def test_a_session_deleted_while_a_cell_starts_its_kernel_says_so(gw: Harn
 async def test_closing_the_registry_waits_for_stateless_releases_that_start_meanwhile(
     gw: Harness,
 ) -> None:
-    first, done_first = await gw.registry.run_stateless("print a", None, [])
-    second, done_second = await gw.registry.run_stateless("sleep 0.05", None, [])
-    delays = {first.slot.storage.root: 0.2, second.slot.storage.root: 0.4}
+    delays: dict[Path, float] = {}
     removed: list[Path] = []
     remove = gw.registry.warm.remove_storage
 
@@ -515,7 +517,11 @@ async def test_closing_the_registry_waits_for_stateless_releases_that_start_mean
         await remove(storage)
         removed.append(storage.root)
 
+    # Patched first: the first cell may end (and be released) while the second one starts.
     gw.registry.warm.remove_storage = slow_remove  # type: ignore[method-assign]
+    first, done_first = await gw.registry.run_stateless("print a", None, [])
+    second, done_second = await gw.registry.run_stateless("sleep 0.05", None, [])
+    delays.update({first.slot.storage.root: 0.2, second.slot.storage.root: 0.4})
     await done_first.task  # type: ignore[misc]
     await asyncio.sleep(0)  # the first release is under way; the second cell still runs
     await gw.registry.close()  # the second cell ends, and is released, while it waits
@@ -537,10 +543,12 @@ async def test_deleting_a_session_does_not_wait_out_a_restart_backoff(gw: Harnes
 
 async def test_no_waiter_outlives_a_cell_whose_kernel_was_killed(gw: Harness) -> None:
     session = await gw.session()
+    await until(gw.pool_full)  # the refill's kernel tasks are counted in both figures
     before = len(asyncio.all_tasks())
     events = await run(session, "hang", limit=0.05)
     assert done_of(events)["restarted"] is True
     await asyncio.sleep(0.05)
+    await until(gw.pool_full)
     leftover = [t for t in asyncio.all_tasks() if "Event.wait" in repr(t)]
     assert not leftover, leftover
     assert len(asyncio.all_tasks()) <= before + 2
