@@ -39,7 +39,7 @@ class Harness:
 
     def pool_full(self) -> bool:
         stats = self.registry.warm.stats()
-        return stats["warm"] == stats["target"] and stats["starting"] == 0
+        return bool(stats["warm"] == stats["target"] and stats["starting"] == 0)
 
     def process_of(self, session: Session) -> FakeKernelProcess:
         kernel = session.slot.kernel
