@@ -181,19 +181,6 @@ class Kernel:
 
         Returns the request's msg_id and a future for its shell reply.
         """
-
-        def route(msg: Message) -> None:
-            if is_idle(msg):
-                sink.on_idle()
-                return
-            count = input_count(msg)
-            if count is not None:
-                sink.on_input(count)
-                return
-            event = translate(msg)
-            if event is not None:
-                sink.on_event(event)
-
         return await self._send(
             self._shell,
             "execute_request",
@@ -205,8 +192,28 @@ class Kernel:
                 "allow_stdin": False,
                 "stop_on_error": True,
             },
-            route,
+            _router(sink),
         )
+
+    def follow(self, msg_id: str, sink: OutputSink) -> None:
+        """Route what an execute_request sent by an earlier gateway still causes to `sink`.
+
+        Its shell reply went to that gateway's socket and is lost; its IOPub output is not.
+        """
+        self._listeners[msg_id] = _router(sink)
+
+    async def probe(self, seconds: float) -> bool:
+        """Whether the kernel answers a kernel_info_request on its control channel in time.
+
+        The control channel is served even while a cell runs, so a busy kernel answers.
+        """
+        msg_id, reply = await self._send(self._control, "kernel_info_request", {})
+        try:
+            waiting: set[asyncio.Future[Any]] = {reply, self.exited}
+            await asyncio.wait(waiting, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            return reply.done() and not reply.cancelled()
+        finally:
+            self.forget(msg_id)
 
     def forget(self, msg_id: str) -> None:
         """Stop routing messages for a finished request (late output is dropped)."""
@@ -283,7 +290,13 @@ class Kernel:
         await self.process.kill()
 
     async def close(self) -> None:
-        """Stop reading, close sockets, and kill and remove the kernel."""
+        """Stop reading, close sockets, and kill and remove the kernel (idempotent)."""
+        self.disconnect()
+        # cleanup() guarantees the process has ended, so `exited` resolves on its own.
+        await self.process.cleanup()
+
+    def disconnect(self) -> None:
+        """Stop reading and close sockets, leaving the kernel running (for a successor)."""
         if self.closed:
             return
         self.closed = True
@@ -295,8 +308,22 @@ class Kernel:
             future.cancel()
         self._replies.clear()
         self._listeners.clear()
-        # cleanup() guarantees the process has ended, so `exited` resolves on its own.
-        await self.process.cleanup()
+
+
+def _router(sink: OutputSink) -> Listener:
+    def route(msg: Message) -> None:
+        if is_idle(msg):
+            sink.on_idle()
+            return
+        count = input_count(msg)
+        if count is not None:
+            sink.on_input(count)
+            return
+        event = translate(msg)
+        if event is not None:
+            sink.on_event(event)
+
+    return route
 
 
 def _setter(event: asyncio.Event) -> Listener:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -231,14 +232,21 @@ class DockerBackend(Backend):
             await self.call(self._runtime.remove_instance, instance)
 
     async def close(self) -> None:
+        await self._stop(remove=True)
+
+    persists = True
+
+    async def detach(self) -> None:
+        await self._stop(remove=False)
+
+    async def _stop(self, *, remove: bool) -> None:
         self._closing = True
         if self._client is not None:
-            containers = await self.call(
-                self.client.api.containers,
-                all=True,
-                filters={"label": f"{LABEL_INSTANCE}={self._runtime.instance}"},
-            )
-            await asyncio.gather(*(self.call(self.remove_container, c["Id"]) for c in containers))
+            if remove:
+                containers = await self._containers()
+                await asyncio.gather(
+                    *(self.call(self.remove_container, c["Id"]) for c in containers)
+                )
             for kernel in list(self._kernels.values()):
                 kernel._on_die(-1)
             if self._events is not None:
@@ -246,6 +254,62 @@ class DockerBackend(Backend):
                     self._events.close()
             await self.call(self.client.close)
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _containers(self) -> list[dict[str, Any]]:
+        """This instance's containers, running or not."""
+        filters = {"label": f"{LABEL_INSTANCE}={self._runtime.instance}"}
+        result: list[dict[str, Any]] = await self.call(
+            self.client.api.containers, all=True, filters=filters
+        )
+        return result
+
+    async def adopt(self, kernel_ids: Collection[str]) -> dict[str, KernelProcess]:
+        """Take over the running containers of `kernel_ids`; remove this instance's others.
+
+        A kernel is adopted only with its container running and its connection files in
+        place. Each is registered before it is checked again, so a death in between is
+        seen either by the check or by the events stream (open since `start`).
+        """
+        wanted = set(kernel_ids)
+        prefix = f"kg-{self._runtime.instance}-"
+        adopted: dict[str, DockerKernel] = {}
+        unwanted: list[str] = []
+        for container in await self._containers():
+            name = container["Names"][0].lstrip("/") if container.get("Names") else ""
+            kernel_id = name.removeprefix(prefix)
+            conn_dir = self._runtime.path / "k" / kernel_id
+            info = None
+            if name.startswith(prefix) and kernel_id in wanted and container["State"] == "running":
+                info = await self.call(_read_connection, conn_dir)
+            if info is None:
+                unwanted.append(container["Id"])
+                continue
+            kernel = DockerKernel(self, kernel_id, name, conn_dir, info)
+            self._kernels[name] = kernel
+            adopted[kernel_id] = kernel
+        await asyncio.gather(*(self.call(self.remove_container, c) for c in unwanted))
+        states = await asyncio.gather(*(self.call(self._state, k.name) for k in adopted.values()))
+        for kernel, (running, code) in zip(list(adopted.values()), states, strict=True):
+            if not running:
+                kernel._on_die(code)
+        keep = {k.id for k in adopted.values()}
+        await self.call(self._remove_conn_dirs_but, keep)
+        if unwanted:
+            logger.info("removed %d kernel containers no session claimed", len(unwanted))
+        return dict(adopted)
+
+    def _state(self, name: str) -> tuple[bool, int]:
+        """Whether the container runs, and its exit code if not."""
+        try:
+            state = self.client.api.inspect_container(name)["State"]
+        except docker.errors.NotFound:
+            return False, -1
+        return bool(state.get("Running")), int(state.get("ExitCode", -1))
+
+    def _remove_conn_dirs_but(self, keep: set[str]) -> None:
+        for path in (self._runtime.path / "k").iterdir():
+            if path.name not in keep:
+                shutil.rmtree(path, ignore_errors=True)
 
     # -- kernels -----------------------------------------------------------------------------
 
@@ -399,6 +463,20 @@ class DockerBackend(Backend):
         elif action == "die":
             code = int(attrs.get("exitCode", -1))
             self._loop.call_soon_threadsafe(kernel._on_die, code)
+
+
+def _read_connection(conn_dir: Path) -> ConnectionInfo | None:
+    """A running kernel's connection as the gateway sees it, from the file the kernel reads."""
+    try:
+        inside = json.loads((conn_dir / "kernel.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(inside, dict) or not isinstance(inside.get("key"), str):
+        return None
+    info = ipc_connection(str(conn_dir / "k"))
+    info["key"] = inside["key"]
+    info["signature_scheme"] = str(inside.get("signature_scheme", info["signature_scheme"]))
+    return info
 
 
 def ipc_connection_inside(info: ConnectionInfo) -> ConnectionInfo:
