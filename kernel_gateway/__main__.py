@@ -74,8 +74,9 @@ def serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",
-        # With persisted sessions, streams of running cells may take the drain's time.
-        timeout_graceful_shutdown=math.ceil(settings.drain_timeout)
+        # With persisted sessions, streams of running cells may take the drain's time
+        # (the app ends them when it is over: this is only a backstop).
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout) + 5
         if settings.persist_sessions
         else 5,
     )

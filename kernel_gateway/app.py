@@ -51,16 +51,21 @@ class Lifecycle:
     calls `stop_requested` from its signal handler.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, drain_timeout: float) -> None:
         self.registry: Registry | None = None
         self.persist = False
+        self.drain_timeout = drain_timeout
         self.stop_requested_at: float | None = None
 
     def stop_requested(self) -> None:
-        if self.stop_requested_at is None:
-            self.stop_requested_at = time.monotonic()
-        if self.persist and self.registry is not None:
-            self.registry.begin_drain()
+        """The first stop signal: drain, and at the drain's end let streams go."""
+        if self.stop_requested_at is not None:
+            return
+        self.stop_requested_at = time.monotonic()
+        registry = self.registry
+        if self.persist and registry is not None:
+            registry.begin_drain()
+            asyncio.get_running_loop().call_later(self.drain_timeout, registry.end_streams)
 
 
 async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:
@@ -89,7 +94,7 @@ async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:
 
 
 def create_app(settings: Settings) -> Starlette:
-    lifecycle = Lifecycle()
+    lifecycle = Lifecycle(settings.drain_timeout)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:

@@ -91,13 +91,25 @@ class Registry:
         for session in self._sessions.values():
             session.draining = True
 
+    def end_streams(self) -> None:
+        """At the drain's end: live reads of session cells end (their clients resume from
+        the next gateway); stateless cells still running are stopped."""
+        for session in self._sessions.values():
+            for execution in session.executions():
+                if not execution.finished:
+                    execution.release_readers()
+        for session in list(self._ephemeral):
+            self._ephemeral.discard(session)
+            self._spawn(self._close(session))
+
     async def drain(self, deadline: float) -> None:
         """Wait until no cell runs or waits, or until `deadline` (monotonic seconds)."""
         self.begin_drain()
         while time.monotonic() < deadline:
             if not any(s.busy for s in (*self._sessions.values(), *self._ephemeral)):
-                return
+                break
             await asyncio.sleep(0.05)
+        self.end_streams()
 
     async def suspend(self) -> int:
         """Stop, leaving every session's kernel running for a successor to adopt.
@@ -199,7 +211,9 @@ class Registry:
             self._reserved -= 1
         session = self._session_on(warm, ephemeral=False)
         self._sessions[session.id] = session
-        session.persist()
+        if self.store is not None:
+            session.persist()
+            await self.store.flush()  # on disk before the client hears of it
         return session
 
     def get(self, session_id: str) -> Session:
@@ -230,6 +244,7 @@ class Registry:
             raise self._missing(session_id)
         if self.store is not None:  # first: a crash from here on must not bring it back
             self.store.delete(session_id)
+            await self.store.flush()
         await self._close(session)
 
     # -- stateless ---------------------------------------------------------------------------

@@ -374,6 +374,11 @@ class Session:
                 else:  # idle, or a cell sent just before its record was written
                     wait = max(ADOPTED_READY_WAIT, self._settings.exec_timeout)
                 if await self._ready(kernel, wait):
+                    if execution is not None and running is not None:
+                        # Its reply went to the stopped gateway; the kernel kept the outcome.
+                        reply = await kernel.outcome(running.msg_id, REPLY_WAIT)
+                        if reply is not None:
+                            execution.on_reply(reply)
                     return
                 if kernel.exit_info is not None:
                     if execution is not None:

@@ -314,6 +314,10 @@ class RuntimeDir:
                 out.append(name)
         return out
 
+    def orphaned_instances(self) -> list[str]:
+        """Stale instances to clean up: those that left no sessions to adopt."""
+        return [i for i in self.stale_instances() if not persisted(self.root / f"{i}.lock")]
+
     def remove_instance(self, instance: str) -> None:
         reclaim(self.root / instance)  # its session disks: unmount, detach loop devices
         shutil.rmtree(self.root / instance, ignore_errors=True)
@@ -346,6 +350,17 @@ def lock_is_held(path: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def persisted(lock: Path) -> bool:
+    """Whether the stopped gateway holding `lock` left sessions for a successor to adopt.
+
+    Its kernels are not orphans: a gateway on another runtime dir must leave them be.
+    """
+    try:
+        return any((lock.with_suffix("") / "sessions").glob("*.json"))
+    except OSError:
+        return False
 
 
 def ipc_connection(prefix: str) -> ConnectionInfo:

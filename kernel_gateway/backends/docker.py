@@ -39,6 +39,7 @@ from .base import (
     RuntimeDir,
     ipc_connection,
     lock_is_held,
+    persisted,
     to_the_end,
     write_connection_file,
     write_startup_file,
@@ -223,11 +224,12 @@ class DockerBackend(Backend):
             and c["Labels"].get(LABEL_INSTANCE) != self._runtime.instance
             and LABEL_LOCK in c["Labels"]
             and not lock_is_held(Path(c["Labels"][LABEL_LOCK]))
+            and not persisted(Path(c["Labels"][LABEL_LOCK]))
         ]
         await asyncio.gather(*(self.call(self.remove_container, cid) for cid in stale))
         if stale:
             logger.info("removed %d orphaned kernel containers", len(stale))
-        for instance in await self.call(self._runtime.stale_instances):
+        for instance in await self.call(self._runtime.orphaned_instances):
             # Its session disks too: unmounted, loop devices detached, images deleted.
             await self.call(self._runtime.remove_instance, instance)
 
