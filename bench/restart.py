@@ -74,12 +74,14 @@ class Gateway:
             "--pool-size",
             "2",
             "--log-level",
-            "warning",
+            "info",
             *(["--persist-sessions"] if persist else []),
         ]
         env = {**os.environ, "KG_PRELOAD": "", "KG_KERNEL_START_TIMEOUT": "120"}
         started = time.monotonic()
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+        self.log = self.runtime.parent / f"gateway-{time.time():.0f}.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
         while True:
             if self.proc.poll() is not None:
                 raise SystemExit("the gateway exited while starting")
@@ -141,6 +143,7 @@ def main() -> None:
         sids.append(response.json()["id"])
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda s: cell(gw.url, s, f"v = {s!r}"), sids))
+    print(f"logs in {runtime}", flush=True)
     results: dict[str, Any] = {}
     try:
         for how in ("SIGTERM", "SIGKILL"):
@@ -161,7 +164,7 @@ def main() -> None:
         gw.stop(signal.SIGTERM)
         gw.start(persist=False)  # adopts, then removes everything at its stop
         gw.stop(signal.SIGTERM)
-        subprocess.run(["rm", "-rf", str(runtime)], check=False)
+        subprocess.run(["rm", "-rf", str(runtime / "rt")], check=False)
     results["sessions"] = args.sessions
     results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
     if args.json:

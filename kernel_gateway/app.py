@@ -109,6 +109,7 @@ def create_app(settings: Settings) -> Starlette:
         persist = False
         try:
             backend = await select_backend(settings, runtime)
+            backend_ready = time.monotonic()
             logger.info("backend: %s; isolation: %s", backend.name, backend.isolation)
             if backend.startup_warning is not None:
                 logger.warning("%s", backend.startup_warning)
@@ -129,7 +130,12 @@ def create_app(settings: Settings) -> Starlette:
                 await registry.adopt()
             registry.start()
             lifecycle.registry, lifecycle.persist = registry, persist
-            logger.info("ready in %.2f s", time.monotonic() - started)
+            logger.info(
+                "ready in %.2f s (backend %.2f s%s)",
+                time.monotonic() - started,
+                backend_ready - started,
+                f", adopting {time.monotonic() - backend_ready:.2f} s" if runtime.adopted else "",
+            )
             yield {"registry": registry, "settings": settings}
         finally:
             lifecycle.registry = None

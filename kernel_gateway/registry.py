@@ -149,7 +149,8 @@ class Registry:
         processes = await self.backend.adopt([r.kernel_id for r in records])
         await asyncio.gather(*(self._adopt(r, processes.get(r.kernel_id)) for r in records))
         keep = {s.slot.storage.root.name for s in self._sessions.values()}
-        await self.warm.remove_storage_except(keep)
+        # Listed now (before the warm pool makes new ones), released while serving.
+        self._spawn(self.warm.remove_storages(await self.warm.unclaimed_storage(keep)))
         if records:
             logger.info(
                 "adopted %d of %d persisted sessions%s",

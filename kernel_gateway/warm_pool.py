@@ -97,20 +97,23 @@ class WarmPool:
         """The folder holding every session's storage root."""
         return self._runtime.path / "w"
 
-    async def remove_storage_except(self, keep: set[str]) -> None:
-        """Release every storage root in `workspaces` whose name is not in `keep`.
+    async def unclaimed_storage(self, keep: set[str]) -> list[SessionStorage]:
+        """Every storage root in `workspaces` whose name is not in `keep`.
 
         For a gateway that adopted its predecessor's sessions: the disks of its warm
-        and stateless kernels, and of sessions that could not be adopted, go.
+        and stateless kernels, and of sessions that could not be adopted.
         """
 
         def names() -> set[str]:
             return {p.name.removesuffix(".img") for p in self.workspaces.iterdir()}
 
-        stale = sorted(await asyncio.to_thread(names) - keep)
-        await asyncio.gather(
-            *(self.remove_storage(SessionStorage(self.workspaces / n)) for n in stale)
-        )
+        return [
+            SessionStorage(self.workspaces / n)
+            for n in sorted(await asyncio.to_thread(names) - keep)
+        ]
+
+    async def remove_storages(self, storages: list[SessionStorage]) -> None:
+        await asyncio.gather(*(self.remove_storage(s) for s in storages))
 
     def connect(self, process: KernelProcess) -> Kernel:
         """A connection to a kernel that already runs (one a predecessor left)."""

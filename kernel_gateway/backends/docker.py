@@ -19,7 +19,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -124,6 +124,7 @@ class DockerBackend(Backend):
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="docker")
         self._client: docker.DockerClient | None = None
         self._kernels: dict[str, DockerKernel] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self._events: Any = None
         self._watcher: threading.Thread | None = None
         self._closing = False
@@ -201,9 +202,10 @@ class DockerBackend(Backend):
             raise BackendUnavailable(
                 f"kernel image {self._settings.image} not found; run `kernel-gateway build-image`"
             ) from exc
-        await self.reclaim_orphans()
-        self._storage = await self.call(
-            choose_provider, self._storage.size, self._runtime.path / "w"
+        # Independent: done at once (both take a while on a busy host).
+        _, self._storage = await asyncio.gather(
+            self.reclaim_orphans(),
+            self.call(choose_provider, self._storage.size, self._runtime.path / "w"),
         )
         # Open the stream before any launch, so no death can be missed.
         self._events = await self.call(
@@ -243,6 +245,7 @@ class DockerBackend(Backend):
 
     async def _stop(self, *, remove: bool) -> None:
         self._closing = True
+        await asyncio.gather(*self._background, return_exceptions=True)
         if self._client is not None:
             if remove:
                 containers = await self._containers()
@@ -289,24 +292,40 @@ class DockerBackend(Backend):
             kernel = DockerKernel(self, kernel_id, name, conn_dir, info)
             self._kernels[name] = kernel
             adopted[kernel_id] = kernel
-        await asyncio.gather(*(self.call(self.remove_container, c) for c in unwanted))
-        states = await asyncio.gather(*(self.call(self._state, k.name) for k in adopted.values()))
-        for kernel, (running, code) in zip(list(adopted.values()), states, strict=True):
-            if not running:
-                kernel._on_die(code)
+        # Removed while the gateway serves (stopping a container can take a while).
+        self._spawn(self._remove_containers(unwanted))
+        # Listed again now that all are registered: one that died in between is seen here.
+        running = {
+            c["Names"][0].lstrip("/")
+            for c in await self._containers()
+            if c.get("Names") and c["State"] == "running"
+        }
+        for kernel in adopted.values():
+            if kernel.name not in running:
+                kernel._on_die(await self.call(self._exit_code, kernel.name))
         keep = {k.id for k in adopted.values()}
         await self.call(self._remove_conn_dirs_but, keep)
         if unwanted:
             logger.info("removed %d kernel containers no session claimed", len(unwanted))
         return dict(adopted)
 
-    def _state(self, name: str) -> tuple[bool, int]:
-        """Whether the container runs, and its exit code if not."""
+    async def _remove_containers(self, ids: list[str]) -> None:
+        results = await asyncio.gather(
+            *(self.call(self.remove_container, c) for c in ids), return_exceptions=True
+        )
+        for failure in (r for r in results if isinstance(r, BaseException)):
+            logger.warning("could not remove an unclaimed kernel container: %s", failure)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _exit_code(self, name: str) -> int:
         try:
-            state = self.client.api.inspect_container(name)["State"]
+            return int(self.client.api.inspect_container(name)["State"].get("ExitCode", -1))
         except docker.errors.NotFound:
-            return False, -1
-        return bool(state.get("Running")), int(state.get("ExitCode", -1))
+            return -1
 
     def _remove_conn_dirs_but(self, keep: set[str]) -> None:
         for path in (self._runtime.path / "k").iterdir():
