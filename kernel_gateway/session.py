@@ -394,18 +394,7 @@ class Session:
                 await kernel.interrupt()
                 if await self._ready(kernel, 2 * self._settings.interrupt_grace + 1):
                     return
-                if execution is not None:
-                    execution.emit(
-                        error_event(
-                            "TimeoutError",
-                            f"execution exceeded {execution.timeout:g} s and did not stop when "
-                            "interrupted; the kernel was restarted and its state is lost",
-                        )
-                    )
-                    execution.restarted = True
-                await self.slot.retire(kernel)
-                if execution is not None:
-                    self.slot.take_restart_notice()  # this cell already says so
+                await self._retire_stuck(execution, kernel)
         finally:
             if running is not None:
                 kernel.forget(running.msg_id)
@@ -572,16 +561,22 @@ class Session:
         if await self._interrupt(execution, kernel, self._settings.interrupt_grace):
             await self._take_reply(execution, reply)
             return
-        execution.emit(
-            error_event(
-                "TimeoutError",
-                f"execution exceeded {execution.timeout:g} s and did not stop when "
-                "interrupted; the kernel was restarted and its state is lost",
+        await self._retire_stuck(execution, kernel)
+
+    async def _retire_stuck(self, execution: Execution | None, kernel: Kernel) -> None:
+        """A cell past its time ignored interrupts: restart the kernel, and say so in it."""
+        if execution is not None:
+            execution.emit(
+                error_event(
+                    "TimeoutError",
+                    f"execution exceeded {execution.timeout:g} s and did not stop when "
+                    "interrupted; the kernel was restarted and its state is lost",
+                )
             )
-        )
-        execution.restarted = True
+            execution.restarted = True
         await self.slot.retire(kernel)
-        self.slot.take_restart_notice()  # this cell already says so
+        if execution is not None:
+            self.slot.take_restart_notice()  # this cell already says so
 
     def _died(self, execution: Execution, kernel: Kernel) -> None:
         """The kernel ended while the cell ran: say why, and count it if unexpected."""
