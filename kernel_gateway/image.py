@@ -156,10 +156,11 @@ def fetch_wheels(context: Path, arch: str, out: Printer = _print) -> None:
         out(f"wheels: fetching the extra requirements ({extra.name}), held to the lock")
         kept |= _pip([*common, "-c", str(constraints), "-r", str(extra)], 0, out, "extra")
         constraints.unlink()
-    for old in wheels.glob("*.whl"):
-        if old.name not in kept:
-            out(f"wheels: removing {old.name} (no longer wanted)")
-            old.unlink()
+    if len(kept) >= total:  # every locked wheel accounted for: the rest are stale
+        for old in wheels.glob("*.whl"):
+            if old.name not in kept:
+                out(f"wheels: removing {old.name} (no longer wanted)")
+                old.unlink()
     stamp.write_text(key)
 
 

@@ -96,8 +96,10 @@ def test_fetch_asks_pip_for_the_lock_then_skips_while_nothing_changed(
 
     def fake_pip(args: list[str], total: int, out: object, what: str) -> set[str]:
         calls.append(args)
-        (stage / image.WHEELS / "numpy-2.4.6-cp313-cp313-x.whl").write_text("")
-        return {"numpy-2.4.6-cp313-cp313-x.whl"}
+        names = {f"pkg{i}-1.0-py3-none-any.whl" for i in range(total)}
+        for name in names:
+            (stage / image.WHEELS / name).write_text("")
+        return names
 
     monkeypatch.setattr(image, "_pip", fake_pip)
     lines: list[str] = []
@@ -145,3 +147,14 @@ def test_failed_pip_names_the_way_out(tmp_path: Path, monkeypatch: pytest.Monkey
     with pytest.raises(SystemExit, match="--no-download"):
         image.fetch_wheels(stage, "amd64", lambda line: None)
     assert not (stage / image.WHEELS / image.STAMP).exists()
+
+
+def test_fetch_prunes_nothing_unless_every_locked_wheel_was_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pip's output is parsed for the wheels it kept: if that ever misses, keep all."""
+    stage = image.stage_context(CONTEXT, tmp_path / "stage", None)
+    (stage / image.WHEELS / "numpy-2.4.6-cp313-cp313-x.whl").write_text("")
+    monkeypatch.setattr(image, "_pip", lambda args, total, out, what: set())
+    image.fetch_wheels(stage, "amd64", lambda line: None)
+    assert (stage / image.WHEELS / "numpy-2.4.6-cp313-cp313-x.whl").exists()
