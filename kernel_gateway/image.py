@@ -296,7 +296,7 @@ def build_image(
             out("wheels: not fetched (--no-download): the build installs from the index")
         ensure_base_image(client, base_image(stage / "Dockerfile"), out)
         out(f"building {tag}")
-        for chunk in client.api.build(path=str(stage), tag=tag, rm=True, decode=True):
+        for chunk in client.api.build(path=str(stage), tag=tag, rm=True, forcerm=True, decode=True):
             if "stream" in chunk:
                 text = str(chunk["stream"]).rstrip()
                 if text:
