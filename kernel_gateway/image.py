@@ -85,7 +85,13 @@ def stage_context(source: Path, stage: Path, requirements: Path | None) -> Path:
     if not (source / "Dockerfile").is_file():
         raise SystemExit(f"no Dockerfile in {source}; pass --context to the kernel-image folder")
     stage.mkdir(parents=True, exist_ok=True)
-    (stage / WHEELS).mkdir(exist_ok=True)
+    (stage / WHEELS / "extra").mkdir(parents=True, exist_ok=True)
+    # The Dockerfile copies wheels/README.md: it keeps a build without wheels valid.
+    readme = source / WHEELS / "README.md"
+    if readme.is_file():
+        _copy_if_changed(readme, stage / WHEELS / "README.md")
+    else:
+        (stage / WHEELS / "README.md").write_text("Wheels fetched by build-image.\n")
     wanted = {p.name for p in source.iterdir() if p.is_file() and p.suffix != ".pyc"}
     for old in stage.iterdir():
         if old.is_file() and old.name not in wanted:
@@ -147,21 +153,44 @@ def fetch_wheels(context: Path, arch: str, out: Printer = _print) -> None:
     stamp.unlink(missing_ok=True)
     total = sum(1 for line in lock.read_text().splitlines() if re.match(r"^[A-Za-z0-9]", line))
     out(f"wheels: fetching {total} locked packages for {arch} on the host into {wheels}")
-    common = ["download", "--dest", str(wheels), "--only-binary", ":all:", *target]
-    kept = _pip([*common, "--no-deps", "--require-hashes", "-r", str(lock)], total, out, "locked")
+    common = ["--only-binary", ":all:", *target]
+    kept = _pip(
+        ["download", "--dest", str(wheels), *common, "--no-deps", "--require-hashes"]
+        + ["-r", str(lock)],
+        total,
+        out,
+        "locked",
+    )
+    if len(kept) >= total:  # every locked wheel accounted for: the rest are stale
+        _prune(wheels, kept, out)
+    extras = wheels / "extra"
     if has_requirements(extra):
         constraints = context / "constraints.txt"
         pins = re.findall(r"^([A-Za-z0-9._-]+==[^\s;\\]+)", lock.read_text(), re.MULTILINE)
         constraints.write_text("\n".join(pins) + "\n")
         out(f"wheels: fetching the extra requirements ({extra.name}), held to the lock")
-        kept |= _pip([*common, "-c", str(constraints), "-r", str(extra)], 0, out, "extra")
-        constraints.unlink()
-    if len(kept) >= total:  # every locked wheel accounted for: the rest are stale
-        for old in wheels.glob("*.whl"):
-            if old.name not in kept:
-                out(f"wheels: removing {old.name} (no longer wanted)")
-                old.unlink()
+        try:
+            kept_extra = _pip(
+                ["download", "--dest", str(extras), *common, "-c", str(constraints)]
+                + ["-r", str(extra)],
+                0,
+                out,
+                "extra",
+            )
+        finally:
+            constraints.unlink()
+        if kept_extra:
+            _prune(extras, kept_extra, out)
+    else:
+        _prune(extras, set(), out)
     stamp.write_text(key)
+
+
+def _prune(folder: Path, kept: set[str], out: Printer) -> None:
+    for old in folder.glob("*.whl"):
+        if old.name not in kept:
+            out(f"wheels: removing {old.name} (no longer wanted)")
+            old.unlink()
 
 
 def _pip(args: list[str], total: int, out: Printer, what: str) -> set[str]:
@@ -181,10 +210,10 @@ def _pip(args: list[str], total: int, out: Printer, what: str) -> set[str]:
         for raw in proc.stdout:
             line = raw.rstrip()
             tail = [*tail[-30:], line]
-            if line.startswith("Collecting "):
+            if step := re.match(r"(?:Collecting|Processing) (\S+)", line):
                 seen += 1
                 count = f"{seen}/{total}" if total else str(seen)
-                out(f"  [{count}] {line.removeprefix('Collecting ')}")
+                out(f"  [{count}] {Path(step.group(1)).name}")
             elif line.strip().startswith("Downloading "):
                 out("        " + line.strip())
             elif saved := re.match(r"\s*(?:Saved|File was already downloaded) (\S+)", line):

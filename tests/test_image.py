@@ -70,6 +70,7 @@ def test_stage_context_copies_files_and_puts_the_extras_in_place(tmp_path: Path)
     extra.write_text("rich==13.9.4\n")
     stage = image.stage_context(CONTEXT, tmp_path / "stage", extra)
     assert (stage / "Dockerfile").read_text() == (CONTEXT / "Dockerfile").read_text()
+    assert (stage / image.WHEELS / "README.md").is_file()  # the Dockerfile copies it
     assert (stage / image.EXTRA).read_text() == "rich==13.9.4\n"
     assert image.has_requirements(stage / image.EXTRA)
     (stage / "stale.py").write_text("")
@@ -136,6 +137,8 @@ def test_fetch_holds_extras_to_the_lock(tmp_path: Path, monkeypatch: pytest.Monk
     assert "--require-hashes" in locked
     assert extras[extras.index("-r") + 1].endswith(image.EXTRA)
     assert "--require-hashes" not in extras and "--no-deps" not in extras
+    # Their own folder: changing the extras leaves the locked wheels' layer cached.
+    assert extras[extras.index("--dest") + 1] == str(stage / image.WHEELS / "extra")
     assert re.search(r"^numpy==2\.", constraints, re.MULTILINE)
     assert "--hash" not in constraints
     assert not (stage / "constraints.txt").exists()
