@@ -54,9 +54,9 @@ def main() -> None:
     cjk = [f for f in manager.ttflist if f.name == CJK_FAMILY]
     if not cjk:
         raise SystemExit(f"fonts.py: no font named {CJK_FAMILY!r} (is fonts-wqy-microhei in?)")
-    fallback = os.environ.get("KG_FALLBACK_FONTS", "").split(":")
+    fallback = os.environ.get("CHART_FALLBACK_FONTS", "").split(":")
     if cjk[0].fname not in fallback:
-        raise SystemExit(f"fonts.py: KG_FALLBACK_FONTS does not name {cjk[0].fname}")
+        raise SystemExit(f"fonts.py: CHART_FALLBACK_FONTS does not name {cjk[0].fname}")
     known = {f.name for f in manager.ttflist}
     for alias in ALIASES:
         if alias not in known:

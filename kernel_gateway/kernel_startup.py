@@ -309,7 +309,7 @@ def _install_chart_habits() -> None:
     renders with Agg: savefig, `canvas.buffer_rgba()` and the rest behave the same).
     A figure without axes or any other artist (a bare `plt.figure()`) is not shown.
 
-    Fonts in KG_FALLBACK_FONTS (paths, `:`-separated; the image names its CJK font)
+    Fonts in CHART_FALLBACK_FONTS (paths, `:`-separated; the image names its CJK font)
     back up whatever fonts code asks for, glyph by glyph: Chinese labels render even
     after `sns.set_theme()` or `plt.rcdefaults()` reset the font settings.
     """
@@ -343,7 +343,7 @@ def _install_chart_habits() -> None:
         backend.display = display  # type: ignore[attr-defined]
 
     patches = {"matplotlib.pyplot": patch_pyplot, "matplotlib_inline.backend_inline": patch_inline}
-    fallback = [p for p in os.environ.get("KG_FALLBACK_FONTS", "").split(":") if p]
+    fallback = [p for p in os.environ.get("CHART_FALLBACK_FONTS", "").split(":") if p]
     if fallback:
 
         def patch_fonts(font_manager: ModuleType) -> None:
