@@ -38,6 +38,7 @@ LOCK = "requirements.lock"
 EXTRA = "extra-requirements.txt"
 WHEELS = "wheels"
 STAMP = ".complete"  # in wheels/: what the last complete download was for
+LAYOUT = b"wheels/ for the lock, wheels/extra/ for the extras"  # part of the stamp
 # Docker's architecture names -> the machine names in wheel tags.
 ARCHES = {"amd64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}
 NEWEST_GLIBC_MINOR = 41  # Debian trixie's glibc 2.41: wheels up to manylinux_2_41 run
@@ -142,7 +143,7 @@ def fetch_wheels(context: Path, arch: str, out: Printer = _print) -> None:
     lock, extra = context / LOCK, context / EXTRA
     target = platform_args(arch, lock_python(lock))
     key = hashlib.sha256(
-        b"\0".join([lock.read_bytes(), extra.read_bytes(), " ".join(target).encode()])
+        b"\0".join([LAYOUT, lock.read_bytes(), extra.read_bytes(), " ".join(target).encode()])
     ).hexdigest()
     stamp = wheels / STAMP
     if stamp.is_file() and stamp.read_text() == key:
