@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: serve test lint image setup clean bench
+.PHONY: serve test lint image setup clean bench lock
 
 setup: $(VENV)/.installed
 
@@ -42,5 +42,16 @@ test: image lint
 bench: image
 	$(BIN)/python bench/run.py $(ARGS)
 
+# Re-resolves kernel-image/requirements.lock from requirements.in with pip-tools, for the
+# image's Python (3.13), against PyPI alone. ARGS=--upgrade moves every pin to the newest.
+LOCK_PYTHON ?= python3.13
+lock:
+	$(LOCK_PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet pip-tools
+	cd kernel-image && env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u PIP_INDEX_URL \
+		PIP_CONFIG_FILE=/dev/null ../.lock-venv/bin/pip-compile --generate-hashes \
+		--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links --quiet \
+		$(ARGS) -o requirements.lock requirements.in
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache test-output
+	rm -rf $(VENV) .lock-venv .mypy_cache .ruff_cache .pytest_cache test-output

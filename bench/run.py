@@ -3,6 +3,7 @@
     python bench/run.py                 # full run, docker backend (a few minutes)
     python bench/run.py --smoke         # tiny run, to check the bench works
     python bench/run.py --compare-jkg   # also measure Jupyter Kernel Gateway, same workloads
+    python bench/run.py --image-only --image IMG   # cold start and first chart of one image
 
 It starts its own gateway (`kernel-gateway serve` in a subprocess) and, for the
 baseline, a kernel container from the same image driven by plain jupyter_client.
@@ -689,6 +690,27 @@ def run_gateway_workloads(
     results["density"] = density(url, args.density, n // 3, results["warm_round_trip"]["p50_ms"])
 
 
+def image_only(args: argparse.Namespace) -> int:
+    """Cold start and first chart of `--image`: the figures a kernel image changes."""
+    n = max(3, args.iterations // 15)
+    results: dict[str, Any] = {"machine": machine(), "image": args.image, "mode": "image-only"}
+    runtime = Path(tempfile.mkdtemp(prefix="kg-bench-"))
+    try:
+        print("cold start…", flush=True)
+        results["cold_start"] = cold_start(args, runtime, n)
+        with gateway(args, runtime / "gw", 2) as url:
+            print("first chart…", flush=True)
+            results["first_chart"] = first_chart(url, n, 2)
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+    for name in ("cold_start", "first_chart"):
+        r = results[name]
+        print(f"{args.image}  {name:<12} p50 {r['p50_ms']:8.1f} ms  p90 {r['p90_ms']:8.1f} ms")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny run to check the bench works")
@@ -701,10 +723,17 @@ def main() -> int:
     )
     parser.add_argument("--runtime", help="OCI runtime for kernel containers, e.g. runsc")
     parser.add_argument("--skip-density", action="store_true", help="leave out the density run")
+    parser.add_argument(
+        "--image-only",
+        action="store_true",
+        help="only what the image decides: cold start and first chart (to compare images)",
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "results" / "latest.json")
     args = parser.parse_args()
     if args.smoke:
         args.iterations, args.density, args.throughput_seconds = 10, 3, 2.0
+    if args.image_only:
+        return image_only(args)
     n = args.iterations
     small = max(5, n // 15)
     pool = 4

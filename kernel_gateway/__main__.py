@@ -7,7 +7,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import __version__
@@ -29,6 +29,25 @@ def _parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build-image", help="build the kernel container image")
     build.add_argument("--tag", help=f"image name (default: KG_IMAGE or {DEFAULT_IMAGE})")
     build.add_argument("--context", type=Path, help="the kernel-image folder (default: bundled)")
+    build.add_argument(
+        "--requirements",
+        type=Path,
+        metavar="FILE",
+        help="extra packages to bake in, pip's requirements format; locked versions stay",
+    )
+    build.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="where the build context and its wheels are kept between builds "
+        "(default: $XDG_CACHE_HOME/kernel-gateway/image, else ~/.cache/kernel-gateway/image)",
+    )
+    build.add_argument(
+        "--no-download",
+        dest="download",
+        action="store_false",
+        help="do not fetch the wheels on this host: the image build installs them from "
+        "the package index itself",
+    )
 
     from .run import add_arguments
 
@@ -88,8 +107,21 @@ def build_image_command(args: argparse.Namespace) -> int:
     from .image import build_image
 
     tag = args.tag or os.environ.get("KG_IMAGE") or DEFAULT_IMAGE
-    build_image(tag, args.context)
+    cache_dir = args.cache_dir or default_cache_dir(os.environ)
+    build_image(
+        tag,
+        args.context,
+        cache_dir=cache_dir,
+        requirements=args.requirements,
+        download=args.download,
+    )
     return 0
+
+
+def default_cache_dir(environ: Mapping[str, str]) -> Path:
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    root = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return root / "kernel-gateway" / "image"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

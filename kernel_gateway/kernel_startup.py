@@ -8,18 +8,38 @@ parent of the cell running *now*, so a thread started by one cell would print
 into the next cell's stream. Here each thread remembers the cell that started
 it and its output is published under that cell's parent; the gateway routes by
 parent, so the output reaches the right execution, or nobody once it is done.
+
+Habits of generated code that work in a plain `python script.py` and would fail only
+here are made to work too (`_install_stdio_habits`, `_install_chart_habits`), and
+`pip install` in a kernel without network fails at once with a way forward
+(`_install_offline_pip`).
 """
 
 from __future__ import annotations
 
+import codecs
+import importlib.abc
+import importlib.machinery
+import io
 import json
 import os
+import re
 import shutil
 import sys
 import threading
+from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 FLUSH_CHARS = 64 * 1024
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+PIP_INSTALL = re.compile(r"\bpip(?:3(?:\.\d+)?)?\s+install\b")
+PIP_HINT = (
+    "pip cannot download packages in this kernel: it has no network access. "
+    "What is installed: `pip list`. To add a package, whoever runs the gateway bakes it "
+    "into the kernel image (`kernel-gateway build-image --requirements FILE`) or builds "
+    "an image FROM kernel-gateway-kernel and serves it with `--image`."
+)
 
 
 def _install_thread_output_routing() -> None:
@@ -159,17 +179,22 @@ def _install_outcome_log() -> None:
     IPythonKernel.__init__ = __init__  # type: ignore[method-assign]
 
 
-def _config(connection_file: str) -> Any:
-    """Kernel configuration from `startup.json`, written by the gateway beside the connection."""
-    from traitlets.config import Config
-
-    config = Config()
+def _settings(connection_file: str) -> dict[str, Any]:
+    """`startup.json`, written by the gateway beside the connection file."""
     path = os.path.join(os.path.dirname(connection_file), "startup.json")
     try:
         with open(path) as f:
             settings = json.load(f)
     except (OSError, ValueError):
-        return config
+        return {}
+    return settings if isinstance(settings, dict) else {}
+
+
+def _config(settings: dict[str, Any]) -> Any:
+    """Kernel configuration from the gateway's settings."""
+    from traitlets.config import Config
+
+    config = Config()
     formats = settings.get("figure_formats")
     if formats:
         config.InlineBackend.figure_formats = set(formats)
@@ -219,14 +244,212 @@ def _install_tolerant_fd_capture() -> None:
         OutStream._watch_pipe_fd = _watch_pipe_fd  # type: ignore[method-assign]
 
 
+class _BinaryStdout(io.BufferedIOBase):
+    """`sys.stdout.buffer`: bytes written here reach the cell's output as UTF-8 text.
+
+    Closing it (a `TextIOWrapper` around it being collected closes it) only flushes:
+    the kernel's stream must outlive any wrapper code puts around it.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__()
+        self._stream = stream
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if isinstance(data, str):
+            raise TypeError("a bytes-like object is required, not 'str'")
+        chunk = bytes(memoryview(data))
+        with self._lock:
+            text = self._decoder.decode(chunk)
+        if text:
+            self._stream.write(text)
+        return len(chunk)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def close(self) -> None:
+        self.flush()
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+
+def _install_stdio_habits() -> None:
+    """`sys.stdout.buffer.write(b"...")` and `sys.stdout.reconfigure(...)` work as in a terminal.
+
+    ipykernel's OutStream is text only: both raise AttributeError there, and code that
+    wraps the buffer (`io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8")`, common
+    in code printing Chinese) dies on its first line. The output is text either way,
+    always UTF-8, so reconfiguring changes nothing but is accepted.
+    """
+    from ipykernel.iostream import OutStream
+
+    def buffer(self: Any) -> _BinaryStdout:
+        binary: _BinaryStdout | None = self.__dict__.get("_kg_buffer")
+        if binary is None:
+            binary = self.__dict__["_kg_buffer"] = _BinaryStdout(self)
+        return binary
+
+    def reconfigure(self: Any, **options: Any) -> None:
+        allowed = {"encoding", "errors", "newline", "line_buffering", "write_through"}
+        unknown = set(options) - allowed
+        if unknown:
+            raise TypeError(f"reconfigure() got an unexpected keyword argument {unknown.pop()!r}")
+        self.flush()
+
+    if not hasattr(OutStream, "buffer"):
+        OutStream.buffer = property(buffer)  # type: ignore[attr-defined]
+    if not hasattr(OutStream, "reconfigure"):
+        OutStream.reconfigure = reconfigure  # type: ignore[attr-defined]
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Run a patch on a module right after it is first imported, however it is imported."""
+
+    def __init__(self, patches: dict[str, Callable[[ModuleType], None]]) -> None:
+        self._patches = patches
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        patch = self._patches.pop(fullname, None)
+        if patch is None:
+            return None
+        if not self._patches:
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_then_patch(module: ModuleType) -> None:
+            exec_module(module)
+            try:
+                patch(module)
+            except Exception:  # a patch must never break the import itself
+                pass
+
+        loader.exec_module = exec_then_patch  # type: ignore[method-assign]
+        return spec
+
+
+def _install_chart_habits() -> None:
+    """Figures reach the client as PNG whatever backend code picks; empty ones are not sent.
+
+    Generated scripts often call `matplotlib.use("Agg")` (or pick TkAgg, Qt...) before
+    `plt.show()`: with Agg nothing would be shown, and a GUI backend cannot start
+    here. So any built-in backend chosen in the kernel becomes the inline one (which
+    renders with Agg: savefig, `canvas.buffer_rgba()` and the rest behave the same).
+    A figure without axes or any other artist (a bare `plt.figure()`) is not shown.
+
+    Fonts in CHART_FALLBACK_FONTS (paths, `:`-separated; the image names its CJK font)
+    back up whatever fonts code asks for, glyph by glyph: Chinese labels render even
+    after `sns.set_theme()` or `plt.rcdefaults()` reset the font settings.
+    """
+    if os.environ.get("MPLBACKEND") != INLINE_BACKEND:
+        return
+
+    def patch_pyplot(pyplot: ModuleType) -> None:
+        original = pyplot.switch_backend
+
+        def switch_backend(newbackend: Any) -> None:
+            if isinstance(newbackend, str) and not newbackend.lower().startswith("module://"):
+                import matplotlib
+
+                newbackend = INLINE_BACKEND
+                # So that the inline backend, when first loaded now, hooks into IPython.
+                matplotlib.rcParams["backend"] = INLINE_BACKEND
+            original(newbackend)
+
+        switch_backend.__doc__ = original.__doc__
+        pyplot.switch_backend = switch_backend  # type: ignore[attr-defined]
+
+    def patch_inline(backend: ModuleType) -> None:
+        original = backend.display
+
+        def display(*objs: Any, **kwargs: Any) -> Any:
+            kept = [obj for obj in objs if not _is_empty_figure(obj)]
+            if kept or not objs:
+                return original(*kept, **kwargs)
+            return None
+
+        backend.display = display  # type: ignore[attr-defined]
+
+    patches = {"matplotlib.pyplot": patch_pyplot, "matplotlib_inline.backend_inline": patch_inline}
+    fallback = [p for p in os.environ.get("CHART_FALLBACK_FONTS", "").split(":") if p]
+    if fallback:
+
+        def patch_fonts(font_manager: ModuleType) -> None:
+            original = font_manager.FontManager._find_fonts_by_props
+
+            def find_fonts(self: Any, *args: Any, **kwargs: Any) -> list[str]:
+                paths: list[str] = original(self, *args, **kwargs)
+                return paths + [p for p in fallback if p not in paths]
+
+            font_manager.FontManager._find_fonts_by_props = find_fonts
+
+        patches["matplotlib.font_manager"] = patch_fonts
+    if any(name in sys.modules for name in patches):
+        return  # too late to hook the imports (never the case at kernel start)
+    sys.meta_path.insert(0, _AfterImport(patches))
+
+
+def _is_empty_figure(obj: Any) -> bool:
+    figure = sys.modules.get("matplotlib.figure")
+    if figure is None or not isinstance(obj, figure.Figure):
+        return False
+    # Its only child is then the background patch.
+    return not obj.axes and len(obj.get_children()) <= 1
+
+
+def _install_offline_pip(offline: bool) -> None:
+    """In a kernel without network, `pip install` fails at once and says what to do.
+
+    PIP_NO_INDEX makes pip look nowhere but at what is installed (so `pip install
+    numpy` still answers "Requirement already satisfied"), and no retries or long
+    timeouts apply to an explicit `--index-url`. `!pip install` and `%pip install`
+    that fail are followed by a note on how packages are added.
+    """
+    if not offline:
+        return
+    os.environ.update({"PIP_NO_INDEX": "1", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"})
+    from ipykernel.zmqshell import ZMQInteractiveShell
+
+    original = ZMQInteractiveShell.system_piped
+
+    def system(self: Any, cmd: str) -> Any:
+        result = original(self, cmd)  # type: ignore[no-untyped-call]
+        if PIP_INSTALL.search(cmd) and self.user_ns.get("_exit_code"):
+            print(PIP_HINT, file=sys.stderr, flush=True)
+        return result
+
+    ZMQInteractiveShell.system_piped = system  # type: ignore[method-assign]
+    ZMQInteractiveShell.system = system
+
+
 def main(argv: list[str]) -> None:
+    settings = _settings(argv[argv.index("-f") + 1])
     _seed_font_cache()
     _install_tolerant_fd_capture()
     _install_thread_output_routing()
     _install_outcome_log()
+    _install_stdio_habits()
+    _install_chart_habits()
+    _install_offline_pip(bool(settings.get("offline")))
     from ipykernel.kernelapp import launch_new_instance
 
-    launch_new_instance(argv=argv, config=_config(argv[argv.index("-f") + 1]))
+    # ipykernel reads its own arguments from `argv`; code sees only the program's name,
+    # as a script run with no arguments does, so `argparse`'s `parse_args()` works.
+    del sys.argv[1:]
+    launch_new_instance(argv=argv, config=_config(settings))
 
 
 if __name__ == "__main__":

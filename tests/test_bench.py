@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .conftest import require_docker
+from .conftest import IMAGE, require_docker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,3 +40,21 @@ def test_bench_smoke_run_writes_every_figure(tmp_path: Path) -> None:
     ):
         assert key in figures, key
     assert figures["warm_round_trip"]["n"] == 10
+
+
+def test_bench_image_only_measures_the_given_image(tmp_path: Path) -> None:
+    require_docker()
+    out = tmp_path / "image.json"
+    command = [sys.executable, str(ROOT / "bench" / "run.py"), "--image-only", "--smoke"]
+    result = subprocess.run(
+        [*command, "--image", IMAGE, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    assert figures["image"] == IMAGE
+    assert figures["cold_start"]["n"] == 3 and figures["first_chart"]["n"] == 3
+    assert f"{IMAGE}  first_chart" in result.stdout

@@ -86,6 +86,9 @@ def test_wheel_ships_every_file_of_the_kernel_image_context(wheel: Path) -> None
     assert "Dockerfile" in context
     for name in context:
         assert f"kernel_gateway/kernel_image/{name}" in names, name
+    assert {"requirements.lock", "fonts.py", "matplotlibrc"} <= set(context)
+    # The Dockerfile copies wheels/: it must exist in an installed copy, even empty.
+    assert "kernel_gateway/kernel_image/wheels/README.md" in names
     assert "kernel_gateway/web/index.html" in names
     assert "kernel_gateway/client/sse.py" in names
 

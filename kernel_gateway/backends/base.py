@@ -382,11 +382,18 @@ def ipc_connection(prefix: str) -> ConnectionInfo:
 STARTUP_SOURCE = Path(__file__).resolve().parent.parent / "kernel_startup.py"
 
 
-def write_startup_file(conn_dir: Path, settings: Settings) -> Path:
-    """Put the in-kernel startup code and its settings next to the connection file."""
+def write_startup_file(conn_dir: Path, settings: Settings, *, offline: bool = False) -> Path:
+    """Put the in-kernel startup code and its settings next to the connection file.
+
+    `offline`: the kernel has no network, so `pip install` is told to fail at once.
+    """
     path = conn_dir / "startup.py"
     shutil.copyfile(STARTUP_SOURCE, path)
-    config = {"figure_formats": settings.figure_format_list, "figure_dpi": settings.figure_dpi}
+    config = {
+        "figure_formats": settings.figure_format_list,
+        "figure_dpi": settings.figure_dpi,
+        "offline": offline,
+    }
     (conn_dir / "startup.json").write_text(json.dumps(config))
     return path
 

@@ -410,7 +410,7 @@ class DockerBackend(Backend):
         try:
             info = ipc_connection(str(conn_dir / "k"))
             write_connection_file(conn_dir / "kernel.json", ipc_connection_inside(info))
-            write_startup_file(conn_dir, self._settings)
+            write_startup_file(conn_dir, self._settings, offline=self._settings.network == "none")
             if self._owner is not None:
                 for path in (conn_dir, *conn_dir.iterdir()):
                     os.chown(path, *self._owner)

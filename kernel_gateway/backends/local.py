@@ -252,8 +252,8 @@ class LocalBackend(Backend):
             env["TMPDIR"] = str(storage.tmp)
         # ipykernel echoes all fd-level output to its own stdout: discard it, or a
         # `while True: print()` would fill the disk with a log nobody reads.
-        command = [sys.executable, str(write_startup_file(conn_dir, self._settings)), "-f",
-                   str(conn_file)]  # fmt: skip
+        startup = write_startup_file(conn_dir, self._settings, offline=self._bwrap is not None)
+        command = [sys.executable, str(startup), "-f", str(conn_file)]
         read_fd, write_fd = os.pipe() if self._bwrap else (-1, -1)
         try:
             if self._bwrap:
