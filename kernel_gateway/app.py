@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
 
 from .auth import BearerAuth, LoopbackHostGuard
 from .backends import AUTO, load_backend
@@ -117,11 +118,24 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = HTTP_ERROR_TYPES.get(exc.status_code, "http_error")
     message = exc.detail if exc.status_code != 404 else f"no route for {request.url.path}"
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(_allowed_methods(request))
     return JSONResponse(
         {"error": {"type": kind, "message": message}},
         status_code=exc.status_code,
-        headers=exc.headers,
+        headers=headers,
     )
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes at this path (starlette's 405 names only one route's)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.methods:
+            if route.matches(request.scope)[0] is not Match.NONE:
+                methods |= route.methods
+    return sorted(methods)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:

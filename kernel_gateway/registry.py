@@ -14,7 +14,15 @@ from collections.abc import Coroutine
 from typing import Any
 
 from .backends.base import Backend
-from .errors import SessionNotFound, TooManySessions
+from .errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    SessionNotFound,
+    TooManySessions,
+)
 from .execution import Execution
 from .kernel_slot import KernelSlot
 from .restart_policy import RestartPolicy
@@ -122,8 +130,12 @@ class Registry:
         session = self._session_on(warm, ephemeral=True)
         self._ephemeral.add(session)
         try:
-            for path, data in files:
-                await session.files.write(path, data, self.settings.max_upload_bytes)
+            for i, (path, data) in enumerate(files):
+                try:
+                    await session.files.write(path, data, self.settings.max_upload_bytes)
+                except (BadRequest, Conflict, Forbidden, NotFound) as exc:
+                    # a bad path, or one that clashes with an earlier file: the body's fault
+                    raise InvalidRequest(f"'files[{i}]': {exc.message}") from None
             execution = session.submit(code, cell_timeout)
         except BaseException:
             self._release(session)

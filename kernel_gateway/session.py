@@ -124,7 +124,8 @@ class Session:
         for execution in self._history:
             if execution.id == execution_id:
                 return execution
-        number = int(execution_id) if execution_id.isdecimal() else 0
+        digits = execution_id.isascii() and execution_id.isdigit() and len(execution_id) < 19
+        number = int(execution_id) if digits else 0
         if 0 < number <= self._submitted:
             raise ExecutionExpired(
                 f"the events of execution {execution_id} of session {self.id} are no longer "

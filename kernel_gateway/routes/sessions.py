@@ -73,16 +73,21 @@ async def execution_events(request: Request) -> Response:
 
 
 def _resume_point(request: Request) -> int | None:
-    """The event id to resume after: the `after` parameter, else `Last-Event-ID`."""
-    raw = request.query_params.get("after")
-    name = "the 'after' parameter"
-    if raw is None:
-        raw = request.headers.get("last-event-id")
-        name = "Last-Event-ID"
+    """The event id to resume after: the `after` parameter, else `Last-Event-ID`.
+
+    Both are checked when both are sent: a malformed one is refused even when the
+    other would win.
+    """
+    after = _event_id(request.query_params.get("after"), "the 'after' parameter")
+    header = _event_id(request.headers.get("last-event-id"), "Last-Event-ID")
+    return after if after is not None else header
+
+
+def _event_id(raw: str | None, name: str) -> int | None:
     if raw is None or raw.strip() == "":
         return None
     raw = raw.strip()
-    if not raw.isdecimal() or len(raw) > 18:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise InvalidRequest(f"{name} must be an event id (a non-negative integer), got {raw!r}")
     return int(raw)
 
