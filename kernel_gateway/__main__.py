@@ -46,6 +46,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from .app import create_app
     from .backends.base import secure_runtime_root
+    from .logs import configure
 
     try:
         settings = from_args(args, os.environ)
@@ -54,17 +55,15 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kernel-gateway: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
+    configure(settings.log_format, settings.log_level)
     logging.getLogger("kernel_gateway").debug("settings: %s", ", ".join(describe(settings)))
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=settings.log_level == "debug",
+        log_config=None,  # configured above; the gateway writes its own access log
+        access_log=False,
         timeout_graceful_shutdown=5,
     )
     return 0

@@ -20,6 +20,8 @@ from .backends import AUTO, load_backend
 from .backends.base import Backend, RuntimeDir
 from .errors import BackendUnavailable, GatewayError
 from .http import JSONResponse, error_response
+from .metrics import Metrics
+from .observe import ObserveRequests
 from .registry import Registry
 from .routes import routes
 from .settings import Settings, is_loopback
@@ -38,6 +40,7 @@ HTTP_ERROR_TYPES = {
 class State(TypedDict):
     registry: Registry
     settings: Settings
+    metrics: Metrics
 
 
 async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:
@@ -66,6 +69,8 @@ async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:
 
 
 def create_app(settings: Settings) -> Starlette:
+    metrics = Metrics()
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
         runtime = RuntimeDir(settings.runtime_dir)
@@ -78,11 +83,13 @@ def create_app(settings: Settings) -> Starlette:
             logger.info("backend: %s; isolation: %s", backend.name, backend.isolation)
             if backend.startup_warning is not None:
                 logger.warning("%s", backend.startup_warning)
-            warm = WarmPool(settings, backend, runtime, context)
+            warm = WarmPool(settings, backend, runtime, context, metrics)
             registry = Registry(settings, warm, runtime.instance)
             registry.start()
-            yield {"registry": registry, "settings": settings}
+            metrics.watch(registry)
+            yield {"registry": registry, "settings": settings, "metrics": metrics}
         finally:
+            metrics.watch(None)
             if registry is not None:
                 await registry.close()
             if backend is not None:
@@ -94,6 +101,7 @@ def create_app(settings: Settings) -> Starlette:
     return Starlette(
         routes=routes,
         middleware=[
+            Middleware(ObserveRequests, routes=routes, metrics=metrics),
             Middleware(
                 LoopbackHostGuard,
                 enabled=settings.token is None and is_loopback(settings.host),

@@ -26,6 +26,7 @@ from typing import Any
 from .backends.base import SessionStorage
 from .errors import KernelUnavailable, SessionFailed
 from .kernel import Kernel
+from .metrics import Metrics
 from .restart_policy import RestartPolicy
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,9 @@ class KernelSlot:
         policy: RestartPolicy,
         *,
         revive: bool = True,
+        metrics: Metrics,
     ) -> None:
+        self._metrics = metrics
         self._session_id = session_id
         self.kernel: Kernel | None = kernel
         self.storage = storage
@@ -86,6 +89,7 @@ class KernelSlot:
         self._counted.add(kernel)
         self._notice = True
         exit_info = kernel.exit_info
+        self._metrics.kernel_died(exit_info.reason if exit_info else "killed")
         logger.info(
             "session %s: %s", self._session_id, exit_info.describe() if exit_info else "died"
         )
@@ -126,6 +130,7 @@ class KernelSlot:
             return
         self.kernel = kernel
         self.restarts += 1
+        self._metrics.kernel_restarted()
         self._watch(kernel)
 
     async def close(self) -> None:

@@ -161,10 +161,11 @@ class Registry:
             self.warm.launch,
             RestartPolicy(s.restart_budget, s.restart_window),
             revive=not ephemeral,
+            metrics=self.warm.metrics,
         )
         workspace = Workspace(warm.storage.files, self.backend.workspace_owner)
         files = SessionFiles(session_id, workspace, s, inline_all=ephemeral)
-        return Session(session_id, slot, files, s, ephemeral=ephemeral)
+        return Session(session_id, slot, files, s, ephemeral=ephemeral, metrics=self.warm.metrics)
 
     async def _close(self, session: Session) -> None:
         try:

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Awaitable
 from datetime import UTC, datetime
 
+from . import logs
 from .errors import (
     ExecutionExpired,
     ExecutionNotFound,
@@ -38,6 +39,7 @@ from .events import MalformedMessage, OutputLimiter, error_event, parse_reply
 from .execution import Execution, StopReason
 from .kernel import Kernel
 from .kernel_slot import KernelSlot
+from .metrics import Metrics
 from .session_files import SessionFiles
 from .settings import Settings
 from .types import JSON, Message
@@ -57,8 +59,10 @@ class Session:
         settings: Settings,
         *,
         ephemeral: bool = False,
+        metrics: Metrics,
     ) -> None:
         self.id = session_id
+        self._metrics = metrics
         self.ephemeral = ephemeral
         """One execution, then gone: never revived, files sent whole in events."""
         self.slot = slot
@@ -231,6 +235,11 @@ class Session:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
 
+    @property
+    def queued(self) -> int:
+        """Cells waiting for the kernel."""
+        return len(self._queue)
+
     def touch(self) -> None:
         self.last_activity = time.monotonic()
 
@@ -258,7 +267,7 @@ class Session:
             "created_at": self.created_at.isoformat().replace("+00:00", "Z"),
             "idle_seconds": round(self.idle_seconds(), 3),
             "execution_count": self.execution_count,
-            "queued": len(self._queue),
+            "queued": self.queued,
             "restarts": self.slot.restarts,
             "failed": self.slot.policy.failed,
         }
@@ -266,6 +275,7 @@ class Session:
     # -- one cell ----------------------------------------------------------------------------
 
     async def _run(self, execution: Execution) -> None:
+        logs.bind(session_id=self.id, execution_id=execution.id)  # this task's log lines
         try:
             async with self.slot.lock:
                 self._queue.remove(execution)
@@ -296,6 +306,7 @@ class Session:
             if execution in self._queue:
                 self._queue.remove(execution)
             execution.finish()
+            self._metrics.execution_ended(execution, stateless=self.ephemeral)
             self._keep_recent()
 
     def _refused(self, execution: Execution) -> bool:

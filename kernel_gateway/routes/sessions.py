@@ -3,7 +3,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..errors import InvalidRequest
+from .. import logs
+from ..errors import InvalidRequest, KernelUnavailable, TooManySessions
 from ..http import (
     JSONResponse,
     files_field,
@@ -12,6 +13,7 @@ from ..http import (
     reject_unknown,
     string_field,
 )
+from ..metrics import Metrics
 from ..registry import Registry
 from ..session import Session
 from .streaming import respond
@@ -30,7 +32,12 @@ async def create(request: Request) -> Response:
     registry = _registry(request)
     body = await read_json(request, registry.settings.max_body_bytes, optional=True)
     reject_unknown(body, set())
-    session = await registry.create_session()
+    try:
+        session = await registry.create_session()
+    except (TooManySessions, KernelUnavailable) as exc:
+        _metrics(request).session_rejections.labels(_rejection(exc)).inc()
+        raise
+    logs.bind(session_id=session.id)
     return JSONResponse(
         session.to_json(), status_code=201, headers={"Location": f"/sessions/{session.id}"}
     )
@@ -57,6 +64,7 @@ async def execute(request: Request) -> Response:
     code = string_field(body, "code")
     timeout = number_field(body, "timeout", minimum=0, maximum=settings.max_exec_timeout)
     execution = session.submit(code, timeout)
+    logs.bind(execution_id=execution.id)
     return await respond(request, session, execution)
 
 
@@ -113,5 +121,21 @@ async def execute_stateless(request: Request) -> Response:
     code = string_field(body, "code")
     timeout = number_field(body, "timeout", minimum=0, maximum=settings.max_exec_timeout)
     files = files_field(body, "files", settings.max_upload_bytes)
-    session, execution = await registry.run_stateless(code, timeout, files)
+    metrics = _metrics(request)
+    metrics.stateless_requests.inc()
+    try:
+        session, execution = await registry.run_stateless(code, timeout, files)
+    except (TooManySessions, KernelUnavailable) as exc:
+        metrics.stateless_rejections.labels(_rejection(exc)).inc()
+        raise
+    logs.bind(session_id=session.id, execution_id=execution.id)
     return await respond(request, session, execution)
+
+
+def _metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.state.metrics
+    return metrics
+
+
+def _rejection(exc: TooManySessions | KernelUnavailable) -> str:
+    return "capacity" if isinstance(exc, TooManySessions) else "kernel_unavailable"
