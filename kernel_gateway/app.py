@@ -101,7 +101,7 @@ def create_app(settings: Settings) -> Starlette:
     return Starlette(
         routes=routes,
         middleware=[
-            Middleware(ObserveRequests, routes=routes, metrics=metrics),
+            Middleware(ObserveRequests, metrics=metrics),
             Middleware(
                 LoopbackHostGuard,
                 enabled=settings.token is None and is_loopback(settings.host),

@@ -6,9 +6,10 @@ the session and execution ids in the path, are bound for every log line the
 request causes (see `logs.py`).
 
 Requests are counted by route *template* (`/sessions/{session_id}`), matched
-against the app's routing table before anything else runs, so even a request
-refused by auth is counted under its route, and an unknown path is counted as
-`unmatched`: label values stay bounded whatever clients send.
+against the app's routing table (`scope["app"].routes`, so routes added anywhere
+are known) before anything else runs: even a request refused by auth is counted
+under its route, and an unknown path is counted as `unmatched`, so label values
+stay bounded whatever clients send.
 
 An exception no handler took is answered here as a 500 JSON error (with the
 request id) and logged with its traceback; the code and body are not logged.
@@ -35,6 +36,8 @@ logger = logging.getLogger("kernel_gateway.access")
 errors = logging.getLogger("kernel_gateway")
 
 SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+SANE_PATH_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""A session or execution id from the path is logged only if it could be one."""
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 UNMATCHED = "unmatched"
 _CONVERTOR = re.compile(r"\{([^}:]+):[^}]+\}")
@@ -71,9 +74,8 @@ def request_id(headers: Headers) -> str:
 
 
 class ObserveRequests:
-    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute], metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
-        self.routes = routes
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -82,11 +84,11 @@ class ObserveRequests:
             return
         started = time.monotonic()
         rid = request_id(Headers(scope=scope))
-        route, params = match(self.routes, scope)
+        route, params = match(getattr(scope.get("app"), "routes", ()), scope)
         logs.bind(
             request_id=rid,
-            session_id=params.get("session_id"),
-            execution_id=params.get("execution_id"),
+            session_id=_sane(params.get("session_id")),
+            execution_id=_sane(params.get("execution_id")),
         )
         method = scope["method"] if scope["method"] in METHODS else "OTHER"
         status = 0
@@ -124,6 +126,10 @@ class ObserveRequests:
                     }
                 },
             )
+
+
+def _sane(value: str | None) -> str | None:
+    return value if value is not None and SANE_PATH_ID.fullmatch(value) else None
 
 
 def _internal_error(rid: str) -> JSONResponse:

@@ -33,10 +33,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kernel_gateway.app import create_app
 from kernel_gateway.observe import template
-from kernel_gateway.routes import routes
 
-from .conftest import require_backend
+from .conftest import require_backend, settings_for
 from .gateway_process import Gateway, gateway
 from .test_cli import containers_of
 
@@ -182,7 +182,8 @@ def test_schemathesis_finds_nothing(tmp_path: Path, backend: str) -> None:
             if s.name.endswith("_total")
         }
         assert sum(requests.values()) >= summary["test_cases"]["generated"]
-        templates = {template(r) for r in routes} | {"unmatched"}
+        app = create_app(settings_for(backend, tmp_path))
+        templates = {template(r) for r in app.routes} | {"unmatched"}
         for labels in requests:
             label = dict(labels)
             assert label["route"] in templates, label

@@ -76,6 +76,8 @@ def test_json_logs_carry_ids_and_never_code_output_or_tokens(tmp_path: Path) -> 
             headers={"X-Request-Id": "death-req"},
         )
         assert '"reason":"exited"' in died.text
+        junk = c.get("/sessions/not%20an%0Aid", headers={"X-Request-Id": "junk-req"})
+        assert junk.status_code == 404
         bad = httpx.get(gw.url + "/sessions", headers={"Authorization": f"Bearer {WRONG_TOKEN}"})
         assert bad.status_code == 401 and bad.headers["x-request-id"]
         c.delete(f"/sessions/{sid}")
@@ -107,6 +109,7 @@ def test_json_logs_carry_ids_and_never_code_output_or_tokens(tmp_path: Path) -> 
     assert (death["session_id"], death["execution_id"]) == (sid, "2")
     assert "exited" in str(death["message"])
     one(logger="kernel_gateway.access", route="/sessions", status=401)
+    assert "session_id" not in one(request_id="junk-req")  # not an id: not logged as one
     assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
     for secret in (TOKEN, WRONG_TOKEN, CODE_MARKER, OUTPUT_MARKER, FILE_MARKER):
         assert secret not in text
