@@ -62,7 +62,7 @@ class Session:
         metrics: Metrics,
     ) -> None:
         self.id = session_id
-        self._metrics = metrics
+        self.metrics = metrics
         self.ephemeral = ephemeral
         """One execution, then gone: never revived, files sent whole in events."""
         self.slot = slot
@@ -306,7 +306,7 @@ class Session:
             if execution in self._queue:
                 self._queue.remove(execution)
             execution.finish()
-            self._metrics.execution_ended(execution, stateless=self.ephemeral)
+            self.metrics.execution_ended(execution, stateless=self.ephemeral)
             self._keep_recent()
 
     def _refused(self, execution: Execution) -> bool:

@@ -75,7 +75,7 @@ async def respond(
     """Send the execution's events from after event id `after`, live or collected."""
     if wants_json(request):
         return await _collected(request, session, execution, after)
-    return _ExecutionStream(session, execution, after, request.state.metrics)
+    return _ExecutionStream(session, execution, after, session.metrics)
 
 
 async def _collected(
@@ -94,8 +94,7 @@ async def _collected(
     if collector.done() and not collector.cancelled():
         document = {"execution_id": execution.id, **collector.result()}
         response = JSONResponse(document, headers=_headers(session, execution))
-        metrics: Metrics = request.state.metrics
-        metrics.sent_document((e["event"] for e in document["events"]), len(response.body))
+        session.metrics.sent_document((e["event"] for e in document["events"]), len(response.body))
         return response
     return Response(status_code=499)
 
