@@ -63,7 +63,8 @@ class JSONFormatter(logging.Formatter):
             document.update(fields)
         if record.exc_info:
             document["exception"] = self.formatException(record.exc_info)
-        return json.dumps(document, ensure_ascii=False, default=str)
+        # ASCII only: U+2028, NEL and the like would split the line for many readers.
+        return json.dumps(document, default=str)
 
 
 def formatter(log_format: LogFormat) -> logging.Formatter:

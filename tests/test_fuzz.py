@@ -212,8 +212,12 @@ def test_schemathesis_finds_nothing(tmp_path: Path, backend: str) -> None:
     while [pid for pid in left if alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert [pid for pid in left if alive(pid)] == []
-    lines = gw.log.read_text().splitlines()
-    records = [json.loads(line) for line in lines]  # every line is one JSON object
+    records = []
+    for line in gw.log.read_text().splitlines():  # every line is one JSON object
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            raise AssertionError(f"not a JSON log line: {line!r}") from None
     assert len(records) > summary["test_cases"]["generated"]
     errors = [r for r in records if r["level"] in ("error", "critical")]
     assert errors == []
