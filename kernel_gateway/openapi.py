@@ -461,7 +461,11 @@ _SESSION_LINKS = {
 
 
 def _operations(settings: Settings) -> list[tuple[str, str, JSON]]:
-    """(path, method, operation) for every documented route."""
+    """(path, method, operation) for every documented route.
+
+    An operation's `x-errors` lists the error statuses it answers with besides 400 (and
+    401 behind a token); `build` turns them into responses with the error document.
+    """
     kernel_start = [503]
     json_body = [400, 413, 415, 422]
     return [
@@ -517,7 +521,6 @@ def _operations(settings: Settings) -> list[tuple[str, str, JSON]]:
                         },
                     )
                 },
-                "x-errors": [],
             },
         ),
         (

@@ -47,8 +47,8 @@ LONG = EXAMPLES > 0
 POOL = 2
 TOKEN = "fuzz-token"
 # Growth allowed after the run, measured against the gateway after a warm-up.
-RSS_SLACK = 48 * 1024**2
-FD_SLACK = 6
+RSS_SLACK = 16 * 1024**2
+FD_SLACK = 4
 
 
 def fuzzed_gateway(tmp_path: Path, backend: str) -> Any:
