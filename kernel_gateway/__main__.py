@@ -66,6 +66,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from .app import create_app
     from .backends.base import secure_runtime_root
+    from .logs import configure
     from .server import GatewayServer
 
     try:
@@ -75,10 +76,7 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kernel-gateway: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
+    configure(settings.log_format, settings.log_level)
     logging.getLogger("kernel_gateway").debug("settings: %s", ", ".join(describe(settings)))
     if settings.persist_sessions:
         from sse_starlette.sse import AppStatus
@@ -92,7 +90,8 @@ def serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=settings.log_level == "debug",
+        log_config=None,  # configured above; the gateway writes its own access log
+        access_log=False,
         # With persisted sessions, streams of running cells may take the drain's time
         # (the app ends them when it is over: this is only a backstop).
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout) + 5

@@ -15,12 +15,15 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
 
 from .auth import BearerAuth, LoopbackHostGuard
 from .backends import AUTO, load_backend
 from .backends.base import Backend, RuntimeDir
 from .errors import BackendUnavailable, GatewayError
 from .http import JSONResponse, error_response
+from .metrics import Metrics
+from .observe import ObserveRequests
 from .persistence import SessionStore
 from .registry import Registry
 from .routes import routes
@@ -40,6 +43,7 @@ HTTP_ERROR_TYPES = {
 class State(TypedDict):
     registry: Registry
     settings: Settings
+    metrics: Metrics
 
 
 class Lifecycle:
@@ -95,6 +99,7 @@ async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:
 
 def create_app(settings: Settings) -> Starlette:
     lifecycle = Lifecycle(settings.drain_timeout)
+    metrics = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
@@ -124,11 +129,12 @@ def create_app(settings: Settings) -> Starlette:
             if persist or runtime.adopted:
                 store = SessionStore(runtime.sessions_path)
                 await asyncio.to_thread(store.open)
-            warm = WarmPool(settings, backend, runtime, context)
+            warm = WarmPool(settings, backend, runtime, context, metrics)
             registry = Registry(settings, warm, runtime.instance, store)
             if runtime.adopted:
                 await registry.adopt()
             registry.start()
+            metrics.watch(registry)
             lifecycle.registry, lifecycle.persist = registry, persist
             logger.info(
                 "ready in %.2f s (backend %.2f s%s)",
@@ -136,8 +142,9 @@ def create_app(settings: Settings) -> Starlette:
                 backend_ready - started,
                 f", adopting {time.monotonic() - backend_ready:.2f} s" if runtime.adopted else "",
             )
-            yield {"registry": registry, "settings": settings}
+            yield {"registry": registry, "settings": settings, "metrics": metrics}
         finally:
+            metrics.watch(None)
             lifecycle.registry = None
             if persist and registry is not None and backend is not None:
                 begun = lifecycle.stop_requested_at or time.monotonic()
@@ -164,6 +171,7 @@ def create_app(settings: Settings) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[
+            Middleware(ObserveRequests, metrics=metrics),
             Middleware(
                 LoopbackHostGuard,
                 enabled=settings.token is None and is_loopback(settings.host),
@@ -190,11 +198,24 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = HTTP_ERROR_TYPES.get(exc.status_code, "http_error")
     message = exc.detail if exc.status_code != 404 else f"no route for {request.url.path}"
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(_allowed_methods(request))
     return JSONResponse(
         {"error": {"type": kind, "message": message}},
         status_code=exc.status_code,
-        headers=exc.headers,
+        headers=headers,
     )
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes at this path (starlette's 405 names only one route's)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.methods:
+            if route.matches(request.scope)[0] is not Match.NONE:
+                methods |= route.methods
+    return sorted(methods)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .errors import BadRequest, Unauthorized
 from .http import error_response
 
-PUBLIC_PATHS = frozenset({"/health", "/"})
+PUBLIC_PATHS = frozenset({"/health", "/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/static/",)
 # RFC 9110 Host: a bracketed IPv6 literal or a name, then an optional all-digit port.
 _HOST = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[^\[\]:@]+))(?::[0-9]{0,5})?")

@@ -94,6 +94,8 @@ class Execution:
         self.submitted_at = datetime.now(UTC)
         self.started: float | None = None
         self.ended: float | None = None
+        self.first_output: float | None = None
+        """When the kernel sent the cell's first output event (monotonic seconds)."""
         self.readers = 0
         """Clients streaming this execution now (a disconnect with none left is a detach)."""
         self._limiter = limiter
@@ -201,6 +203,8 @@ class Execution:
         self.execution_count = execution_count
 
     def on_event(self, event: Event) -> None:
+        if self.first_output is None:
+            self.first_output = time.monotonic()
         if event.name == "error":
             self.saw_error = True
         limited = self._limiter.limit(event)

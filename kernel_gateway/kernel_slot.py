@@ -26,6 +26,7 @@ from typing import Any
 from .backends.base import SessionStorage
 from .errors import KernelUnavailable, SessionFailed
 from .kernel import Kernel
+from .metrics import Metrics
 from .restart_policy import RestartPolicy
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,9 @@ class KernelSlot:
         *,
         revive: bool = True,
         on_replace: Callable[[], None] | None = None,
+        metrics: Metrics,
     ) -> None:
+        self._metrics = metrics
         self._session_id = session_id
         self.kernel: Kernel | None = kernel
         self.kernel_id = kernel.id
@@ -91,6 +94,7 @@ class KernelSlot:
         self._counted.add(kernel)
         self._notice = True
         exit_info = kernel.exit_info
+        self._metrics.kernel_died(exit_info.reason if exit_info else "killed")
         logger.info(
             "session %s: %s", self._session_id, exit_info.describe() if exit_info else "died"
         )
@@ -131,6 +135,7 @@ class KernelSlot:
             return
         self.kernel, self.kernel_id = kernel, kernel.id
         self.restarts += 1
+        self._metrics.kernel_restarted()
         self._watch(kernel)
         if self.on_replace is not None:
             self.on_replace()

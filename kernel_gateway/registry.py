@@ -20,7 +20,17 @@ from collections.abc import Coroutine
 from typing import Any
 
 from .backends.base import Backend, KernelProcess, SessionStorage
-from .errors import SessionLost, SessionNotFound, ShuttingDown, TooManySessions
+from .errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    SessionLost,
+    SessionNotFound,
+    ShuttingDown,
+    TooManySessions,
+)
 from .execution import Execution
 from .kernel import Kernel
 from .kernel_slot import KernelSlot
@@ -269,8 +279,12 @@ class Registry:
         session = self._session_on(warm, ephemeral=True)
         self._ephemeral.add(session)
         try:
-            for path, data in files:
-                await session.files.write(path, data, self.settings.max_upload_bytes)
+            for i, (path, data) in enumerate(files):
+                try:
+                    await session.files.write(path, data, self.settings.max_upload_bytes)
+                except (BadRequest, Conflict, Forbidden, NotFound) as exc:
+                    # a bad path, or one that clashes with an earlier file: the body's fault
+                    raise InvalidRequest(f"'files[{i}]': {exc.message}") from None
             execution = session.submit(code, cell_timeout)
         except BaseException:
             self._release(session)
@@ -296,11 +310,20 @@ class Registry:
             self.warm.launch,
             RestartPolicy(s.restart_budget, s.restart_window),
             revive=not ephemeral,
+            metrics=self.warm.metrics,
         )
         workspace = Workspace(warm.storage.files, self.backend.workspace_owner)
         files = SessionFiles(session_id, workspace, s, inline_all=ephemeral)
         persist = self._save if self.store is not None and not ephemeral else None
-        session = Session(session_id, slot, files, s, ephemeral=ephemeral, persist=persist)
+        session = Session(
+            session_id,
+            slot,
+            files,
+            s,
+            ephemeral=ephemeral,
+            persist=persist,
+            metrics=self.warm.metrics,
+        )
         slot.on_replace = session.persist
         return session
 

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
+from . import logs
 from .errors import (
     ExecutionExpired,
     ExecutionNotFound,
@@ -39,6 +40,7 @@ from .events import MAX_EVENTS, MalformedMessage, OutputLimiter, error_event, pa
 from .execution import Execution, StopReason
 from .kernel import Kernel
 from .kernel_slot import KernelSlot
+from .metrics import Metrics
 from .persistence import RunningCell, SessionRecord
 from .session_files import SessionFiles
 from .settings import Settings
@@ -62,8 +64,10 @@ class Session:
         *,
         ephemeral: bool = False,
         persist: Callable[[Session], None] | None = None,
+        metrics: Metrics,
     ) -> None:
         self.id = session_id
+        self.metrics = metrics
         self.ephemeral = ephemeral
         """One execution, then gone: never revived, files sent whole in events."""
         self.slot = slot
@@ -146,7 +150,8 @@ class Session:
         for execution in self._history:
             if execution.id == execution_id:
                 return execution
-        number = int(execution_id) if execution_id.isdecimal() else 0
+        digits = execution_id.isascii() and execution_id.isdigit() and len(execution_id) < 19
+        number = int(execution_id) if digits else 0
         if 0 < number <= self._adopted_after and all(e.number != number for e in self._history):
             raise ExecutionExpired(
                 f"the events of execution {execution_id} of session {self.id} are gone: the "
@@ -281,6 +286,11 @@ class Session:
     def busy(self) -> bool:
         """A cell runs or waits."""
         return self.current is not None or bool(self._queue)
+
+    @property
+    def queued(self) -> int:
+        """Cells waiting for the kernel."""
+        return len(self._queue)
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -444,7 +454,7 @@ class Session:
             "created_at": self.created_at.isoformat().replace("+00:00", "Z"),
             "idle_seconds": round(self.idle_seconds(), 3),
             "execution_count": self.execution_count,
-            "queued": len(self._queue),
+            "queued": self.queued,
             "restarts": self.slot.restarts,
             "failed": self.slot.policy.failed,
         }
@@ -452,6 +462,7 @@ class Session:
     # -- one cell ----------------------------------------------------------------------------
 
     async def _run(self, execution: Execution) -> None:
+        logs.bind(session_id=self.id, execution_id=execution.id)  # this task's log lines
         try:
             async with self.slot.lock:
                 self._queue.remove(execution)
@@ -484,6 +495,7 @@ class Session:
             if execution in self._queue:
                 self._queue.remove(execution)
             execution.finish()
+            self.metrics.execution_ended(execution, stateless=self.ephemeral)
             self._keep_recent()
 
     def _refused(self, execution: Execution) -> bool:

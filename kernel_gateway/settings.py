@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from .logs import LogFormat
+
 BackendName = Literal["auto", "docker", "local"]
 DEFAULT_IMAGE = "kernel-gateway-kernel:latest"
 FIGURE_FORMATS = frozenset({"png", "retina", "jpeg", "svg", "pdf"})
@@ -127,6 +129,7 @@ class Settings:
     drain_timeout: float = 30.0
     runtime_dir: Path = field(default_factory=default_runtime_dir)
     log_level: str = "info"
+    log_format: LogFormat = "text"
 
     def __post_init__(self) -> None:
         """Refuse, at startup, any value that would only fail later (at every launch)."""
@@ -177,6 +180,8 @@ class Settings:
         for module in self.preload_list:
             if not all(part.isidentifier() for part in module.split(".")):
                 raise ValueError(f"{_origin('preload')}: {module!r} is not a module name")
+        if self.log_format not in get_args(LogFormat):
+            raise ValueError(f"{_origin('log_format')}: must be text or json")
         if not 10 <= self.figure_dpi <= 600:
             raise ValueError(f"{_origin('figure_dpi')}: must be between 10 and 600")
 
@@ -373,6 +378,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "else $TMPDIR/kernel-gateway-<uid>)",
     )
     add("--log-level", choices=["debug", "info", "warning", "error"], help="(default info)")
+    add(
+        "--log-format",
+        choices=get_args(LogFormat),
+        help="text, or json: one JSON object per line with request, session and execution "
+        "ids (default text)",
+    )
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:

@@ -12,7 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .types import JSON, Event, Record
+from .types import JSON, Event
 
 
 def dumps(data: Any) -> bytes:
@@ -26,11 +26,6 @@ def dumps(data: Any) -> bytes:
 def encode(event: Event, event_id: int | None = None) -> bytes:
     head = b"" if event_id is None else b"id: %d\n" % event_id
     return head + b"event: " + event.name.encode() + b"\ndata: " + dumps(event.data) + b"\n\n"
-
-
-async def as_sse(records: AsyncIterator[Record]) -> AsyncIterator[bytes]:
-    async for record in records:
-        yield encode(record.event, record.id)
 
 
 async def collect(events: AsyncIterator[Event]) -> JSON:

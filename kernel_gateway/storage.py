@@ -188,11 +188,13 @@ class LoopStorage(StorageProvider):
     def release(self, root: Path) -> None:
         image = image_path(root)
         backing_file = image.resolve()  # as the kernel names it
-        if os.path.ismount(root):
-            unmount(root)
-        for device in loop_devices_of(lambda backing: backing == backing_file):
-            detach(device)  # left attached only when a mount failed half-way
-        image.unlink(missing_ok=True)
+        try:
+            if os.path.ismount(root):
+                unmount(root)
+            for device in loop_devices_of(lambda backing: backing == backing_file):
+                detach(device)  # left attached only when a mount failed half-way
+        finally:
+            image.unlink(missing_ok=True)  # an attached loop keeps its own reference
 
 
 def choose_provider(size: int, scratch: Path) -> StorageProvider:
@@ -295,7 +297,21 @@ def set_direct_io(root: Path) -> None:
 
 
 def detach(device: str) -> None:
-    _run("losetup", "-d", device)
+    """Detach a loop device; one that autoclear detached meanwhile is fine.
+
+    Right after an unmount the kernel may still list the device as attached and
+    then free it while `losetup -d` runs, which then fails with ENXIO.
+    """
+    try:
+        _run("losetup", "-d", device)
+    except OSError:
+        if attached(device):
+            raise
+
+
+def attached(device: str) -> bool:
+    name = device.removeprefix("/dev/")
+    return Path(f"/sys/block/{name}/loop/backing_file").exists()
 
 
 def loop_devices_of(match: Callable[[Path], bool]) -> list[str]:

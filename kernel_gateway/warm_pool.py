@@ -24,6 +24,7 @@ import zmq.asyncio
 from .backends.base import Backend, KernelProcess, RuntimeDir, SessionStorage
 from .errors import GatewayError, KernelUnavailable
 from .kernel import Kernel
+from .metrics import Metrics
 from .settings import Settings
 from .types import JSON
 
@@ -43,8 +44,10 @@ class WarmPool:
         backend: Backend,
         runtime: RuntimeDir,
         context: zmq.asyncio.Context,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics or Metrics()
         self.backend = backend
         self._runtime = runtime
         self._context = context
@@ -158,6 +161,16 @@ class WarmPool:
         else that goes wrong while connecting is mapped here), so whoever replaces
         kernels handles exactly one exception.
         """
+        began = time.monotonic()
+        try:
+            kernel = await self._launch(storage)
+        except KernelUnavailable:
+            self.metrics.kernel_start_failed()
+            raise
+        self.metrics.kernel_started(time.monotonic() - began)
+        return kernel
+
+    async def _launch(self, storage: SessionStorage) -> Kernel:
         process = await self.backend.launch(storage)
         try:
             kernel = Kernel(process, self._context)
@@ -228,6 +241,8 @@ class WarmPool:
         if warm in self._warm:
             self._warm.remove(warm)
             logger.warning("a warm kernel died before use; replacing it")
+            exit_info = warm.kernel.exit_info
+            self.metrics.kernel_died(exit_info.reason if exit_info else "killed")
             self._spawn(self.discard(warm))
             self._fill()
 

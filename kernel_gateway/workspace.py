@@ -21,10 +21,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
-from .errors import BadRequest, Forbidden, NotFound, PayloadTooLarge
+from .errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-MAX_PATH_LENGTH = 1024
+MAX_PATH_LENGTH = 4096  # Linux PATH_MAX (paths are walked one name at a time, so only a cap)
+MAX_NAME_BYTES = 255  # NAME_MAX of Linux filesystems
 MAX_SCAN_ENTRIES = 10_000
 IGNORED_DIRS = frozenset({"__pycache__", ".ipynb_checkpoints"})
 INLINE_IMAGE_TYPES = frozenset(
@@ -65,6 +66,10 @@ def split_path(raw: str) -> list[str]:
         raise BadRequest("a file path is required")
     if "\x00" in raw:
         raise BadRequest("file paths may not contain NUL bytes")
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest("file paths must be valid Unicode (no lone surrogates)") from None
     if len(raw) > MAX_PATH_LENGTH:
         raise BadRequest(f"file paths are limited to {MAX_PATH_LENGTH} characters")
     if raw.startswith("/"):
@@ -74,6 +79,8 @@ def split_path(raw: str) -> list[str]:
         raise BadRequest("file paths may not contain '..'")
     if not parts:
         raise BadRequest("a file path is required")
+    if any(len(p.encode("utf-8")) > MAX_NAME_BYTES for p in parts):
+        raise BadRequest(f"file and folder names are limited to {MAX_NAME_BYTES} bytes")
     return parts
 
 
@@ -83,9 +90,9 @@ def _translate_oserror(exc: OSError, path: str) -> Exception:
     if exc.errno in (errno.ELOOP, errno.EMLINK):
         return Forbidden(f"{path!r} is or passes through a symlink; symlinks are not followed")
     if exc.errno == errno.ENOTDIR:
-        return NotFound(f"no file {path!r} in the session's workspace")
+        return NotFound(f"no file {path!r}: a folder on its way is a file")
     if exc.errno == errno.EISDIR:
-        return BadRequest(f"{path!r} is a directory")
+        return Conflict(f"{path!r} is a folder, not a file")
     if exc.errno == errno.ENAMETOOLONG:
         return BadRequest("file name too long")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -133,7 +140,7 @@ class Workspace:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             os.close(fd)
-            raise BadRequest(f"{raw_path!r} is not a regular file")
+            raise NotFound(f"{raw_path!r} is not a regular file")
         return fd, info
 
     def read_bytes(self, raw_path: str, limit: int) -> bytes | None:
@@ -157,7 +164,7 @@ class Workspace:
             with contextlib.suppress(FileNotFoundError):
                 info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
                 if stat.S_ISDIR(info.st_mode):
-                    raise BadRequest(f"{raw_path!r} is a directory")
+                    raise Conflict(f"{raw_path!r} is a folder, not a file")
                 if stat.S_ISLNK(info.st_mode):
                     raise Forbidden(f"{raw_path!r} is a symlink; symlinks are not followed")
             tmp = f".upload-{secrets.token_hex(8)}"
@@ -176,7 +183,7 @@ class Workspace:
             with self._parent_dir(parts) as dir_fd:
                 info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
                 if stat.S_ISDIR(info.st_mode):
-                    raise BadRequest(f"{raw_path!r} is a directory")
+                    raise Conflict(f"{raw_path!r} is a folder, not a file")
                 os.unlink(parts[-1], dir_fd=dir_fd)
         except OSError as exc:
             raise _translate_oserror(exc, raw_path) from None

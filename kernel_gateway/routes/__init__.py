@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from starlette.routing import Mount, Route
 
-from . import files, health, sessions, web
+from . import files, health, metrics, openapi, sessions, web
 
 routes = [
     Route("/", web.index, methods=["GET"]),
     Mount("/static", app=web.static, name="static"),
     Route("/health", health.health, methods=["GET"]),
+    Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
+    Route("/metrics", metrics.metrics, methods=["GET"]),
     Route("/execute", sessions.execute_stateless, methods=["POST"]),
     Route("/sessions", sessions.create, methods=["POST"]),
     Route("/sessions", sessions.list_all, methods=["GET"]),

@@ -3,7 +3,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..errors import InvalidRequest
+from .. import logs
+from ..errors import InvalidRequest, KernelUnavailable, TooManySessions
 from ..http import (
     JSONResponse,
     files_field,
@@ -12,6 +13,7 @@ from ..http import (
     reject_unknown,
     string_field,
 )
+from ..metrics import Metrics
 from ..registry import Registry
 from ..session import Session
 from .streaming import respond
@@ -30,7 +32,12 @@ async def create(request: Request) -> Response:
     registry = _registry(request)
     body = await read_json(request, registry.settings.max_body_bytes, optional=True)
     reject_unknown(body, set())
-    session = await registry.create_session()
+    try:
+        session = await registry.create_session()
+    except (TooManySessions, KernelUnavailable) as exc:
+        _metrics(request).session_rejections.labels(_rejection(exc)).inc()
+        raise
+    logs.bind(session_id=session.id)
     return JSONResponse(
         session.to_json(), status_code=201, headers={"Location": f"/sessions/{session.id}"}
     )
@@ -57,6 +64,7 @@ async def execute(request: Request) -> Response:
     code = string_field(body, "code")
     timeout = number_field(body, "timeout", minimum=0, maximum=settings.max_exec_timeout)
     execution = session.submit(code, timeout)
+    logs.bind(execution_id=execution.id)
     return await respond(request, session, execution)
 
 
@@ -73,16 +81,21 @@ async def execution_events(request: Request) -> Response:
 
 
 def _resume_point(request: Request) -> int | None:
-    """The event id to resume after: the `after` parameter, else `Last-Event-ID`."""
-    raw = request.query_params.get("after")
-    name = "the 'after' parameter"
-    if raw is None:
-        raw = request.headers.get("last-event-id")
-        name = "Last-Event-ID"
+    """The event id to resume after: the `after` parameter, else `Last-Event-ID`.
+
+    Both are checked when both are sent: a malformed one is refused even when the
+    other would win.
+    """
+    after = _event_id(request.query_params.get("after"), "the 'after' parameter")
+    header = _event_id(request.headers.get("last-event-id"), "Last-Event-ID")
+    return after if after is not None else header
+
+
+def _event_id(raw: str | None, name: str) -> int | None:
     if raw is None or raw.strip() == "":
         return None
     raw = raw.strip()
-    if not raw.isdecimal() or len(raw) > 18:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise InvalidRequest(f"{name} must be an event id (a non-negative integer), got {raw!r}")
     return int(raw)
 
@@ -108,5 +121,21 @@ async def execute_stateless(request: Request) -> Response:
     code = string_field(body, "code")
     timeout = number_field(body, "timeout", minimum=0, maximum=settings.max_exec_timeout)
     files = files_field(body, "files", settings.max_upload_bytes)
-    session, execution = await registry.run_stateless(code, timeout, files)
+    metrics = _metrics(request)
+    metrics.stateless_requests.inc()
+    try:
+        session, execution = await registry.run_stateless(code, timeout, files)
+    except (TooManySessions, KernelUnavailable) as exc:
+        metrics.stateless_rejections.labels(_rejection(exc)).inc()
+        raise
+    logs.bind(session_id=session.id, execution_id=execution.id)
     return await respond(request, session, execution)
+
+
+def _metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.state.metrics
+    return metrics
+
+
+def _rejection(exc: TooManySessions | KernelUnavailable) -> str:
+    return "capacity" if isinstance(exc, TooManySessions) else "kernel_unavailable"

@@ -11,6 +11,7 @@ first step never runs its `finally`.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
@@ -19,8 +20,10 @@ from starlette.types import Receive, Scope, Send
 
 from ..execution import Execution
 from ..http import JSONResponse, wants_json
+from ..metrics import Metrics
 from ..session import Session
-from ..sse import as_sse, collect
+from ..sse import collect, encode
+from ..types import Record
 
 PING_SECONDS = 10
 SEND_TIMEOUT_SECONDS = 60
@@ -38,9 +41,11 @@ class _ExecutionStream(EventSourceResponse):
     """SSE of one execution from after an event id; the client is attached to the
     execution for exactly as long as the response lasts."""
 
-    def __init__(self, session: Session, execution: Execution, after: int | None) -> None:
+    def __init__(
+        self, session: Session, execution: Execution, after: int | None, metrics: Metrics
+    ) -> None:
         super().__init__(
-            as_sse(execution.records(after)),
+            _frames(execution.records(after), metrics),
             ping=PING_SECONDS,
             send_timeout=SEND_TIMEOUT_SECONDS,
             headers=_headers(session, execution),
@@ -56,13 +61,21 @@ class _ExecutionStream(EventSourceResponse):
             self._session.detach(self._execution)
 
 
+async def _frames(records: AsyncIterator[Record], metrics: Metrics) -> AsyncIterator[bytes]:
+    """SSE frames of the records, each counted as it is handed to the server."""
+    async for record in records:
+        frame = encode(record.event, record.id)
+        metrics.sent(record.event.name, len(frame), "sse")
+        yield frame
+
+
 async def respond(
     request: Request, session: Session, execution: Execution, after: int | None = None
 ) -> Response:
     """Send the execution's events from after event id `after`, live or collected."""
     if wants_json(request):
         return await _collected(request, session, execution, after)
-    return _ExecutionStream(session, execution, after)
+    return _ExecutionStream(session, execution, after, session.metrics)
 
 
 async def _collected(
@@ -80,7 +93,9 @@ async def _collected(
         session.detach(execution)
     if collector.done() and not collector.cancelled():
         document = {"execution_id": execution.id, **collector.result()}
-        return JSONResponse(document, headers=_headers(session, execution))
+        response = JSONResponse(document, headers=_headers(session, execution))
+        session.metrics.sent_document((e["event"] for e in document["events"]), len(response.body))
+        return response
     return Response(status_code=499)
 
 

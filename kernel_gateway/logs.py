@@ -1,0 +1,85 @@
+"""Logging: plain text or one JSON object per line, with the ids of what a line is about.
+
+`--log-format json` writes every record (the gateway's and uvicorn's) as one
+JSON object on one line: `time`, `level`, `logger`, `message`, the
+`request_id`, `session_id` and `execution_id` the line is about (when there is
+one), any structured fields of the line (the access log's `method`, `route`,
+`status`, `duration_ms`), and `exception` with the traceback.
+
+The ids travel in a `ContextVar`: the request middleware binds the request id
+and the ids in the path, routes bind the execution they start, and each
+execution's task binds its own (a task copies its context when created, so
+work a request starts keeps that request's ids). Nothing here holds state
+across requests; the variable's value lives in each task's context.
+
+What is never logged: code, its output, request bodies, file paths, query
+strings, and the token (settings are logged at debug with the token masked).
+The access log names the route template (`/sessions/{session_id}/files/{path}`),
+never the raw path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Mapping
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any, Literal
+
+LogFormat = Literal["text", "json"]
+TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+_context: ContextVar[Mapping[str, str]] = ContextVar(
+    "kernel_gateway_log_context", default=MappingProxyType({})
+)
+
+
+def bind(**ids: str | None) -> None:
+    """Name what the current task's log lines are about (None leaves a field as it is)."""
+    update = {name: value for name, value in ids.items() if value is not None}
+    if update:
+        _context.set(MappingProxyType({**_context.get(), **update}))
+
+
+def current() -> Mapping[str, str]:
+    """The ids bound in the current context."""
+    return _context.get()
+
+
+class JSONFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        document: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        document.update(_context.get())
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            document.update(fields)
+        if record.exc_info:
+            document["exception"] = self.formatException(record.exc_info)
+        # ASCII only: U+2028, NEL and the like would split the line for many readers.
+        return json.dumps(document, default=str)
+
+
+def formatter(log_format: LogFormat) -> logging.Formatter:
+    return JSONFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+
+
+def configure(log_format: LogFormat, level: str) -> None:
+    """Send every logger's records (uvicorn's too) to stderr in `log_format`."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(log_format))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True

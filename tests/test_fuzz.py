@@ -1,0 +1,223 @@
+"""Schemathesis against a live gateway, on the local and the docker backend.
+
+The real tool, run as its users run it (`st run` on `/openapi.json`, every check:
+no 5xx; status, content type, headers and body as documented; invalid input
+refused, valid input accepted; 405 with a true `Allow`; no answer slower than
+30 s), through the coverage, fuzzing and stateful phases. Settings are in
+`tests/schemathesis.toml`.
+
+Bounded by default (4 examples per operation, a fixed seed): about 20 s on the
+local backend and 75 s on docker. For release checks, the long mode:
+
+    KG_FUZZ_EXAMPLES=200 .venv/bin/pytest tests/test_fuzz.py    # any seed: KG_FUZZ_SEED=7
+
+Around the run, the gateway is watched from outside: its resident memory and
+open descriptors are back near where they were after a warm-up, every kernel
+it started is gone once the sessions are, and nothing is left after it stops.
+The local gateway runs without a token and the docker one with a token, so both
+auth modes are fuzzed. Both log in JSON, and every line must parse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kernel_gateway.app import create_app
+from kernel_gateway.observe import template
+
+from .conftest import require_backend, settings_for
+from .gateway_process import Gateway, gateway
+from .test_cli import containers_of
+
+CONFIG = Path(__file__).with_name("schemathesis.toml")
+EXAMPLES = int(os.environ.get("KG_FUZZ_EXAMPLES", "0"))  # 0: the bounded mode
+SEED = os.environ.get("KG_FUZZ_SEED")
+LONG = EXAMPLES > 0
+POOL = 2
+TOKEN = "fuzz-token"
+# Growth allowed after the run, measured against the gateway after a warm-up.
+RSS_SLACK = 16 * 1024**2
+FD_SLACK = 4
+
+
+def fuzzed_gateway(tmp_path: Path, backend: str) -> Any:
+    """A gateway sized for fuzzing: cells stop within 5 s, few sessions, cheap kernels."""
+    return gateway(
+        tmp_path,
+        "--backend",
+        backend,
+        "--pool-size",
+        str(POOL),
+        "--preload",
+        "",
+        "--max-sessions",
+        "6",
+        "--max-stateless",
+        "2",
+        "--idle-timeout",
+        "120",
+        "--log-format",
+        "json",
+        token=TOKEN if backend == "docker" else None,
+        env={"KG_MAX_EXEC_TIMEOUT": "5", "KG_EXEC_TIMEOUT": "5"},
+    )
+
+
+def warm_up(gw: Gateway) -> None:
+    """One of everything, several at once, so lazy imports, thread pools and the Docker
+    client's connection pool have grown to their working size before measuring."""
+
+    def session_round(_: int) -> None:
+        with gw.client() as c:
+            sid = c.post("/sessions").json()["id"]
+            for accept in ("text/event-stream", "application/json"):
+                body = {"code": "print(1)"}
+                r = c.post(f"/sessions/{sid}/execute", json=body, headers={"Accept": accept})
+                assert r.status_code == 200, r.text
+            assert c.put(f"/sessions/{sid}/files/a/b.txt", content=b"x").status_code == 201
+            assert c.get(f"/sessions/{sid}/files/a/b.txt").content == b"x"
+            assert c.get(f"/sessions/{sid}/executions/1/events").status_code == 200
+            assert c.post(f"/sessions/{sid}/restart").status_code == 200
+            for path in ("/metrics", "/openapi.json", "/sessions", "/nowhere"):
+                c.get(path)
+            assert c.delete(f"/sessions/{sid}").status_code == 204
+
+    def stateless(_: int) -> None:
+        with gw.client() as c:
+            r = c.post("/execute", json={"code": "1"}, headers={"Accept": "application/json"})
+            assert r.status_code in (200, 429), r.text
+
+    with ThreadPoolExecutor(6) as pool:
+        for _ in range(2):
+            list(pool.map(session_round, range(4)))
+            list(pool.map(stateless, range(4)))
+
+
+def alive(pid: int) -> bool:
+    """Whether a process is still running (a zombie waiting to be reaped is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def delete_sessions(gw: Gateway) -> None:
+    with gw.client() as c:
+        for session in c.get("/sessions").json()["sessions"]:
+            c.delete(f"/sessions/{session['id']}")
+
+
+def run_schemathesis(gw: Gateway, report_dir: Path) -> tuple[subprocess.CompletedProcess[str], Any]:
+    cmd = [
+        str(Path(sys.executable).with_name("st")),
+        "--config-file",
+        str(CONFIG),
+        "run",
+        gw.url + "/openapi.json",
+        "--checks",
+        "all",
+        "--no-color",
+        "--report",
+        "json",
+        "--report-dir",
+        str(report_dir),
+    ]
+    for name, value in gw.headers.items():
+        cmd += ["-H", f"{name}: {value}"]
+    if LONG:
+        cmd += ["--max-examples", str(EXAMPLES)]
+    if SEED:
+        cmd += ["--seed", SEED]
+    started = time.monotonic()
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=None if LONG else 400, cwd=report_dir
+    )
+    (report,) = report_dir.glob("*.json")
+    summary = json.loads(report.read_text())
+    summary["seconds"] = time.monotonic() - started
+    return result, summary
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_schemathesis_finds_nothing(tmp_path: Path, backend: str) -> None:
+    require_backend(backend)
+    with fuzzed_gateway(tmp_path, backend) as gw:
+        instance = httpx.get(gw.url + "/health").json()["instance"]
+        warm_up(gw)
+        gw.wait_settled(POOL)
+        rss, fds, kernels = gw.rss_bytes(), gw.open_fds(), len(gw.descendants())
+
+        report_dir = tmp_path / "report"
+        report_dir.mkdir()
+        result, summary = run_schemathesis(gw, report_dir)
+        figures = (
+            f"{backend}: {summary['test_cases']['generated']} test cases in "
+            f"{summary['seconds']:.0f} s, seed {summary['seed']}"
+        )
+        print(figures)
+        assert result.returncode == 0, f"{figures}\n{result.stdout[-20000:]}\n{result.stderr}"
+        assert summary["test_cases"]["generated"] >= 150
+        assert summary["failures"] == [] and summary["errors"] == []
+
+        # Every answer was counted under a route template, and none was a 5xx.
+        with gw.client() as c:
+            exposition = c.get("/metrics").text
+        requests = {
+            tuple(sorted(s.labels.items())): s.value
+            for family in text_string_to_metric_families(exposition)
+            if family.name == "kernel_gateway_http_requests"
+            for s in family.samples
+            if s.name.endswith("_total")
+        }
+        assert sum(requests.values()) >= summary["test_cases"]["generated"]
+        app = create_app(settings_for(backend, tmp_path))
+        templates = {template(r) for r in app.routes} | {"unmatched"}
+        for labels in requests:
+            label = dict(labels)
+            assert label["route"] in templates, label
+            assert not label["status"].startswith("5"), label
+
+        delete_sessions(gw)
+        gw.wait_settled(POOL)
+        time.sleep(1)  # closed sockets and freed buffers settle
+        grown = gw.rss_bytes() - rss
+        fds_after = gw.open_fds()
+        print(
+            f"{backend}: RSS {rss / 2**20:.1f} MiB {grown / 2**20:+.1f}; fds {fds} -> {fds_after}"
+        )
+        assert grown < RSS_SLACK, f"gateway RSS grew by {grown / 2**20:.1f} MiB"
+        assert gw.open_fds() <= fds + FD_SLACK, (fds, gw.open_fds())
+        if backend == "docker":
+            assert len(containers_of(instance)) == POOL
+        else:
+            assert len(gw.descendants()) == kernels
+        left = gw.descendants()
+        assert gw.stop() in (0, -15)
+
+    if backend == "docker":
+        assert containers_of(instance) == []
+    deadline = time.monotonic() + 15
+    while [pid for pid in left if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in left if alive(pid)] == []
+    records = []
+    for line in gw.log.read_text().splitlines():  # every line is one JSON object
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            raise AssertionError(f"not a JSON log line: {line!r}") from None
+    assert len(records) > summary["test_cases"]["generated"]
+    errors = [r for r in records if r["level"] in ("error", "critical")]
+    assert errors == []
