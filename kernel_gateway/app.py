@@ -19,6 +19,9 @@ from .backends import AUTO, load_backend
 from .backends.base import Backend, RuntimeDir
 from .errors import BackendUnavailable, GatewayError
 from .http import JSONResponse, error_response
+from .jupyter_kernels import JupyterKernels
+from .mcp_server import McpService
+from .protocols import protocol_state
 from .registry import Registry
 from .routes import routes
 from .settings import Settings, is_loopback
@@ -37,6 +40,8 @@ HTTP_ERROR_TYPES = {
 class State(TypedDict):
     registry: Registry
     settings: Settings
+    jupyter: JupyterKernels
+    mcp: McpService | None
 
 
 async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:
@@ -80,7 +85,8 @@ def create_app(settings: Settings) -> Starlette:
             warm = WarmPool(settings, backend, runtime, context)
             registry = Registry(settings, warm, runtime.instance)
             registry.start()
-            yield {"registry": registry, "settings": settings}
+            async with protocol_state(settings, registry) as protocols:
+                yield {"registry": registry, "settings": settings, **protocols}
         finally:
             if registry is not None:
                 await registry.close()
