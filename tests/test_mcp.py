@@ -12,7 +12,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import anyio
 import httpx
@@ -208,7 +207,8 @@ async def test_timeout_interrupts_and_progress_is_reported(server: ServerThread)
         result = await client.call_tool(
             "run_python",
             {
-                "code": "import time\nfor i in range(30):\n    print('step', i, flush=True)\n    time.sleep(0.2)",
+                "code": "import time\nfor i in range(30):\n"
+                "    print('step', i, flush=True)\n    time.sleep(0.2)",
                 "timeout": 2.5,
             },
             progress_callback=on_progress,
@@ -275,7 +275,8 @@ async def test_stateless_mode_runs_each_call_in_a_fresh_kernel(
         result = await client.call_tool(
             "run_python",
             {
-                "code": "print(open('in.txt').read())\nopen('out.txt', 'w').write('written')\nx = 1",
+                "code": "print(open('in.txt').read())\n"
+                "open('out.txt', 'w').write('written')\nx = 1",
                 "files": [{"path": "in.txt", "content": "hello"}],
             },
         )
