@@ -1,7 +1,9 @@
 """Jupyter's view of the gateway's sessions: kernel models, and WebSocket channels.
 
-A Jupyter kernel here *is* a gateway session (same id, same files at
-`/sessions/{id}/files`, same limits, idle reaping and restart policy). Its
+A Jupyter kernel here *is* a gateway session (same limits, idle reaping and
+restart policy, same files at `/sessions/{id}/files`). Its kernel id is the
+session id's UUID in Jupyter's canonical spelling (`6f1c0e2a-…`, which Jupyter
+Server's routes require; the session id is the same UUID without dashes). Its
 `/api/kernels/{id}/channels` WebSocket is a proxy onto the kernel's own ZMQ
 channels, as Jupyter Server's is: each connection opens its own shell, control
 and stdin sockets (one identity, so `input()` works) and an IOPub subscriber,
@@ -89,13 +91,17 @@ class JupyterKernels:
     def state(self, session_id: str) -> KernelState:
         return self._states.setdefault(session_id, KernelState())
 
+    def session(self, kernel_id: str) -> Session:
+        """The session behind a kernel id (either spelling); SessionNotFound if none."""
+        return self.registry.get(session_id(kernel_id))
+
     def model(self, session: Session) -> JSON:
         """The kernel model Jupyter Server and its gateway client read."""
         state = self._states.get(session.id) or KernelState()
         idle = session.idle_seconds()
         last = datetime.now(UTC) - timedelta(seconds=max(0.0, idle))
         return {
-            "id": session.id,
+            "id": kernel_id(session.id),
             "name": KERNEL_NAME,
             "last_activity": last.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "execution_state": self.execution_state(session, state),
@@ -145,6 +151,22 @@ class JupyterKernels:
             state.proxies.discard(proxy)
             if session.closed:
                 self.forget(session.id)
+
+
+def kernel_id(session_id: str) -> str:
+    """A session id as a Jupyter kernel id: the same UUID, with dashes."""
+    try:
+        return str(uuid.UUID(hex=session_id))
+    except ValueError:
+        return session_id
+
+
+def session_id(kernel_id: str) -> str:
+    """A Jupyter kernel id (or a session id) as the session id."""
+    try:
+        return uuid.UUID(kernel_id).hex
+    except ValueError:
+        return kernel_id
 
 
 def _url(info: ConnectionInfo, port: str) -> str:

@@ -11,8 +11,9 @@
     POST   /api/kernels/{id}/restart     200 kernel model
     WS     /api/kernels/{id}/channels    Jupyter messages (JSON, or the v1 binary subprotocol)
 
-A kernel is a gateway session: the same id, the same limits. Errors carry Jupyter's
-`message` and `reason` besides the gateway's own `error` object.
+A kernel is a gateway session with the same limits; its id is the session id's UUID
+spelt with dashes, as Jupyter Server's routes require (either spelling is accepted).
+Errors carry Jupyter's `message` and `reason` besides the gateway's own `error` object.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .. import __version__
 from ..auth import refuse
 from ..errors import GatewayError, InvalidRequest, NotFound, TooManySessions
 from ..http import JSONResponse, read_json, reject_unknown
-from ..jupyter_kernels import KERNEL_NAME, MAX_CONNECTIONS, JupyterKernels
+from ..jupyter_kernels import KERNEL_NAME, MAX_CONNECTIONS, JupyterKernels, session_id
 from ..jupyter_wire import V1_PROTOCOL
 from ..registry import Registry
 from ..types import JSON
@@ -123,37 +124,34 @@ async def start_kernel(request: Request) -> Response:
     ):
         raise InvalidRequest("'env' must be an object of strings")
     session = await registry.create_session()
-    return JSONResponse(
-        _hub(request).model(session),
-        status_code=201,
-        headers={"Location": f"/api/kernels/{session.id}"},
-    )
+    model = _hub(request).model(session)
+    return JSONResponse(model, status_code=201, headers={"Location": f"/api/kernels/{model['id']}"})
 
 
 @jupyter_errors
 async def get_kernel(request: Request) -> Response:
-    session = _registry(request).get(request.path_params["kernel_id"])
+    session = _hub(request).session(request.path_params["kernel_id"])
     return JSONResponse(_hub(request).model(session))
 
 
 @jupyter_errors
 async def delete_kernel(request: Request) -> Response:
-    kernel_id = request.path_params["kernel_id"]
-    await _registry(request).delete_session(kernel_id)
-    _hub(request).forget(kernel_id)
+    session = session_id(request.path_params["kernel_id"])
+    await _registry(request).delete_session(session)
+    _hub(request).forget(session)
     return Response(status_code=204)
 
 
 @jupyter_errors
 async def interrupt_kernel(request: Request) -> Response:
-    session = _registry(request).get(request.path_params["kernel_id"])
+    session = _hub(request).session(request.path_params["kernel_id"])
     await _hub(request).interrupt(session)
     return Response(status_code=204)
 
 
 @jupyter_errors
 async def restart_kernel(request: Request) -> Response:
-    session = _registry(request).get(request.path_params["kernel_id"])
+    session = _hub(request).session(request.path_params["kernel_id"])
     await session.restart()
     return JSONResponse(_hub(request).model(session))
 
@@ -162,7 +160,7 @@ async def channels(websocket: WebSocket) -> None:
     """The kernel's channels over a WebSocket (see `jupyter_kernels.ChannelProxy`)."""
     hub = _hub(websocket)
     try:
-        session = _registry(websocket).get(websocket.path_params["kernel_id"])
+        session = hub.session(websocket.path_params["kernel_id"])
         if hub.state(session.id).connections >= MAX_CONNECTIONS:
             raise TooManySessions(
                 f"kernel {session.id} already has {MAX_CONNECTIONS} open connections",
