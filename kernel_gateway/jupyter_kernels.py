@@ -66,6 +66,7 @@ SEND_TIMEOUT = 60.0
 """Seconds a client may take to accept one message before it is disconnected."""
 NUDGE_SECONDS = 30.0
 KEEPALIVE_SECONDS = 10.0
+"""Most seconds between two touches of a session while a cell runs over a connection."""
 POLL_SECONDS = 0.1
 QUEUE_SIZE = 256
 
@@ -424,8 +425,9 @@ class ChannelProxy:
 
     async def _keep_alive(self) -> None:
         """A cell running over this connection keeps the session from being reaped as idle."""
+        period = min(KEEPALIVE_SECONDS, self.hub.registry.settings.idle_timeout / 4)
         while True:
-            await asyncio.sleep(KEEPALIVE_SECONDS)
+            await asyncio.sleep(period)
             if self._pending:
                 self.session.touch()
 
@@ -446,6 +448,7 @@ class ChannelProxy:
 
     async def _kernel_ended(self, kernel: Kernel) -> None:
         """Tell the client the kernel is gone, and answer every cell that was running in it."""
+        self.hub.state(self.session.id).execution_state = None
         info = kernel.exit_info
         if self.session.closed:
             why = "the session was deleted"

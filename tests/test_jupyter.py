@@ -132,6 +132,12 @@ def through_server(jupyter_server: str) -> GatewayClient:
     return client
 
 
+def async_http(gateway: ServerThread) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=gateway.url, headers={"Authorization": f"token {TOKEN}"}, timeout=60
+    )
+
+
 def gateway_http(gateway: ServerThread) -> httpx.Client:
     return httpx.Client(
         base_url=gateway.url, headers={"Authorization": f"token {TOKEN}"}, timeout=60
@@ -510,3 +516,122 @@ def test_interrupt_restart_and_a_dying_kernel(
             await km.shutdown_kernel()
 
     asyncio.run(scenario())
+
+
+# -- deaths, the restart budget and idle reaping, over our WebSocket ---------------------------
+
+
+class KernelSocket:
+    """A JSON-framed connection to /api/kernels/{id}/channels, as a Jupyter client speaks it."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.session = JupyterSession(key=b"")
+        self.kernel_states: list[str] = []
+        """IOPub statuses for no request: the kernel's own state (restarting, dead, idle)."""
+
+    async def execute(self, code: str) -> str:
+        request = self.session.msg("execute_request", {"code": code})
+        await self.ws.send(json.dumps(dict(request, channel="shell"), default=str))
+        return str(request["header"]["msg_id"])
+
+    async def next(self, seconds: float = 30) -> dict[str, Any]:
+        message = _decode_json(await asyncio.wait_for(self.ws.recv(), seconds))
+        if message["msg_type"] == "status" and not message["parent_header"]:
+            self.kernel_states.append(message["content"]["execution_state"])
+        return message
+
+    async def reply(self, msg_id: str, seconds: float = 30) -> dict[str, Any]:
+        while True:
+            message = await self.next(seconds)
+            if message["channel"] == "shell" and message["parent_header"].get("msg_id") == msg_id:
+                return message
+
+    async def until_state(self, state: str, seconds: float = 30) -> None:
+        while state not in self.kernel_states:
+            await self.next(seconds)
+
+
+def _ws_url(server: ServerThread, kernel_id: str) -> str:
+    return server.url.replace("http", "ws") + f"/api/kernels/{kernel_id}/channels"
+
+
+def test_a_failed_kernel_is_dead_until_restarted(tmp_path: Path) -> None:
+    settings = settings_for("local", tmp_path, token=TOKEN, restart_budget=0, pool_size=1)
+
+    async def scenario(server: ServerThread) -> None:
+        async with async_http(server) as http:
+            await inner(server, http)
+
+    async def inner(server: ServerThread, http: httpx.AsyncClient) -> None:
+        kernel_id = (await http.post("/api/kernels", json={})).json()["id"]
+        headers = {"Authorization": f"token {TOKEN}"}
+        async with connect(_ws_url(server, kernel_id), additional_headers=headers) as ws:
+            kernel = KernelSocket(ws)
+            assert (await http.get(f"/api/kernels/{kernel_id}")).json()["connections"] == 1
+            msg_id = await kernel.execute("import os\nos._exit(1)")
+            reply = await kernel.reply(msg_id)
+            assert reply["content"]["ename"] == "DeadKernelError"
+            await kernel.until_state("dead")  # past the restart budget: no new kernel
+            model = (await http.get(f"/api/kernels/{kernel_id}")).json()
+            assert model["execution_state"] == "dead"
+            restarted = await http.post(f"/api/kernels/{kernel_id}/restart")
+            assert restarted.status_code == 200
+            assert restarted.json()["execution_state"] == "idle"
+            kernel.kernel_states.clear()
+            await kernel.until_state("idle")  # the connection moved to the new kernel
+            msg_id = await kernel.execute("1 + 1")
+            assert (await kernel.reply(msg_id))["content"]["status"] == "ok"
+
+    with ServerThread(settings) as server:
+        asyncio.run(scenario(server))
+
+
+def test_a_running_cell_keeps_its_kernel_from_idle_reaping(tmp_path: Path) -> None:
+    settings = settings_for("local", tmp_path, token=TOKEN, idle_timeout=1.5, pool_size=1)
+
+    async def scenario(server: ServerThread) -> None:
+        async with async_http(server) as http:
+            await inner(server, http)
+
+    async def inner(server: ServerThread, http: httpx.AsyncClient) -> None:
+        kernel_id = (await http.post("/api/kernels", json={})).json()["id"]
+        headers = {"Authorization": f"token {TOKEN}"}
+        async with connect(_ws_url(server, kernel_id), additional_headers=headers) as ws:
+            kernel = KernelSocket(ws)
+            msg_id = await kernel.execute("import time\ntime.sleep(4)\nprint('done')")
+            reply = await kernel.reply(msg_id)
+            assert reply["content"]["status"] == "ok"
+            # Idle now: reaped like any session; the client is told, then disconnected.
+            await kernel.until_state("dead", seconds=15)
+            await asyncio.wait_for(ws.wait_closed(), 10)
+        assert (await http.get(f"/api/kernels/{kernel_id}")).status_code == 404
+
+    with ServerThread(settings) as server:
+        asyncio.run(scenario(server))
+
+
+def test_connections_per_kernel_are_capped(gateway: ServerThread) -> None:
+    from kernel_gateway.jupyter_kernels import MAX_CONNECTIONS
+
+    async def scenario(kernel_id: str) -> int:
+        headers = {"Authorization": f"token {TOKEN}"}
+        sockets = [
+            await connect(_ws_url(gateway, kernel_id), additional_headers=headers)
+            for _ in range(MAX_CONNECTIONS)
+        ]
+        try:
+            async with connect(_ws_url(gateway, kernel_id), additional_headers=headers):
+                return 101
+        except InvalidStatus as exc:
+            return exc.response.status_code
+        finally:
+            for ws in sockets:
+                await ws.close()
+
+    with gateway_http(gateway) as http:
+        kernel_id = http.post("/api/kernels", json={}).json()["id"]
+        try:
+            assert asyncio.run(scenario(kernel_id)) == 429
+        finally:
+            http.delete(f"/api/kernels/{kernel_id}")
