@@ -16,10 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +39,7 @@ from websockets.exceptions import InvalidStatus
 
 from .conftest import settings_for
 from .helpers import ServerThread
+from .jupyter_helpers import jupyter_process
 
 TOKEN = "gateway-token"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -58,66 +55,14 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
         yield server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def jupyter_server(
     gateway: ServerThread, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """`jupyter server --gateway-url` pointing at our gateway, as a separate process."""
     root = tmp_path_factory.mktemp("jupyter-root")
-    port = _free_port()
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed below
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_", "KERNEL_"))}
-    env["JUPYTER_CONFIG_DIR"] = str(root / "config")
-    env["JUPYTER_RUNTIME_DIR"] = str(root / "runtime")
-    env["JUPYTER_DATA_DIR"] = str(root / "data")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter_server",
-            f"--gateway-url={gateway.url}",
-            f"--GatewayClient.auth_token={TOKEN}",
-            # jupyter_server's gateway kernel client opens its WebSocket without
-            # credentials, so the Jupyter server in the middle takes none (loopback only).
-            "--IdentityProvider.token=",
-            "--ServerApp.disable_check_xsrf=True",
-            f"--port={port}",
-            "--ip=127.0.0.1",
-            "--no-browser",
-            "--allow-root",
-            f"--ServerApp.root_dir={root}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/api", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((root / "server.log").read_text()[-3000:])
-            time.sleep(0.2)
+    with jupyter_process("jupyter_server", gateway.url, TOKEN, root) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
 
 
 @pytest.fixture
