@@ -10,8 +10,22 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
+
+
+def execute_content(code: str) -> dict[str, Any]:
+    """An execute_request's content with every field the protocol gives it (older
+    ipykernels, such as the kernel image's, require them all)."""
+    return {
+        "code": code,
+        "silent": False,
+        "store_history": True,
+        "user_expressions": {},
+        "allow_stdin": False,
+        "stop_on_error": True,
+    }
 
 
 def free_port() -> int:

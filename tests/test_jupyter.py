@@ -39,7 +39,7 @@ from websockets.exceptions import InvalidStatus
 
 from .conftest import settings_for
 from .helpers import ServerThread
-from .jupyter_helpers import jupyter_process
+from .jupyter_helpers import execute_content, jupyter_process
 
 TOKEN = "gateway-token"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -209,7 +209,7 @@ def test_websocket_v1_and_json_framings(gateway: ServerThread) -> None:
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with connect(url, additional_headers=headers, subprotocols=[V1]) as ws:  # type: ignore[list-item]
             assert ws.subprotocol == V1
-            request = session.msg("execute_request", {"code": "v = 6 * 7\nprint(v)\nv"})
+            request = session.msg("execute_request", execute_content("v = 6 * 7\nprint(v)\nv"))
             await ws.send(serialize_msg_to_ws_v1(request, "shell", session.pack))
             outputs, reply = await _collect(ws, _decode_v1, request["header"]["msg_id"])
             assert reply["content"]["status"] == "ok"
@@ -220,7 +220,7 @@ def test_websocket_v1_and_json_framings(gateway: ServerThread) -> None:
                 "from ipykernel.comm import Comm\n"
                 "c = Comm(target_name='t', data={}, buffers=[b'\\x00\\x01raw'])"
             )
-            request = session.msg("execute_request", {"code": code})
+            request = session.msg("execute_request", execute_content(code))
             await ws.send(serialize_msg_to_ws_v1(request, "shell", session.pack))
             outputs, reply = await _collect(ws, _decode_v1, request["header"]["msg_id"])
             assert reply["content"]["status"] == "ok", reply
@@ -233,14 +233,14 @@ def test_websocket_v1_and_json_framings(gateway: ServerThread) -> None:
 
         async with connect(url, additional_headers=headers) as ws:
             assert ws.subprotocol is None
-            request = session.msg("execute_request", {"code": "v + 1"})
+            request = session.msg("execute_request", execute_content("v + 1"))
             message = dict(request, channel="shell")
             await ws.send(json.dumps(message, default=str))
             outputs, reply = await _collect(ws, _decode_json, request["header"]["msg_id"])
             assert outputs[0]["content"]["data"]["text/plain"] == "43"
             assert reply["msg_id"] and reply["msg_type"] == "execute_reply"
             # The legacy binary framing (a message with buffers) is understood too.
-            request = session.msg("execute_request", {"code": "v + 2"})
+            request = session.msg("execute_request", execute_content("v + 2"))
             await ws.send(serialize_binary_message(dict(request, channel="shell", buffers=[b"b"])))
             outputs, _ = await _collect(ws, _decode_json, request["header"]["msg_id"])
             assert outputs[0]["content"]["data"]["text/plain"] == "44"
@@ -476,7 +476,7 @@ class KernelSocket:
         """IOPub statuses for no request: the kernel's own state (restarting, dead, idle)."""
 
     async def execute(self, code: str) -> str:
-        request = self.session.msg("execute_request", {"code": code})
+        request = self.session.msg("execute_request", execute_content(code))
         await self.ws.send(json.dumps(dict(request, channel="shell"), default=str))
         return str(request["header"]["msg_id"])
 
