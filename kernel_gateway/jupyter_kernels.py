@@ -32,7 +32,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -88,6 +88,12 @@ class JupyterKernels:
         self.registry = registry
         self.context = zmq.asyncio.Context()
         self._states: dict[str, KernelState] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def state(self, session_id: str) -> KernelState:
         return self._states.setdefault(session_id, KernelState())
@@ -120,6 +126,7 @@ class JupyterKernels:
         return "idle"
 
     def forget(self, session_id: str) -> None:
+        """Drop what is known of a kernel beyond its session, unless a client is connected."""
         state = self._states.get(session_id)
         if state is not None and not state.proxies:
             del self._states[session_id]
@@ -129,6 +136,7 @@ class JupyterKernels:
         for proxy in proxies:
             proxy.stop()
         await asyncio.gather(*(p.finished.wait() for p in proxies), return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self.context.destroy(linger=0)
 
     async def interrupt(self, session: Session) -> None:
@@ -150,8 +158,7 @@ class JupyterKernels:
         finally:
             state.connections -= 1
             state.proxies.discard(proxy)
-            if session.closed:
-                self.forget(session.id)
+            self.forget(session.id)  # what IOPub said is stale once nobody listens
 
 
 def kernel_id(session_id: str) -> str:
@@ -268,6 +275,8 @@ class ChannelProxy:
             pass
         except _Closed:
             pass
+        except Exception:
+            logger.exception("session %s: the kernel WebSocket failed", self.session.id)
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
@@ -312,35 +321,46 @@ class ChannelProxy:
         return None
 
     async def _nudge(self, link: KernelLink) -> None:
-        """Wait until IOPub is subscribed (a SUB socket misses what comes before)."""
+        """Wait until IOPub is subscribed (a SUB socket misses what comes before).
+
+        As Jupyter Server does: kernel_info_requests on shell and control (control
+        answers even while a cell runs) until some IOPub message arrives. IOPub output
+        of a running cell that arrives meanwhile goes to the client; the answers to the
+        nudges never do.
+        """
         seen = asyncio.Event()
         deadline = time.monotonic() + NUDGE_SECONDS
 
         async def watch() -> None:
-            while not seen.is_set():
+            while True:
                 message = await link.receive("iopub")
                 if message is None:
                     continue
-                parent = _parent_id(message)
-                if parent in self._internal:
-                    seen.set()
+                seen.set()
+                if _parent_id(message) not in self._internal:
+                    await self._send(message)
 
-        async def drain_shell() -> None:
+        async def drain(channel: str) -> None:
             while True:
-                await link.receive("shell")
+                await link.receive(channel)
 
-        tasks = [asyncio.ensure_future(watch()), asyncio.ensure_future(drain_shell())]
+        tasks = [asyncio.ensure_future(watch())]
+        tasks += [asyncio.ensure_future(drain(c)) for c in ("shell", "control")]
         try:
             while not seen.is_set() and time.monotonic() < deadline:
-                header = _header("kernel_info_request", self._status_session)
-                self._internal.add(header["msg_id"])
-                await link.send(make("shell", header, {}, {}))
+                for channel in ("shell", "control"):
+                    header = _header("kernel_info_request", self._status_session)
+                    self._internal.add(header["msg_id"])
+                    await link.send(make(channel, header, {}, {}))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(seen.wait(), 0.5)
         finally:
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            for result in results:
+                if isinstance(result, _Closed):
+                    raise result
 
     async def _pump(self, link: KernelLink, reader: asyncio.Task[None]) -> bool:
         """Carry messages both ways until the kernel ends (True) or the client leaves (False)."""
@@ -479,10 +499,10 @@ class ChannelProxy:
         )
         await self._send(reply)
         if restart:
-            asyncio.ensure_future(_quietly(self.session.restart))
+            self.hub.spawn(_quietly(self.session.restart))
         else:
             registry, session_id = self.hub.registry, self.session.id
-            asyncio.ensure_future(_quietly(lambda: registry.delete_session(session_id)))
+            self.hub.spawn(_quietly(lambda: registry.delete_session(session_id)))
 
 
 class _Closed(Exception):

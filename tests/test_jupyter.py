@@ -580,3 +580,36 @@ def test_connections_per_kernel_are_capped(gateway: ServerThread) -> None:
             assert asyncio.run(scenario(kernel_id)) == 429
         finally:
             http.delete(f"/api/kernels/{kernel_id}")
+
+
+def test_connecting_while_an_api_cell_runs(gateway: ServerThread) -> None:
+    """The proxy's readiness check goes through control, which answers while shell is busy."""
+    import threading
+
+    async def scenario(kernel_id: str) -> float:
+        headers = {"Authorization": f"token {TOKEN}"}
+        async with connect(_ws_url(gateway, kernel_id), additional_headers=headers) as ws:
+            kernel = KernelSocket(ws)
+            request = kernel.session.msg("kernel_info_request", {})
+            started = time.monotonic()
+            await ws.send(json.dumps(dict(request, channel="control"), default=str))
+            while True:
+                message = await kernel.next()
+                if message["msg_type"] == "kernel_info_reply":
+                    return time.monotonic() - started
+
+    with gateway_http(gateway) as http:
+        kernel_id = http.post("/api/kernels", json={}).json()["id"]
+        session = kernel_id.replace("-", "")
+        body = {"code": "import time\ntime.sleep(5)"}
+        cell = threading.Thread(
+            target=http.post, args=(f"/sessions/{session}/execute",), kwargs={"json": body}
+        )
+        try:
+            cell.start()
+            time.sleep(1)
+            assert asyncio.run(scenario(kernel_id)) < 3
+            assert http.get(f"/api/kernels/{kernel_id}").json()["execution_state"] == "busy"
+        finally:
+            cell.join()
+            http.delete(f"/api/kernels/{kernel_id}")
