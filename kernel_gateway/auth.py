@@ -129,11 +129,14 @@ def is_loopback_host(host: str) -> bool:
 
 
 class LoopbackHostGuard:
-    """Without a token, answer only requests addressed to a loopback name.
+    """Without a token, answer only requests addressed to a loopback name; and, token
+    or not, refuse WebSocket handshakes from another origin.
 
     A web page can rebind its own domain to 127.0.0.1 and then call this API as
     "same origin"; its requests still carry that domain in `Host`, so they are
-    refused here.
+    refused here. A page on any origin may also open a WebSocket to localhost
+    directly (no CORS applies to WebSockets); the browser says where it comes from
+    in `Origin`, so that is refused too.
     """
 
     def __init__(self, app: ASGIApp, enabled: bool) -> None:
