@@ -105,7 +105,8 @@ class McpService:
         )
         self._bound: dict[str, str] = {}
         """MCP session id -> the gateway session serving it."""
-        self._binding = asyncio.Lock()
+        self._binding: dict[str, asyncio.Lock] = {}
+        """Held while an MCP session's sandbox is made, so two first calls make one."""
         self._tools = [
             run_python_tool(
                 settings.max_exec_timeout, settings.exec_timeout, stateless=self.stateless
@@ -129,6 +130,7 @@ class McpService:
 
     async def release(self, mcp_session: str) -> None:
         """The MCP session ended: delete the gateway session that served it."""
+        self._binding.pop(mcp_session, None)
         session_id = self._bound.pop(mcp_session, None)
         if session_id is None:
             return
@@ -353,7 +355,8 @@ class McpService:
         mcp_session = _mcp_session(ctx)
         if mcp_session is None:
             return await self.registry.create_session(), ""
-        async with self._binding:  # two first calls at once must not make two sessions
+        lock = self._binding.setdefault(mcp_session, asyncio.Lock())
+        async with lock:  # two first calls at once must not make two sessions
             bound = self._bound.get(mcp_session)
             if bound is not None:
                 try:
@@ -375,6 +378,9 @@ class McpService:
         alive = {s.id for s in self.registry.sessions()}
         for key in [k for k, v in self._bound.items() if v not in alive]:
             del self._bound[key]
+        for key in [k for k, lock in self._binding.items() if not lock.locked()]:
+            if key not in self._bound:
+                del self._binding[key]
 
 
 def _mcp_session(ctx: ServerRequestContext[Any]) -> str | None:

@@ -180,17 +180,20 @@ async def test_upload_then_read_a_csv_and_files_written(server: ServerThread) ->
         assert escape.is_error
 
 
-async def test_cancelling_a_call_interrupts_the_cell(server: ServerThread) -> None:
-    async with connect(server, mode="legacy") as client:
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_cancelling_a_call_interrupts_the_cell(server: ServerThread, mode: str) -> None:
+    """Cancelling: `notifications/cancelled` (legacy), or closing the response stream (2026)."""
+    async with connect(server, mode=mode) as client:
         first = await client.call_tool("run_python", {"code": "y = 1"})
         handle = handle_of(first)
         started = time.monotonic()
         with anyio.move_on_after(2):
-            await client.call_tool("run_python", {"code": "import time\ntime.sleep(60)"})
+            code = "import time\ntime.sleep(60)"
+            await client.call_tool("run_python", {"code": code, "session": handle})
         assert time.monotonic() - started < 5
         # The cell was stopped in the kernel (not left running): the next one runs at once.
         t0 = time.monotonic()
-        after = await client.call_tool("run_python", {"code": "print(y)"})
+        after = await client.call_tool("run_python", {"code": "print(y)", "session": handle})
         assert text_of(after).startswith("1\n") and time.monotonic() - t0 < 10
         with rest(server) as http:
             executions = http.get(f"/sessions/{handle}/executions").json()["executions"]
