@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -57,6 +58,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from .app import create_app
     from .backends.base import secure_runtime_root
+    from .server import GatewayServer
 
     try:
         settings = from_args(args, os.environ)
@@ -70,14 +72,26 @@ def serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
     logging.getLogger("kernel_gateway").debug("settings: %s", ", ".join(describe(settings)))
-    uvicorn.run(
-        create_app(settings),
+    if settings.persist_sessions:
+        from sse_starlette.sse import AppStatus
+
+        # sse-starlette ends every stream at the first signal; a drain lets them finish
+        # (uvicorn cancels what is left at `timeout_graceful_shutdown`).
+        AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",
-        timeout_graceful_shutdown=5,
+        # With persisted sessions, streams of running cells may take the drain's time
+        # (the app ends them when it is over: this is only a backstop).
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout) + 5
+        if settings.persist_sessions
+        else 5,
     )
+    GatewayServer(config, on_stop=app.state.lifecycle.stop_requested).run()
     return 0
 
 

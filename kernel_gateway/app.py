@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TypedDict
@@ -21,6 +23,7 @@ from .errors import BackendUnavailable, GatewayError
 from .http import JSONResponse, error_response
 from .jupyter_kernels import JupyterKernels
 from .mcp_server import McpService
+from .persistence import SessionStore
 from .protocols import protocol_state
 from .registry import Registry
 from .routes import routes
@@ -42,6 +45,32 @@ class State(TypedDict):
     settings: Settings
     jupyter: JupyterKernels
     mcp: McpService | None
+
+
+class Lifecycle:
+    """What the server tells the app about stopping, before its lifespan ends.
+
+    uvicorn runs the lifespan's shutdown only after it has waited for open
+    connections. With persisted sessions the drain must start at the signal, so
+    that no cell whose client goes away meanwhile is interrupted: `GatewayServer`
+    calls `stop_requested` from its signal handler.
+    """
+
+    def __init__(self, drain_timeout: float) -> None:
+        self.registry: Registry | None = None
+        self.persist = False
+        self.drain_timeout = drain_timeout
+        self.stop_requested_at: float | None = None
+
+    def stop_requested(self) -> None:
+        """The first stop signal: drain, and at the drain's end let streams go."""
+        if self.stop_requested_at is not None:
+            return
+        self.stop_requested_at = time.monotonic()
+        registry = self.registry
+        if self.persist and registry is not None:
+            registry.begin_drain()
+            asyncio.get_running_loop().call_later(self.drain_timeout, registry.end_streams)
 
 
 async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:
@@ -70,33 +99,75 @@ async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:
 
 
 def create_app(settings: Settings) -> Starlette:
+    lifecycle = Lifecycle(settings.drain_timeout)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
+        started = time.monotonic()
         runtime = RuntimeDir(settings.runtime_dir)
-        runtime.open()
+        # A predecessor's persisted sessions live in docker containers: only a backend
+        # that may be docker takes its folder over.
+        await asyncio.to_thread(runtime.open, adopt=settings.backend != "local")
         context = zmq.asyncio.Context()
         backend: Backend | None = None
         registry: Registry | None = None
+        persist = False
         try:
             backend = await select_backend(settings, runtime)
+            backend_ready = time.monotonic()
             logger.info("backend: %s; isolation: %s", backend.name, backend.isolation)
             if backend.startup_warning is not None:
                 logger.warning("%s", backend.startup_warning)
+            persist = settings.persist_sessions and backend.persists
+            if settings.persist_sessions and not persist:
+                logger.warning(
+                    "--persist-sessions: the %s backend cannot keep kernels running without "
+                    "the gateway; sessions end when it stops",
+                    backend.name,
+                )
+            store = None
+            if persist or runtime.adopted:
+                store = SessionStore(runtime.sessions_path)
+                await asyncio.to_thread(store.open)
             warm = WarmPool(settings, backend, runtime, context)
-            registry = Registry(settings, warm, runtime.instance)
+            registry = Registry(settings, warm, runtime.instance, store)
+            if runtime.adopted:
+                await registry.adopt()
             registry.start()
+            lifecycle.registry, lifecycle.persist = registry, persist
+            logger.info(
+                "ready in %.2f s (backend %.2f s%s)",
+                time.monotonic() - started,
+                backend_ready - started,
+                f", adopting {time.monotonic() - backend_ready:.2f} s" if runtime.adopted else "",
+            )
             async with protocol_state(settings, registry) as protocols:
                 yield {"registry": registry, "settings": settings, **protocols}
         finally:
-            if registry is not None:
-                await registry.close()
-            if backend is not None:
-                await backend.close()
-            context.destroy(linger=0)
-            runtime.close()
-            logger.info("stopped; every kernel this gateway started has been removed")
+            lifecycle.registry = None
+            if persist and registry is not None and backend is not None:
+                begun = lifecycle.stop_requested_at or time.monotonic()
+                await registry.drain(begun + settings.drain_timeout)
+                left = await registry.suspend()
+                await (backend.detach() if left else backend.close())
+                context.destroy(linger=0)
+                runtime.close(keep=left > 0)
+                logger.info(
+                    "stopped; %d sessions' kernels keep running for the next gateway to adopt "
+                    "(runtime dir %s)",
+                    left,
+                    settings.runtime_dir,
+                )
+            else:
+                if registry is not None:
+                    await registry.close()
+                if backend is not None:
+                    await backend.close()
+                context.destroy(linger=0)
+                runtime.close()
+                logger.info("stopped; every kernel this gateway started has been removed")
 
-    return Starlette(
+    app = Starlette(
         routes=routes,
         middleware=[
             Middleware(
@@ -112,6 +183,8 @@ def create_app(settings: Settings) -> Starlette:
         },
         lifespan=lifespan,
     )
+    app.state.lifecycle = lifecycle
+    return app
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:

@@ -12,12 +12,14 @@
     │   ├── SessionClosed             409 session_closed      (deleted while the request waited)
     │   └── SessionFailed             409 session_failed      (its kernel kept dying: gave up)
     ├── Gone                          410 gone
-    │   └── ExecutionExpired          410 execution_expired   (its events aged out of retention)
+    │   ├── ExecutionExpired          410 execution_expired   (its events aged out of retention)
+    │   └── SessionLost               410 session_lost        (its kernel did not survive a restart)
     ├── PayloadTooLarge               413 payload_too_large
     ├── UnsupportedMediaType          415 unsupported_media_type (JSON body without its type)
     ├── InvalidRequest                422 invalid_request     (well-formed JSON, wrong fields)
     ├── TooManySessions               429 too_many_sessions   (+ Retry-After)
     ├── KernelUnavailable             503 kernel_unavailable  (+ Retry-After: no kernel could start)
+    ├── ShuttingDown                  503 shutting_down       (+ Retry-After: the gateway drains)
     └── BackendUnavailable            503 backend_unavailable (no engine, no image: at startup)
 
 `Backend.launch` raises only `KernelUnavailable`: each backend maps its own low-level
@@ -81,6 +83,12 @@ class ExecutionExpired(Gone):
     error_type = "execution_expired"
 
 
+class SessionLost(Gone):
+    """The session existed before the gateway restarted, but its kernel could not be adopted."""
+
+    error_type = "session_lost"
+
+
 class Conflict(GatewayError):
     status_code = 409
     error_type = "conflict"
@@ -121,6 +129,13 @@ class TooManySessions(GatewayError):
 class KernelUnavailable(GatewayError):
     status_code = 503
     error_type = "kernel_unavailable"
+
+
+class ShuttingDown(GatewayError):
+    """The gateway is draining for a restart: new work goes to its successor."""
+
+    status_code = 503
+    error_type = "shutting_down"
 
 
 class BackendUnavailable(GatewayError):

@@ -151,6 +151,10 @@ def error_event(ename: str, evalue: str) -> Event:
     return Event("error", {"ename": ename, "evalue": evalue, "traceback": []})
 
 
+MAX_EVENTS = 10_000
+"""Output events one execution may produce (past it, one marker, then nothing)."""
+
+
 class OutputLimiter:
     """Caps everything one execution may send, so no cell can exhaust gateway memory.
 
@@ -165,7 +169,7 @@ class OutputLimiter:
         max_output_bytes: int,
         max_display_bytes: int,
         max_rich_bytes: int = 64 * 1024 * 1024,
-        max_events: int = 10_000,
+        max_events: int = MAX_EVENTS,
     ) -> None:
         self.max_output_bytes = max_output_bytes
         self.max_display_bytes = max_display_bytes

@@ -102,6 +102,7 @@ class Execution:
         self.bytes = 0
         """Roughly what the log holds, for the session's retention cap."""
         self.expired = False
+        self.released = False
         self._appended = asyncio.Event()
 
     # -- life --------------------------------------------------------------------------------
@@ -240,6 +241,8 @@ class Execution:
                     return
             if self.finished:  # resumed from after its `done`: nothing more will come
                 return
+            if self.released:
+                return
             appended = self._appended
             await appended.wait()
             if self.expired:
@@ -252,6 +255,12 @@ class Execution:
     @property
     def last_event_id(self) -> int | None:
         return self._log[-1].id if self._log else None
+
+    def release_readers(self) -> None:
+        """End every live read now, without `done`: the gateway is stopping, and readers
+        resume the stream (`Last-Event-ID`) from the gateway that adopts the session."""
+        self.released = True
+        self._appended.set()
 
     def expire(self) -> None:
         """Drop the log (the session's retention): readers of it get ExecutionExpired."""

@@ -13,6 +13,7 @@ dropped and counted (`dropped_messages`); it never stops a reader.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import hashlib
@@ -30,7 +31,7 @@ from jupyter_client.session import Session as JupyterSession
 
 from .backends.base import ExitInfo, KernelProcess
 from .errors import KernelUnavailable
-from .events import input_count, is_idle, translate
+from .events import ExecuteReply, input_count, is_idle, translate
 from .types import ConnectionInfo, Event, Message
 
 logger = logging.getLogger(__name__)
@@ -181,19 +182,6 @@ class Kernel:
 
         Returns the request's msg_id and a future for its shell reply.
         """
-
-        def route(msg: Message) -> None:
-            if is_idle(msg):
-                sink.on_idle()
-                return
-            count = input_count(msg)
-            if count is not None:
-                sink.on_input(count)
-                return
-            event = translate(msg)
-            if event is not None:
-                sink.on_event(event)
-
         return await self._send(
             self._shell,
             "execute_request",
@@ -205,8 +193,63 @@ class Kernel:
                 "allow_stdin": False,
                 "stop_on_error": True,
             },
-            route,
+            _router(sink),
         )
+
+    def follow(self, msg_id: str, sink: OutputSink) -> None:
+        """Route what an execute_request sent by an earlier gateway still causes to `sink`.
+
+        Its shell reply went to that gateway's socket and is lost; its IOPub output is not.
+        """
+        self._listeners[msg_id] = _router(sink)
+
+    async def outcome(self, msg_id: str, seconds: float) -> ExecuteReply | None:
+        """How the cell sent as `msg_id` ended, from the kernel's own log (see
+        kernel_startup's `_install_outcome_log`); None if the kernel does not know."""
+        if not all(c.isalnum() or c in "-_" for c in msg_id):
+            return None
+        content = {
+            "code": "",
+            "silent": True,
+            "store_history": False,
+            "user_expressions": {"o": f"get_ipython().kernel._kg_outcomes.get({msg_id!r})"},
+            "allow_stdin": False,
+            "stop_on_error": False,
+        }
+        sent, reply = await self._send(self._shell, "execute_request", content)
+        try:
+            waiting: set[asyncio.Future[Any]] = {reply, self.exited}
+            await asyncio.wait(waiting, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            if not reply.done() or reply.cancelled():
+                return None
+            found = reply.result()["content"]["user_expressions"]["o"]
+            text = ast.literal_eval(found["data"]["text/plain"])
+            if not isinstance(text, str):
+                return None
+            data = json.loads(text)
+            count = data.get("execution_count")
+            return ExecuteReply(
+                status=str(data["status"]),
+                execution_count=count if isinstance(count, int) else None,
+                exit_requested=False,
+            )
+        except (KeyError, TypeError, ValueError, SyntaxError):
+            return None
+        finally:
+            self.forget(sent)
+
+    async def probe(self, seconds: float) -> bool:
+        """Whether the kernel answers a kernel_info_request on its control channel in time.
+
+        The control channel is served even while a cell runs, so a busy kernel answers.
+        """
+        msg_id, reply = await self._send(self._control, "kernel_info_request", {})
+        try:
+            waiting: set[asyncio.Future[Any]] = {reply, self.exited}
+            await asyncio.wait(waiting, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            return reply.done() and not reply.cancelled()
+        finally:
+            self.forget(msg_id)
 
     def forget(self, msg_id: str) -> None:
         """Stop routing messages for a finished request (late output is dropped)."""
@@ -283,7 +326,13 @@ class Kernel:
         await self.process.kill()
 
     async def close(self) -> None:
-        """Stop reading, close sockets, and kill and remove the kernel."""
+        """Stop reading, close sockets, and kill and remove the kernel (idempotent)."""
+        self.disconnect()
+        # cleanup() guarantees the process has ended, so `exited` resolves on its own.
+        await self.process.cleanup()
+
+    def disconnect(self) -> None:
+        """Stop reading and close sockets, leaving the kernel running (for a successor)."""
         if self.closed:
             return
         self.closed = True
@@ -295,8 +344,22 @@ class Kernel:
             future.cancel()
         self._replies.clear()
         self._listeners.clear()
-        # cleanup() guarantees the process has ended, so `exited` resolves on its own.
-        await self.process.cleanup()
+
+
+def _router(sink: OutputSink) -> Listener:
+    def route(msg: Message) -> None:
+        if is_idle(msg):
+            sink.on_idle()
+            return
+        count = input_count(msg)
+        if count is not None:
+            sink.on_input(count)
+            return
+        event = translate(msg)
+        if event is not None:
+            sink.on_event(event)
+
+    return route
 
 
 def _setter(event: asyncio.Event) -> Listener:

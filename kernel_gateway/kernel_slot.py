@@ -43,13 +43,18 @@ class KernelSlot:
         policy: RestartPolicy,
         *,
         revive: bool = True,
+        on_replace: Callable[[], None] | None = None,
     ) -> None:
         self._session_id = session_id
         self.kernel: Kernel | None = kernel
+        self.kernel_id = kernel.id
+        """The id of the kernel last put in the slot (kept while a replacement starts)."""
         self.storage = storage
         self._launch = launch
         self.policy = policy
         self._revive_in_background = revive
+        self.on_replace = on_replace
+        """Called once a new kernel is in the slot (the session persists its id)."""
         self.lock = asyncio.Lock()
         self.restarts = 0
         self.closed = False
@@ -124,9 +129,11 @@ class KernelSlot:
         if self.closed:
             await kernel.close()
             return
-        self.kernel = kernel
+        self.kernel, self.kernel_id = kernel, kernel.id
         self.restarts += 1
         self._watch(kernel)
+        if self.on_replace is not None:
+            self.on_replace()
 
     async def close(self) -> None:
         self.closed = True
@@ -134,6 +141,16 @@ class KernelSlot:
         if kernel is not None:
             await kernel.close()
         for task in list(self._tasks):  # a revival may be sleeping out a backoff
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def detach(self) -> None:
+        """Let go of the kernel, leaving it running (the gateway stops; the session persists)."""
+        self.closed = True
+        kernel, self.kernel = self.kernel, None
+        if kernel is not None:
+            kernel.disconnect()
+        for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 

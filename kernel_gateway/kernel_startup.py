@@ -118,6 +118,47 @@ def _install_thread_output_routing() -> None:
     ZMQDisplayPublisher.publish = publish  # type: ignore[method-assign]
 
 
+OUTCOMES_KEPT = 64
+
+
+def _install_outcome_log() -> None:
+    """Remember how the last cells ended, by the msg_id of the request that ran each.
+
+    A gateway that stops while a cell runs never gets that cell's execute_reply: it
+    goes to the old gateway's socket. The gateway that adopts the kernel evaluates
+    `get_ipython().kernel._kg_outcomes.get(msg_id)` (a user expression of a silent
+    request) to learn it. Silent requests are not recorded.
+    """
+    from collections import OrderedDict
+
+    from ipykernel.ipkernel import IPythonKernel
+
+    original_init: Any = IPythonKernel.__init__
+
+    def __init__(self: Any, **kwargs: Any) -> None:
+        original_init(self, **kwargs)
+        outcomes: OrderedDict[str, str] = OrderedDict()
+
+        def post_run_cell(result: Any) -> None:
+            header = getattr(sys.stdout, "parent_header", None)
+            msg_id = header.get("msg_id") if isinstance(header, dict) else None
+            if not isinstance(msg_id, str):
+                return
+            outcomes[msg_id] = json.dumps(
+                {
+                    "status": "ok" if result.success else "error",
+                    "execution_count": result.execution_count,
+                }
+            )
+            while len(outcomes) > OUTCOMES_KEPT:
+                outcomes.popitem(last=False)
+
+        self.shell.events.register("post_run_cell", post_run_cell)
+        self._kg_outcomes = outcomes
+
+    IPythonKernel.__init__ = __init__  # type: ignore[method-assign]
+
+
 def _config(connection_file: str) -> Any:
     """Kernel configuration from `startup.json`, written by the gateway beside the connection."""
     from traitlets.config import Config
@@ -182,6 +223,7 @@ def main(argv: list[str]) -> None:
     _seed_font_cache()
     _install_tolerant_fd_capture()
     _install_thread_output_routing()
+    _install_outcome_log()
     from ipykernel.kernelapp import launch_new_instance
 
     launch_new_instance(argv=argv, config=_config(argv[argv.index("-f") + 1]))

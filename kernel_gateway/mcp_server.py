@@ -197,9 +197,15 @@ class McpService:
         return result
 
     def _cell_result(self, report: CellReport, session_id: str | None) -> types.CallToolResult:
-        return types.CallToolResult(
-            content=list(report.content(session_id)), is_error=report.status != "ok"
-        )
+        content: list[types.ContentBlock] = list(report.content(session_id))
+        if not report.done:  # the stream was let go: the gateway is stopping
+            note = (
+                "[the gateway stopped before the cell ended; with --persist-sessions it keeps "
+                "running in this sandbox for the next gateway: look at its files, or run "
+                "the next cell, in a moment]"
+            )
+            content.insert(0, text_block(note))
+        return types.CallToolResult(content=content, is_error=report.status != "ok")
 
     def _timeout(self, value: object) -> float | None:
         if value is None:
@@ -247,7 +253,8 @@ class McpService:
                     lines = [line for line in str(event.data["text"]).splitlines() if line]
                     latest = lines[-1] if lines else latest
         except BaseException:
-            if not execution.finished:
+            # A draining gateway (--persist-sessions) leaves the cell to run for its successor.
+            if not execution.finished and not session.draining:
                 logger.info("MCP call cancelled; stopping execution %s", execution.id)
                 session.abandon(execution)
             raise

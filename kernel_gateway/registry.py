@@ -3,20 +3,28 @@
 Stateless executions get a session of their own that is destroyed as soon as
 its one execution ends, whatever happens to the HTTP response: the release is
 tied to the execution's task, which always ends (at the latest at its timeout).
+
+With a `SessionStore` (`--persist-sessions`) sessions outlive the gateway: each
+is recorded as it changes, `suspend` stops the gateway leaving their kernels
+running, and the next gateway's `adopt` takes them over, checking each kernel.
+One that cannot be adopted is reported lost (410 `session_lost`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Coroutine
 from typing import Any
 
-from .backends.base import Backend
-from .errors import SessionNotFound, TooManySessions
+from .backends.base import Backend, KernelProcess, SessionStorage
+from .errors import SessionLost, SessionNotFound, ShuttingDown, TooManySessions
 from .execution import Execution
+from .kernel import Kernel
 from .kernel_slot import KernelSlot
+from .persistence import SessionRecord, SessionStore
 from .restart_policy import RestartPolicy
 from .session import Session
 from .session_files import SessionFiles
@@ -27,14 +35,27 @@ from .workspace import Workspace
 
 logger = logging.getLogger(__name__)
 
+ADOPT_PROBE_SECONDS = 2.0  # an adopted kernel must answer on its control channel within this
+
 
 class Registry:
-    def __init__(self, settings: Settings, warm: WarmPool, instance: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        warm: WarmPool,
+        instance: str,
+        store: SessionStore | None = None,
+    ) -> None:
         self.settings = settings
         self.warm = warm
         self.instance = instance
         """This gateway's id; its kernel containers carry it as a label."""
+        self.store = store
+        """Where sessions are recorded for a successor; None when they die with the gateway."""
+        self.draining = False
         self._sessions: dict[str, Session] = {}
+        self._lost: dict[str, str] = {}
+        """Sessions a predecessor persisted that could not be adopted, and why."""
         self._ephemeral: set[Session] = set()
         self._reserved = 0
         self._reserved_stateless = 0
@@ -59,6 +80,111 @@ class Registry:
         await asyncio.gather(*(self._close(s) for s in sessions), return_exceptions=True)
         await asyncio.gather(*self._tasks, return_exceptions=True)  # releases under way
         await self.warm.close()
+        if self.store is not None:
+            await self.store.close()
+
+    # -- stopping with sessions left running, and taking them over ---------------------------
+
+    def begin_drain(self) -> None:
+        """Take no new work; cells that run are left to run (and never abandoned)."""
+        self.draining = True
+        for session in self._sessions.values():
+            session.draining = True
+
+    def end_streams(self) -> None:
+        """At the drain's end: live reads of session cells end (their clients resume from
+        the next gateway); stateless cells still running are stopped."""
+        for session in self._sessions.values():
+            for execution in session.executions():
+                if not execution.finished:
+                    execution.release_readers()
+        for session in list(self._ephemeral):
+            self._ephemeral.discard(session)
+            self._spawn(self._close(session))
+
+    async def drain(self, deadline: float) -> None:
+        """Wait until no cell runs or waits, or until `deadline` (monotonic seconds)."""
+        self.begin_drain()
+        while time.monotonic() < deadline:
+            if not any(s.busy for s in (*self._sessions.values(), *self._ephemeral)):
+                break
+            await asyncio.sleep(0.05)
+        self.end_streams()
+
+    async def suspend(self) -> int:
+        """Stop, leaving every session's kernel running for a successor to adopt.
+
+        Stateless executions and warm kernels are removed as at `close`. Returns the
+        number of sessions left.
+        """
+        assert self.store is not None
+        self.begin_drain()
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+        sessions = list(self._sessions.values())
+        ephemeral, self._ephemeral = list(self._ephemeral), set()
+        # Still registered while they suspend: each writes its last record.
+        await asyncio.gather(
+            *(s.suspend() for s in sessions),
+            *(self._close(s) for s in ephemeral),
+            return_exceptions=True,
+        )
+        self._sessions = {}
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.warm.close()
+        await self.store.close()
+        return len(sessions)
+
+    async def adopt(self) -> None:
+        """Take over the sessions a stopped gateway of this instance persisted.
+
+        Each kernel must be running and answer on its control channel within
+        `ADOPT_PROBE_SECONDS` (all are checked at once); a session whose kernel or
+        files are gone is lost. Storage no adopted session uses (warm and stateless
+        kernels', lost sessions') is released. Call before `start`.
+        """
+        assert self.store is not None
+        records = await asyncio.to_thread(self.store.load)
+        processes = await self.backend.adopt([r.kernel_id for r in records])
+        await asyncio.gather(*(self._adopt(r, processes.get(r.kernel_id)) for r in records))
+        keep = {s.slot.storage.root.name for s in self._sessions.values()}
+        # Listed now (before the warm pool makes new ones), released while serving.
+        self._spawn(self.warm.remove_storages(await self.warm.unclaimed_storage(keep)))
+        if records:
+            logger.info(
+                "adopted %d of %d persisted sessions%s",
+                len(self._sessions),
+                len(records),
+                f"; {len(self._lost)} lost" if self._lost else "",
+            )
+
+    async def _adopt(self, record: SessionRecord, process: KernelProcess | None) -> None:
+        assert self.store is not None
+        storage = SessionStorage(self.warm.workspaces / record.storage)
+        kernel: Kernel | None = None
+        reason = None
+        if process is None:
+            reason = "its kernel is no longer running"
+        elif not await asyncio.to_thread(storage.files.is_dir):
+            reason = "its files are gone"
+        else:
+            kernel = self.warm.connect(process)
+            if not await kernel.probe(ADOPT_PROBE_SECONDS):
+                reason = f"its kernel did not answer within {ADOPT_PROBE_SECONDS:g} s"
+        if reason is not None:
+            logger.warning("session %s is lost: %s", record.id, reason)
+            self._lost[record.id] = reason
+            self.store.delete(record.id)
+            if kernel is not None:
+                await kernel.close()
+            elif process is not None:
+                await process.cleanup()
+            return
+        assert kernel is not None
+        session = self._session_on(WarmKernel(kernel, storage), ephemeral=False, id=record.id)
+        session.restore(record)
+        self._sessions[session.id] = session
 
     def stats(self) -> JSON:
         return {
@@ -72,6 +198,7 @@ class Registry:
     # -- sessions ----------------------------------------------------------------------------
 
     async def create_session(self) -> Session:
+        self._refuse_if_draining()
         if len(self._sessions) + self._reserved >= self.settings.max_sessions:
             raise TooManySessions(
                 f"the gateway holds its maximum of {self.settings.max_sessions} sessions; "
@@ -85,13 +212,29 @@ class Registry:
             self._reserved -= 1
         session = self._session_on(warm, ephemeral=False)
         self._sessions[session.id] = session
+        if self.store is not None:
+            session.persist()
+            await self.store.flush()  # on disk before the client hears of it
         return session
 
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None:
-            raise SessionNotFound(f"no session with id {session_id!r}")
+            raise self._missing(session_id)
         return session
+
+    def _missing(self, session_id: str) -> SessionNotFound | SessionLost:
+        reason = self._lost.get(session_id)
+        if reason is not None:
+            return SessionLost(
+                f"session {session_id} did not survive the gateway's restart ({reason}); "
+                "its variables and files are gone: create a new session"
+            )
+        return SessionNotFound(f"no session with id {session_id!r}")
+
+    def _refuse_if_draining(self) -> None:
+        if self.draining:
+            raise ShuttingDown("the gateway is restarting; retry shortly", retry_after=2)
 
     def sessions(self) -> list[Session]:
         return list(self._sessions.values())
@@ -99,7 +242,10 @@ class Registry:
     async def delete_session(self, session_id: str) -> None:
         session = self._sessions.pop(session_id, None)
         if session is None:
-            raise SessionNotFound(f"no session with id {session_id!r}")
+            raise self._missing(session_id)
+        if self.store is not None:  # first: a crash from here on must not bring it back
+            self.store.delete(session_id)
+            await self.store.flush()
         await self._close(session)
 
     # -- stateless ---------------------------------------------------------------------------
@@ -108,6 +254,7 @@ class Registry:
         self, code: str, cell_timeout: float | None, files: list[tuple[str, bytes]]
     ) -> tuple[Session, Execution]:
         """Run one cell in a fresh kernel that is destroyed once the cell ends."""
+        self._refuse_if_draining()
         if len(self._ephemeral) + self._reserved_stateless >= self.settings.max_stateless:
             raise TooManySessions(
                 f"{self.settings.max_stateless} stateless executions are already running; "
@@ -139,8 +286,8 @@ class Registry:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _session_on(self, warm: WarmKernel, *, ephemeral: bool) -> Session:
-        session_id = uuid.uuid4().hex
+    def _session_on(self, warm: WarmKernel, *, ephemeral: bool, id: str | None = None) -> Session:
+        session_id = id or uuid.uuid4().hex
         s = self.settings
         slot = KernelSlot(
             session_id,
@@ -152,7 +299,14 @@ class Registry:
         )
         workspace = Workspace(warm.storage.files, self.backend.workspace_owner)
         files = SessionFiles(session_id, workspace, s, inline_all=ephemeral)
-        return Session(session_id, slot, files, s, ephemeral=ephemeral)
+        persist = self._save if self.store is not None and not ephemeral else None
+        session = Session(session_id, slot, files, s, ephemeral=ephemeral, persist=persist)
+        slot.on_replace = session.persist
+        return session
+
+    def _save(self, session: Session) -> None:
+        if self.store is not None and self._sessions.get(session.id) is session:
+            self.store.save(session.record())
 
     async def _close(self, session: Session) -> None:
         try:

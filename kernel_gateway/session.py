@@ -19,11 +19,11 @@ that, within `replay_executions` and `replay_bytes`.
 from __future__ import annotations
 
 import asyncio
-import itertools
+import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from .errors import (
@@ -33,11 +33,13 @@ from .errors import (
     SessionBusy,
     SessionClosed,
     SessionFailed,
+    ShuttingDown,
 )
-from .events import MalformedMessage, OutputLimiter, error_event, parse_reply
+from .events import MAX_EVENTS, MalformedMessage, OutputLimiter, error_event, parse_reply
 from .execution import Execution, StopReason
 from .kernel import Kernel
 from .kernel_slot import KernelSlot
+from .persistence import RunningCell, SessionRecord
 from .session_files import SessionFiles
 from .settings import Settings
 from .types import JSON, Message
@@ -46,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 SIGNAL_SPACING = 0.5  # seconds between two SIGINTs to the same cell
 REPLY_WAIT = 2.0  # seconds to wait for the shell reply once IOPub said idle
+PERSIST_ACTIVITY_EVERY = 5.0  # seconds: how stale a persisted idle clock may get
+ADOPTED_READY_WAIT = 5.0  # seconds an adopted, idle kernel has to answer on shell
 
 
 class Session:
@@ -57,6 +61,7 @@ class Session:
         settings: Settings,
         *,
         ephemeral: bool = False,
+        persist: Callable[[Session], None] | None = None,
     ) -> None:
         self.id = session_id
         self.ephemeral = ephemeral
@@ -71,7 +76,9 @@ class Session:
         """Waits for a detached cell's client to come back (cancelled when the session closes)."""
         self._queue: list[Execution] = []
         self._submitted = 0
-        self._event_ids = itertools.count(1).__next__
+        self._adopted_after = 0
+        """Executions numbered by an earlier gateway (their events were not kept)."""
+        self._last_event_id = 0
         self._history: deque[Execution] = deque()
         """Executions whose events are kept (queued, running, and recent finished ones)."""
         self.current: Execution | None = None
@@ -79,6 +86,12 @@ class Session:
         self.created_at = datetime.now(UTC)
         self.last_activity = time.monotonic()
         self.closed = False
+        self.draining = False
+        """The gateway is stopping: no new cells; running ones are left to run."""
+        self._persist = persist
+        self._persisted_activity = 0.0
+        self._running: RunningCell | None = None
+        """The running cell as a successor gateway would need it (persisted)."""
 
     # -- what the API asks -------------------------------------------------------------------
 
@@ -86,6 +99,11 @@ class Session:
         """Queue a cell; its events can be read from the returned Execution at once."""
         if self.closed:
             raise SessionClosed(f"session {self.id} was deleted")
+        if self.draining:
+            raise ShuttingDown(
+                "the gateway is restarting; retry shortly (the session will still be there)",
+                retry_after=2,
+            )
         if self.slot.policy.failed:
             raise SessionFailed(self.slot.policy.failed)
         if len(self._queue) >= self._settings.max_queued_executions:
@@ -99,7 +117,7 @@ class Session:
             timeout if timeout is not None else s.exec_timeout,
             OutputLimiter(s.max_output_bytes, s.max_display_bytes),
             self._submitted + 1,
-            self._event_ids,
+            self._next_event_id,
         )
         self._submitted += 1
         self._queue.append(execution)
@@ -119,12 +137,21 @@ class Session:
         self._spawn(self._keep_interrupting(execution, kernel))
         return True
 
+    def _next_event_id(self) -> int:
+        self._last_event_id += 1
+        return self._last_event_id
+
     def execution(self, execution_id: str) -> Execution:
         """A kept execution by id; 410 if it aged out of retention, 404 if it never was."""
         for execution in self._history:
             if execution.id == execution_id:
                 return execution
         number = int(execution_id) if execution_id.isdecimal() else 0
+        if 0 < number <= self._adopted_after and all(e.number != number for e in self._history):
+            raise ExecutionExpired(
+                f"the events of execution {execution_id} of session {self.id} are gone: the "
+                "gateway restarted since, and replay buffers are not kept across restarts"
+            )
         if 0 < number <= self._submitted:
             raise ExecutionExpired(
                 f"the events of execution {execution_id} of session {self.id} are no longer "
@@ -149,6 +176,8 @@ class Session:
             return
         if execution.readers > 0:
             return
+        if self.draining and not self.ephemeral:
+            return  # the gateway is stopping: the cell runs on, for a successor to adopt
         grace = self._settings.reconnect_grace
         if grace <= 0 or self.ephemeral:  # a stateless cell has nothing to resume
             self.abandon(execution)
@@ -159,7 +188,7 @@ class Session:
 
     async def _abandon_unless_resumed(self, execution: Execution, grace: float) -> None:
         await asyncio.sleep(grace)
-        if execution.readers == 0 and not execution.finished:
+        if execution.readers == 0 and not execution.finished and not self.draining:
             logger.info(
                 "session %s: nobody resumed execution %s within %g s; interrupting it",
                 self.id,
@@ -217,6 +246,7 @@ class Session:
             if self.slot.kernel is old or not self.slot.alive:
                 await self.slot.replace()
             self.slot.take_restart_notice()  # asked for: the next cell is not surprised
+        self.persist()
 
     async def close(self) -> None:
         self.closed = True
@@ -230,8 +260,165 @@ class Session:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
 
+    async def suspend(self) -> None:
+        """Let go of the kernel without stopping it: the gateway stops, the session persists.
+
+        The record written here names the running cell (if any), so the next gateway
+        holds later cells back until it ends, and enforces its timeout.
+        """
+        self.draining = True
+        self.persist()
+        self.closed = True
+        for timer in self._grace_timers:
+            timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
+        await self.slot.detach()
+
+    @property
+    def busy(self) -> bool:
+        """A cell runs or waits."""
+        return self.current is not None or bool(self._queue)
+
     def touch(self) -> None:
         self.last_activity = time.monotonic()
+        if self.last_activity - self._persisted_activity >= PERSIST_ACTIVITY_EVERY:
+            self.persist()
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def persist(self) -> None:
+        """Write this session's record, if sessions are persisted (and it still exists)."""
+        if self._persist is not None and not self.closed and not self.ephemeral:
+            self._persisted_activity = self.last_activity
+            self._persist(self)
+
+    def record(self) -> SessionRecord:
+        return SessionRecord(
+            id=self.id,
+            kernel_id=self.slot.kernel_id,
+            storage=self.slot.storage.root.name,
+            created_at=self.created_at.isoformat(),
+            last_activity=time.time() - (time.monotonic() - self.last_activity),
+            submitted=self._submitted,
+            last_event_id=self._last_event_id,
+            execution_count=self.execution_count,
+            restarts=self.slot.restarts,
+            running=self._running,
+        )
+
+    def restore(self, record: SessionRecord) -> None:
+        """Take up where the gateway that wrote `record` left off (its kernel is adopted).
+
+        Event ids go on from the record's; if a cell was running, it may have sent up
+        up to its output cap more since, so ids skip past those: they only ever increase.
+        """
+        self.created_at = datetime.fromisoformat(record.created_at)
+        idle_for = max(0.0, time.time() - record.last_activity)
+        self.last_activity = time.monotonic() - idle_for
+        self._persisted_activity = self.last_activity
+        self._submitted = record.submitted
+        self._adopted_after = record.submitted
+        most = MAX_EVENTS + self._settings.max_file_events + 16  # + markers, errors, done
+        self._last_event_id = record.last_event_id + (most if record.running else 0)
+        self.execution_count = record.execution_count
+        self.slot.restarts = record.restarts
+        execution = None
+        if record.running is not None:
+            execution = self._adopted_execution(record.running)
+        self._spawn(self._settle_adopted(execution, record.running))
+
+    def _adopted_execution(self, running: RunningCell) -> Execution:
+        """The cell an earlier gateway left running, followed from here on."""
+        s = self._settings
+        execution = Execution(
+            "",
+            running.timeout,
+            OutputLimiter(s.max_output_bytes, s.max_display_bytes),
+            running.execution,
+            self._next_event_id,
+        )
+        execution.start()
+        # It started under the earlier gateway: its duration counts from then.
+        execution.started = time.monotonic() - max(
+            0.0, running.timeout - (running.deadline - time.time())
+        )
+        self._history.append(execution)
+        self.current = execution
+        self._running = running
+        kernel = self.slot.kernel
+        assert kernel is not None
+        kernel.follow(running.msg_id, execution)
+        return execution
+
+    async def _settle_adopted(
+        self, execution: Execution | None, running: RunningCell | None
+    ) -> None:
+        """Hold the adopted kernel until it is free; stop a left-over cell at its deadline.
+
+        A kernel answers on shell only between cells, so its answer to a
+        kernel_info_request says the left-over cell (if any) has ended, and that
+        its output reaches this gateway. Past the cell's deadline it is interrupted,
+        and if it will not stop the kernel is restarted, as for any timeout.
+        """
+        kernel = self.slot.kernel
+        assert kernel is not None
+        try:
+            async with self.slot.lock:
+                # Files from before are not news; those a left-over cell writes from now on are.
+                await self.files.take_baseline()
+                if running is not None:
+                    wait = max(running.deadline - time.time(), ADOPTED_READY_WAIT)
+                else:  # idle, or a cell sent just before its record was written
+                    wait = max(ADOPTED_READY_WAIT, self._settings.exec_timeout)
+                if await self._ready(kernel, wait):
+                    if execution is not None and running is not None:
+                        # Its reply went to the stopped gateway; the kernel kept the outcome.
+                        reply = await kernel.outcome(running.msg_id, REPLY_WAIT)
+                        if reply is not None:
+                            execution.on_reply(reply)
+                    return
+                if kernel.exit_info is not None:
+                    if execution is not None:
+                        self._died(execution, kernel)
+                    else:
+                        self.slot.note_death(kernel)
+                    return
+                if execution is not None:
+                    execution.stop(StopReason.TIMEOUT)
+                logger.info(
+                    "session %s: an adopted cell ran past its deadline; interrupting", self.id
+                )
+                await kernel.interrupt()
+                if await self._ready(kernel, 2 * self._settings.interrupt_grace + 1):
+                    return
+                await self._retire_stuck(execution, kernel)
+        finally:
+            if running is not None:
+                kernel.forget(running.msg_id)
+            if execution is not None:
+                execution.finishing()
+                if not self.closed:
+                    with contextlib.suppress(Exception):
+                        for event in await self.files.changed_file_events():
+                            execution.emit(event)
+                execution.finish()
+                self.current = None
+                if execution.execution_count is not None:
+                    self.execution_count = execution.execution_count
+                self._running = None
+                self._keep_recent()
+                self.persist()
+
+    @staticmethod
+    async def _ready(kernel: Kernel, seconds: float) -> bool:
+        try:
+            await kernel.wait_ready(seconds)
+        except KernelUnavailable:
+            return False
+        return True
 
     def idle_seconds(self) -> float:
         if self.current is not None or self._queue:
@@ -284,9 +471,11 @@ class Session:
                     execution.stop(StopReason.DEATH, "gateway_error")
                 finally:
                     self.current = None
+                    self._running = None
                     if execution.execution_count is not None:
                         self.execution_count = execution.execution_count
                     self.touch()
+                    self.persist()
         except asyncio.CancelledError:
             execution.stop(StopReason.CLOSED)
             execution.restarted = True
@@ -333,6 +522,9 @@ class Session:
         execution.start()
         async with self._signalling:  # no SIGINT meant for the previous cell is in flight
             msg_id, reply = await kernel.execute(execution.code, execution)
+        deadline = time.time() + execution.timeout
+        self._running = RunningCell(execution.number, msg_id, execution.timeout, deadline)
+        self.persist()
         idle = asyncio.ensure_future(execution.idle.wait())
         try:
             await asyncio.wait(
@@ -369,16 +561,22 @@ class Session:
         if await self._interrupt(execution, kernel, self._settings.interrupt_grace):
             await self._take_reply(execution, reply)
             return
-        execution.emit(
-            error_event(
-                "TimeoutError",
-                f"execution exceeded {execution.timeout:g} s and did not stop when "
-                "interrupted; the kernel was restarted and its state is lost",
+        await self._retire_stuck(execution, kernel)
+
+    async def _retire_stuck(self, execution: Execution | None, kernel: Kernel) -> None:
+        """A cell past its time ignored interrupts: restart the kernel, and say so in it."""
+        if execution is not None:
+            execution.emit(
+                error_event(
+                    "TimeoutError",
+                    f"execution exceeded {execution.timeout:g} s and did not stop when "
+                    "interrupted; the kernel was restarted and its state is lost",
+                )
             )
-        )
-        execution.restarted = True
+            execution.restarted = True
         await self.slot.retire(kernel)
-        self.slot.take_restart_notice()  # this cell already says so
+        if execution is not None:
+            self.slot.take_restart_notice()  # this cell already says so
 
     def _died(self, execution: Execution, kernel: Kernel) -> None:
         """The kernel ended while the cell ran: say why, and count it if unexpected."""

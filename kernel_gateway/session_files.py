@@ -80,6 +80,10 @@ class SessionFiles:
 
     # -- what cells produce ------------------------------------------------------------------
 
+    async def take_baseline(self) -> None:
+        """Count every file there now as reported (a session adopted after a restart)."""
+        self._baseline, _ = await asyncio.to_thread(self.workspace.scan)
+
     async def changed_file_events(self) -> list[Event]:
         """A `file` event for each file created or changed since the last call."""
         s = self._settings

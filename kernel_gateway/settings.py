@@ -51,6 +51,7 @@ POSITIVE_NUMBERS = (
     "kernel_start_timeout",
     "restart_window",
     "cpu_limit",
+    "drain_timeout",
 )
 
 
@@ -123,6 +124,8 @@ class Settings:
     reconnect_grace: float = 10.0
     replay_executions: int = 20
     replay_bytes: int = 16 * 1024 * 1024
+    persist_sessions: bool = False
+    drain_timeout: float = 30.0
     runtime_dir: Path = field(default_factory=default_runtime_dir)
     log_level: str = "info"
     mcp: McpMode = "sessions"
@@ -158,6 +161,11 @@ class Settings:
                 raise ValueError(f"{_origin(name)}: must be a finite number > 0 (got {value})")
         if not (math.isfinite(self.reconnect_grace) and self.reconnect_grace >= 0):
             raise ValueError(f"{_origin('reconnect_grace')}: must be a finite number >= 0")
+        if self.persist_sessions and self.backend == "local":
+            raise ValueError(
+                f"{_origin('persist_sessions')}: sessions can outlive the gateway only on the "
+                "docker backend (a local kernel is the gateway's child process)"
+            )
         if self.cpu_limit < 0.01:
             raise ValueError(f"{_origin('cpu_limit')}: must be at least 0.01 (Docker's minimum)")
         if self.exec_timeout > self.max_exec_timeout:
@@ -341,6 +349,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--replay-bytes",
         type=int,
         help="bytes of finished executions' events each session keeps (default 16 MiB)",
+    )
+    add(
+        "--persist-sessions",
+        action="store_const",
+        const=True,
+        help="leave sessions' kernels running when the gateway stops (and after a crash), for "
+        "the next gateway on this runtime dir to adopt (docker backend; default off)",
+    )
+    add(
+        "--drain-timeout",
+        type=float,
+        help="with --persist-sessions: seconds a stopping gateway lets running cells finish "
+        "before it exits, leaving them to run on (default 30)",
     )
     add("--figure-formats", help="inline chart formats, e.g. png or png,svg (default png)")
     add("--figure-dpi", type=int, help="inline chart resolution (default 100)")

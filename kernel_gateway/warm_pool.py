@@ -16,11 +16,12 @@ import time
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq.asyncio
 
-from .backends.base import Backend, RuntimeDir, SessionStorage
+from .backends.base import Backend, KernelProcess, RuntimeDir, SessionStorage
 from .errors import GatewayError, KernelUnavailable
 from .kernel import Kernel
 from .settings import Settings
@@ -90,6 +91,33 @@ class WarmPool:
             await self.backend.release_storage(storage)
         finally:
             await asyncio.to_thread(shutil.rmtree, storage.root, True)
+
+    @property
+    def workspaces(self) -> Path:
+        """The folder holding every session's storage root."""
+        return self._runtime.path / "w"
+
+    async def unclaimed_storage(self, keep: set[str]) -> list[SessionStorage]:
+        """Every storage root in `workspaces` whose name is not in `keep`.
+
+        For a gateway that adopted its predecessor's sessions: the disks of its warm
+        and stateless kernels, and of sessions that could not be adopted.
+        """
+
+        def names() -> set[str]:
+            return {p.name.removesuffix(".img") for p in self.workspaces.iterdir()}
+
+        return [
+            SessionStorage(self.workspaces / n)
+            for n in sorted(await asyncio.to_thread(names) - keep)
+        ]
+
+    async def remove_storages(self, storages: list[SessionStorage]) -> None:
+        await asyncio.gather(*(self.remove_storage(s) for s in storages))
+
+    def connect(self, process: KernelProcess) -> Kernel:
+        """A connection to a kernel that already runs (one a predecessor left)."""
+        return Kernel(process, self._context)
 
     async def acquire(self) -> WarmKernel:
         """A ready kernel: a warm one at once, else the next one to finish starting."""

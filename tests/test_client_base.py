@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from kernel_gateway.client import (
     BadRequestError,
     Client,
     ConflictError,
+    ConnectFailed,
     Done,
     Execution,
     KernelUnavailableError,
@@ -34,6 +36,7 @@ from kernel_gateway.client import (
     SessionClosedError,
     SessionFailedError,
     SessionNotFoundError,
+    ShuttingDownError,
     Stdout,
     StreamEnded,
     TransportError,
@@ -58,25 +61,32 @@ def sse(*events: Event, tail: bytes = b"") -> Handler:
     )
 
 
-def sync_client(handler: Handler) -> Client:
-    return Client("http://gw", transport=httpx.MockTransport(handler))
+def sync_client(handler: Handler, reconnect: float = 0.3) -> Client:
+    return Client("http://gw", transport=httpx.MockTransport(handler), reconnect_seconds=reconnect)
 
 
-def async_client(handler: Handler) -> AsyncClient:
-    return AsyncClient("http://gw", transport=httpx.MockTransport(handler))
+def async_client(handler: Handler, reconnect: float = 0.3) -> AsyncClient:
+    return AsyncClient(
+        "http://gw", transport=httpx.MockTransport(handler), reconnect_seconds=reconnect
+    )
 
 
-def run_both(handler: Handler, code: str = "x") -> list[Execution | BaseException]:
+def run_both(
+    handler: Handler, code: str = "x", reconnect: float = 0.3
+) -> list[Execution | BaseException]:
     """`session.run(code)` through both clients: what each returned or raised."""
     outcomes: list[Execution | BaseException] = []
-    with sync_client(handler) as client:
+    with sync_client(handler, reconnect) as client:
         try:
             outcomes.append(client.session("s1").run(code))
         except Exception as exc:
             outcomes.append(exc)
 
     async def main() -> None:
-        async with async_client(handler) as client:
+        async with async_client(handler, reconnect) as client:
+            gateway = handler
+            if isinstance(gateway, Restarting):  # the same restart, seen by this client
+                gateway.refusals, gateway.draining = gateway.initial
             try:
                 outcomes.append(await (await client.session("s1")).run(code))
             except Exception as exc:
@@ -143,10 +153,60 @@ def test_transport_errors_are_mapped_at_the_boundary() -> None:
         raise httpx.ConnectError("connection refused", request=request)
 
     for outcome in run_both(refuse):
-        assert type(outcome) is TransportError
+        assert type(outcome) is ConnectFailed  # a TransportError: nothing was sent
         assert isinstance(outcome.__cause__, httpx.ConnectError)
     with sync_client(refuse) as client, pytest.raises(TransportError):
         client.request("GET", "/health")
+
+    def reset(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadError("connection reset", request=request)
+
+    for outcome in run_both(reset):
+        assert type(outcome) is TransportError  # sent: never sent again
+
+
+class Restarting:
+    """A gateway that refuses connections, then drains (503 shutting_down), then answers."""
+
+    def __init__(self, refusals: int, draining: int, answer: Handler) -> None:
+        self.refusals, self.draining, self.answer = refusals, draining, answer
+        self.initial = (refusals, draining)
+        self.requests: list[tuple[str, str]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if self.refusals:
+            self.refusals -= 1
+            raise httpx.ConnectError("connection refused", request=request)
+        self.requests.append((request.method, request.url.path))
+        if self.draining:
+            self.draining -= 1
+            body = {"error": {"type": "shutting_down", "message": "restarting"}}
+            return httpx.Response(503, json=body, headers={"Retry-After": "0.05"})
+        return self.answer(request)
+
+
+def test_calls_wait_out_a_gateway_restart_and_are_sent_once_it_answers() -> None:
+    gateway = Restarting(3, 2, sse(Event("stdout", {"text": "hi"}), DONE))
+    for outcome in run_both(gateway, "print('hi')", reconnect=5.0):
+        assert isinstance(outcome, Execution) and outcome.stdout == "hi", outcome
+    posts = [r for r in gateway.requests if r[0] == "POST"]
+    assert len(posts) == 2 * 3  # per client: two refused as draining, then the one that ran
+    health = Restarting(4, 1, lambda r: httpx.Response(200, json={"status": "ok"}))
+    with sync_client(health, reconnect=5.0) as client:
+        assert client.health() == {"status": "ok"}
+        health.refusals = 2
+        assert client.request("GET", "/health").json() == {"status": "ok"}
+
+
+def test_a_gateway_down_for_longer_than_the_reconnect_time_is_an_error() -> None:
+    gateway = Restarting(10**6, 0, sse(DONE))
+    started = time.monotonic()
+    with sync_client(gateway, reconnect=0.5) as client, pytest.raises(ConnectFailed):
+        client.health()
+    assert 0.3 < time.monotonic() - started < 3
+    draining = Restarting(0, 10**6, sse(DONE))
+    for outcome in run_both(draining):
+        assert isinstance(outcome, ShuttingDownError) and outcome.retry_after == 0.05
 
 
 def test_streams_decode_text_that_httpx_iter_lines_would_split() -> None:

@@ -18,7 +18,7 @@ import secrets
 import shutil
 import socket
 import stat
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
@@ -136,6 +136,21 @@ class Backend(abc.ABC):
     async def close(self) -> None:
         """Stop and remove every kernel this gateway started."""
 
+    persists: ClassVar[bool] = False
+    """Whether kernels can outlive the gateway, for a successor to `adopt` them."""
+
+    async def adopt(self, kernel_ids: Collection[str]) -> dict[str, KernelProcess]:
+        """Take over the kernels an earlier gateway of this instance left running.
+
+        Returns the live ones among `kernel_ids`, by id; every other kernel of this
+        instance (warm ones, stateless ones, any not asked for) is removed.
+        """
+        return {}
+
+    async def detach(self) -> None:
+        """Stop watching kernels but leave them running, for a successor to adopt."""
+        await self.close()
+
 
 class RuntimeDirError(ValueError):
     """The runtime folder cannot be made safe: another user could reach it. Fatal at startup."""
@@ -213,29 +228,72 @@ class RuntimeDir:
         self.root = Path(os.path.abspath(root))
         self.instance = secrets.token_hex(6)
         self.hostname = socket.gethostname()
-        self.path = root / self.instance
+        self.path = self.root / self.instance
         self._lock_fd: int | None = None
+        self.adopted = False
 
-    def open(self) -> None:
-        """Make or check the root folder (RuntimeDirError if unsafe), then this instance's."""
+    def open(self, *, adopt: bool = False) -> None:
+        """Make or check the root folder (RuntimeDirError if unsafe), then this instance's.
+
+        With `adopt`, an instance that a stopped gateway left with persisted sessions
+        (see `sessions_path`) becomes this one: same id, so its kernels' labels and
+        folders are ours. `adopted` says whether that happened.
+        """
         secure_runtime_root(self.root)
+        if adopt and self._take_over():
+            return
         # 0700 throughout: containers see only the folders bind-mounted into them, and
         # local kernels run as the gateway's user, so no one else needs to enter.
         self.path.mkdir(mode=0o700)
         (self.path / "k").mkdir(mode=0o700)
         (self.path / "w").mkdir(mode=0o700)
-        flags = os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(self.root / f"{self.instance}.lock", flags, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self._lock_fd = fd
+        self._lock_fd = self._lock(self.instance)
+        assert self._lock_fd is not None
 
-    def close(self) -> None:
-        reclaim(self.path)  # session disks left mounted, and their loop devices
-        shutil.rmtree(self.path, ignore_errors=True)
+    def _lock(self, instance: str) -> int | None:
+        """Hold `instance`'s lock; None if a live gateway holds it."""
+        flags = os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.root / f"{instance}.lock", flags, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        return fd
+
+    def _take_over(self) -> bool:
+        """Become the newest stopped instance that persisted sessions, if there is one."""
+        ordered = sorted(
+            (i for i in self.stale_instances() if any((self.root / i / "sessions").glob("*.json"))),
+            key=lambda i: (self.root / i / "sessions").stat().st_mtime_ns,
+            reverse=True,
+        )
+        for instance in ordered:
+            fd = self._lock(instance)
+            if fd is None:
+                continue  # another gateway starting right now took it first
+            self.instance, self.path, self._lock_fd = instance, self.root / instance, fd
+            (self.path / "k").mkdir(mode=0o700, exist_ok=True)
+            (self.path / "w").mkdir(mode=0o700, exist_ok=True)
+            self.adopted = True
+            return True
+        return False
+
+    @property
+    def sessions_path(self) -> Path:
+        """Where session records live when sessions are persisted."""
+        return self.path / "sessions"
+
+    def close(self, *, keep: bool = False) -> None:
+        """Remove this instance's folder and lock; with `keep`, leave them for a successor."""
+        if not keep:
+            reclaim(self.path)  # session disks left mounted, and their loop devices
+            shutil.rmtree(self.path, ignore_errors=True)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-            (self.root / f"{self.instance}.lock").unlink(missing_ok=True)
+            if not keep:
+                (self.root / f"{self.instance}.lock").unlink(missing_ok=True)
 
     @property
     def lock_path(self) -> Path:
@@ -255,6 +313,10 @@ class RuntimeDir:
             if len(name) == 12 and name not in out and not self.is_live(name):
                 out.append(name)
         return out
+
+    def orphaned_instances(self) -> list[str]:
+        """Stale instances to clean up: those that left no sessions to adopt."""
+        return [i for i in self.stale_instances() if not persisted(self.root / f"{i}.lock")]
 
     def remove_instance(self, instance: str) -> None:
         reclaim(self.root / instance)  # its session disks: unmount, detach loop devices
@@ -288,6 +350,17 @@ def lock_is_held(path: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def persisted(lock: Path) -> bool:
+    """Whether the stopped gateway holding `lock` left sessions for a successor to adopt.
+
+    Its kernels are not orphans: a gateway on another runtime dir must leave them be.
+    """
+    try:
+        return any((lock.with_suffix("") / "sessions").glob("*.json"))
+    except OSError:
+        return False
 
 
 def ipc_connection(prefix: str) -> ConnectionInfo:

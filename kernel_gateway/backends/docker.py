@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +39,7 @@ from .base import (
     RuntimeDir,
     ipc_connection,
     lock_is_held,
+    persisted,
     to_the_end,
     write_connection_file,
     write_startup_file,
@@ -122,6 +124,7 @@ class DockerBackend(Backend):
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="docker")
         self._client: docker.DockerClient | None = None
         self._kernels: dict[str, DockerKernel] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self._events: Any = None
         self._watcher: threading.Thread | None = None
         self._closing = False
@@ -199,9 +202,10 @@ class DockerBackend(Backend):
             raise BackendUnavailable(
                 f"kernel image {self._settings.image} not found; run `kernel-gateway build-image`"
             ) from exc
-        await self.reclaim_orphans()
-        self._storage = await self.call(
-            choose_provider, self._storage.size, self._runtime.path / "w"
+        # Independent: done at once (both take a while on a busy host).
+        _, self._storage = await asyncio.gather(
+            self.reclaim_orphans(),
+            self.call(choose_provider, self._storage.size, self._runtime.path / "w"),
         )
         # Open the stream before any launch, so no death can be missed.
         self._events = await self.call(
@@ -222,23 +226,32 @@ class DockerBackend(Backend):
             and c["Labels"].get(LABEL_INSTANCE) != self._runtime.instance
             and LABEL_LOCK in c["Labels"]
             and not lock_is_held(Path(c["Labels"][LABEL_LOCK]))
+            and not persisted(Path(c["Labels"][LABEL_LOCK]))
         ]
         await asyncio.gather(*(self.call(self.remove_container, cid) for cid in stale))
         if stale:
             logger.info("removed %d orphaned kernel containers", len(stale))
-        for instance in await self.call(self._runtime.stale_instances):
+        for instance in await self.call(self._runtime.orphaned_instances):
             # Its session disks too: unmounted, loop devices detached, images deleted.
             await self.call(self._runtime.remove_instance, instance)
 
     async def close(self) -> None:
+        await self._stop(remove=True)
+
+    persists = True
+
+    async def detach(self) -> None:
+        await self._stop(remove=False)
+
+    async def _stop(self, *, remove: bool) -> None:
         self._closing = True
+        await asyncio.gather(*self._background, return_exceptions=True)
         if self._client is not None:
-            containers = await self.call(
-                self.client.api.containers,
-                all=True,
-                filters={"label": f"{LABEL_INSTANCE}={self._runtime.instance}"},
-            )
-            await asyncio.gather(*(self.call(self.remove_container, c["Id"]) for c in containers))
+            if remove:
+                containers = await self._containers()
+                await asyncio.gather(
+                    *(self.call(self.remove_container, c["Id"]) for c in containers)
+                )
             for kernel in list(self._kernels.values()):
                 kernel._on_die(-1)
             if self._events is not None:
@@ -246,6 +259,78 @@ class DockerBackend(Backend):
                     self._events.close()
             await self.call(self.client.close)
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _containers(self) -> list[dict[str, Any]]:
+        """This instance's containers, running or not."""
+        filters = {"label": f"{LABEL_INSTANCE}={self._runtime.instance}"}
+        result: list[dict[str, Any]] = await self.call(
+            self.client.api.containers, all=True, filters=filters
+        )
+        return result
+
+    async def adopt(self, kernel_ids: Collection[str]) -> dict[str, KernelProcess]:
+        """Take over the running containers of `kernel_ids`; remove this instance's others.
+
+        A kernel is adopted only with its container running and its connection files in
+        place. Each is registered before it is checked again, so a death in between is
+        seen either by the check or by the events stream (open since `start`).
+        """
+        wanted = set(kernel_ids)
+        prefix = f"kg-{self._runtime.instance}-"
+        adopted: dict[str, DockerKernel] = {}
+        unwanted: list[str] = []
+        for container in await self._containers():
+            name = container["Names"][0].lstrip("/") if container.get("Names") else ""
+            kernel_id = name.removeprefix(prefix)
+            conn_dir = self._runtime.path / "k" / kernel_id
+            info = None
+            if name.startswith(prefix) and kernel_id in wanted and container["State"] == "running":
+                info = await self.call(_read_connection, conn_dir)
+            if info is None:
+                unwanted.append(container["Id"])
+                continue
+            kernel = DockerKernel(self, kernel_id, name, conn_dir, info)
+            self._kernels[name] = kernel
+            adopted[kernel_id] = kernel
+        # Removed while the gateway serves (stopping a container can take a while).
+        self._spawn(self._remove_containers(unwanted))
+        # Listed again now that all are registered: one that died in between is seen here.
+        running = {
+            c["Names"][0].lstrip("/")
+            for c in await self._containers()
+            if c.get("Names") and c["State"] == "running"
+        }
+        for kernel in adopted.values():
+            if kernel.name not in running:
+                kernel._on_die(await self.call(self._exit_code, kernel.name))
+        keep = {k.id for k in adopted.values()}
+        await self.call(self._remove_conn_dirs_but, keep)
+        if unwanted:
+            logger.info("removed %d kernel containers no session claimed", len(unwanted))
+        return dict(adopted)
+
+    async def _remove_containers(self, ids: list[str]) -> None:
+        results = await asyncio.gather(
+            *(self.call(self.remove_container, c) for c in ids), return_exceptions=True
+        )
+        for failure in (r for r in results if isinstance(r, BaseException)):
+            logger.warning("could not remove an unclaimed kernel container: %s", failure)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _exit_code(self, name: str) -> int:
+        try:
+            return int(self.client.api.inspect_container(name)["State"].get("ExitCode", -1))
+        except docker.errors.NotFound:
+            return -1
+
+    def _remove_conn_dirs_but(self, keep: set[str]) -> None:
+        for path in (self._runtime.path / "k").iterdir():
+            if path.name not in keep:
+                shutil.rmtree(path, ignore_errors=True)
 
     # -- kernels -----------------------------------------------------------------------------
 
@@ -399,6 +484,20 @@ class DockerBackend(Backend):
         elif action == "die":
             code = int(attrs.get("exitCode", -1))
             self._loop.call_soon_threadsafe(kernel._on_die, code)
+
+
+def _read_connection(conn_dir: Path) -> ConnectionInfo | None:
+    """A running kernel's connection as the gateway sees it, from the file the kernel reads."""
+    try:
+        inside = json.loads((conn_dir / "kernel.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(inside, dict) or not isinstance(inside.get("key"), str):
+        return None
+    info = ipc_connection(str(conn_dir / "k"))
+    info["key"] = inside["key"]
+    info["signature_scheme"] = str(inside.get("signature_scheme", info["signature_scheme"]))
+    return info
 
 
 def ipc_connection_inside(info: ConnectionInfo) -> ConnectionInfo:

@@ -151,7 +151,7 @@ class LocalBackend(Backend):
         )
 
     async def start(self) -> None:
-        for instance in await asyncio.to_thread(self._runtime.stale_instances):
+        for instance in await asyncio.to_thread(self._runtime.orphaned_instances):
             await asyncio.to_thread(_kill_orphans, self._runtime.root / instance)
             # Its session disks too: unmounted, loop devices detached, images deleted.
             await asyncio.to_thread(self._runtime.remove_instance, instance)

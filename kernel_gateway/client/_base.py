@@ -8,6 +8,7 @@ bodies, paths, headers, error mapping, event decoding and collection all live he
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -15,7 +16,7 @@ from urllib.parse import quote
 
 import httpx
 
-from .errors import ProtocolError, StreamEnded, from_response
+from .errors import ConnectFailed, ProtocolError, ShuttingDownError, StreamEnded, from_response
 from .models import Callbacks, Done, Event, Execution, event_from
 from .sse import SSEDecoder
 
@@ -134,6 +135,31 @@ class EventReader:
         return StreamEnded("the event stream ended without a `done` event")
 
 
+class Reconnect:
+    """How a call waits out a gateway restart (shared by both clients).
+
+    A call whose connection failed sent nothing, and one answered `503
+    shutting_down` was refused before the gateway did anything: both are sent
+    again, after growing delays, until `seconds` have passed since the first try.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.attempt = 0
+
+    def delay(self, error: Exception) -> float:
+        """Seconds to wait before sending again, or `error` raised when out of time."""
+        if not isinstance(error, ConnectFailed | ShuttingDownError):
+            raise error
+        delay: float = min(1.0, 0.05 * 2.0**self.attempt)
+        if isinstance(error, ShuttingDownError) and error.retry_after:
+            delay = min(float(error.retry_after), 1.0)
+        self.attempt += 1
+        if time.monotonic() + delay > self.deadline:
+            raise error
+        return delay
+
+
 @dataclass
 class Resumer:
     """When and how a broken execution stream is resumed (shared by both clients).
@@ -194,13 +220,24 @@ class BaseClient:
     """Configuration and the calls of the gateway's top-level routes."""
 
     def __init__(
-        self, base_url: str, *, token: str | None, timeout: float, resume_retries: int = 5
+        self,
+        base_url: str,
+        *,
+        token: str | None,
+        timeout: float,
+        resume_retries: int = 5,
+        reconnect_seconds: float = 15.0,
     ) -> None:
         self.base_url = base_url
         self._token = token
         self._timeout = timeout
         self._resume_retries = resume_retries
         """Reconnects in a row without progress before a broken stream is given up (0: never)."""
+        self._reconnect_seconds = reconnect_seconds
+        """How long a call is retried while the gateway cannot be reached or is restarting."""
+
+    def _reconnect(self) -> Reconnect:
+        return Reconnect(self._reconnect_seconds)
 
     def _resumer(self) -> Resumer:
         return Resumer(self._resume_retries)

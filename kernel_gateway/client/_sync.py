@@ -20,7 +20,14 @@ from ._base import (
     execute_body,
     read,
 )
-from .errors import NotFoundError, TransportError, from_response, map_exceptions
+from .errors import (
+    ConnectFailed,
+    NotFoundError,
+    ShuttingDownError,
+    TransportError,
+    from_response,
+    map_exceptions,
+)
 from .models import Event, Execution
 
 T = TypeVar("T")
@@ -35,8 +42,15 @@ class Client(BaseClient):
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
         resume_retries: int = 5,
+        reconnect_seconds: float = 15.0,
     ) -> None:
-        super().__init__(base_url, token=token, timeout=timeout, resume_retries=resume_retries)
+        super().__init__(
+            base_url,
+            token=token,
+            timeout=timeout,
+            resume_retries=resume_retries,
+            reconnect_seconds=reconnect_seconds,
+        )
         self._http = httpx.Client(transport=transport, **self._http_options())
 
     def __enter__(self) -> Client:
@@ -51,18 +65,29 @@ class Client(BaseClient):
         self._http.close()
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """Any request; an error answer raises its `APIError`."""
-        with map_exceptions():
-            return read(self._http.request(method, path, **kwargs))
+        """Any request; an error answer raises its `APIError` (see `_send` for retries)."""
+        reconnect = self._reconnect()
+        while True:
+            try:
+                with map_exceptions():
+                    return read(self._http.request(method, path, **kwargs))
+            except (ConnectFailed, ShuttingDownError) as exc:
+                time.sleep(reconnect.delay(exc))
 
     def _send(self, call: Call[T]) -> T:
-        with map_exceptions():
-            response = self._http.request(call.method, call.path, **call.options)
-        return call.parse(response)
+        """Send a call; while the gateway restarts it is sent again (`Reconnect`)."""
+        reconnect = self._reconnect()
+        while True:
+            try:
+                with map_exceptions():
+                    response = self._http.request(call.method, call.path, **call.options)
+                return call.parse(response)
+            except (ConnectFailed, ShuttingDownError) as exc:
+                time.sleep(reconnect.delay(exc))
 
     def _stream(self, path: str, body: dict[str, Any]) -> Iterator[Event]:
         """POST the cell; if the stream breaks, resume it from the last event id seen."""
-        reader, resumer = EventReader(), self._resumer()
+        reader, resumer, reconnect = EventReader(), self._resumer(), self._reconnect()
         request: dict[str, Any] = {"method": "POST", "url": path, "json": body}
         request["headers"] = STREAM_HEADERS
         while True:
@@ -78,6 +103,11 @@ class Client(BaseClient):
                             if reader.done:
                                 return
                 raise reader.incomplete()
+            except (ConnectFailed, ShuttingDownError) as exc:
+                if resumer.location is None:  # the POST itself never reached a running gateway
+                    time.sleep(reconnect.delay(exc))
+                    continue
+                delay, url, headers = resumer.next_request(reader, exc)
             except TransportError as exc:
                 delay, url, headers = resumer.next_request(reader, exc)
             time.sleep(delay)

@@ -2,6 +2,7 @@
 
     ClientError
     ├── TransportError                  the gateway could not be reached, or the connection broke
+    │   ├── ConnectFailed               no connection (refused, unreachable): nothing was sent
     │   └── ProtocolError               the answer broke the protocol (not JSON)
     │       └── StreamEnded             an event stream ended without its `done` (resumed first)
     └── APIError                        the gateway answered with an error document
@@ -16,7 +17,8 @@
         │   └── ExecutionNotFoundError  404 execution_not_found
         ├── MethodNotAllowedError       405 method_not_allowed
         ├── GoneError                   410 gone
-        │   └── ExecutionExpiredError   410 execution_expired (past the session's retention)
+        │   ├── ExecutionExpiredError   410 execution_expired (past the session's retention)
+        │   └── SessionLostError        410 session_lost (did not survive a gateway restart)
         ├── ConflictError               409 conflict
         │   ├── SessionBusyError        409 session_busy     (too many queued executions)
         │   ├── SessionClosedError      409 session_closed   (deleted while the request waited)
@@ -25,6 +27,7 @@
         └── ServerError                 500 internal_error (and any other 5xx)
             └── UnavailableError        503 (retry_after)
                 ├── KernelUnavailableError   503 kernel_unavailable
+                ├── ShuttingDownError        503 shutting_down (the gateway is restarting)
                 └── BackendUnavailableError  503 backend_unavailable
 
 The gateway's error document is `{"error": {"type", "message"}}` (`kernel_gateway/errors.py`
@@ -51,6 +54,10 @@ class ClientError(Exception):
 
 class TransportError(ClientError):
     """The gateway could not be reached, or the connection broke mid-stream."""
+
+
+class ConnectFailed(TransportError):
+    """No connection to the gateway could be made (refused, unreachable): nothing was sent."""
 
 
 class ProtocolError(TransportError):
@@ -123,6 +130,10 @@ class ExecutionExpiredError(GoneError):
     """410: the execution's events are past the session's retention."""
 
 
+class SessionLostError(GoneError):
+    """410: the session did not survive a restart of the gateway; its state is gone."""
+
+
 class MethodNotAllowedError(APIError):
     """405: the route does not take this method."""
 
@@ -159,6 +170,10 @@ class KernelUnavailableError(UnavailableError):
     """503: no kernel could be started in time."""
 
 
+class ShuttingDownError(UnavailableError):
+    """503: the gateway is stopping for a restart and refused the call before doing anything."""
+
+
 class BackendUnavailableError(UnavailableError):
     """503: the gateway's backend cannot run kernels (no engine, no image)."""
 
@@ -175,6 +190,7 @@ BY_TYPE: dict[str, type[APIError]] = {
     "execution_not_found": ExecutionNotFoundError,
     "gone": GoneError,
     "execution_expired": ExecutionExpiredError,
+    "session_lost": SessionLostError,
     "method_not_allowed": MethodNotAllowedError,
     "conflict": ConflictError,
     "session_busy": SessionBusyError,
@@ -184,6 +200,7 @@ BY_TYPE: dict[str, type[APIError]] = {
     "internal_error": ServerError,
     "kernel_unavailable": KernelUnavailableError,
     "backend_unavailable": BackendUnavailableError,
+    "shutting_down": ShuttingDownError,
 }
 BY_STATUS: dict[int, type[APIError]] = {
     400: BadRequestError,
@@ -235,4 +252,9 @@ def map_exceptions(what: str | None = None) -> Iterator[None]:
         yield
     except httpx.RequestError as exc:
         detail = str(exc) or type(exc).__name__
-        raise TransportError(f"{what}: {detail}" if what else detail) from exc
+        kind = (
+            ConnectFailed
+            if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+            else TransportError
+        )
+        raise kind(f"{what}: {detail}" if what else detail) from exc

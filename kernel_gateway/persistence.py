@@ -1,0 +1,156 @@
+"""What a later gateway needs to adopt this one's sessions, one small file per session.
+
+With `--persist-sessions` the registry writes a `SessionRecord` when a session is
+made, when a cell starts and ends, and when its kernel is replaced; it removes the
+file when the session is deleted. Each write goes to a temporary file that is then
+renamed over the old one, so a gateway killed at any moment leaves either the old
+record or the new one, never half of one. Writes run in order on one thread of
+their own, off the event loop.
+
+Not kept across a restart: the events of past executions (their replay buffers).
+What a cell prints while no gateway is up is lost; the README says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class RunningCell:
+    """The cell a session was running when its record was written."""
+
+    execution: int
+    """Its number in the session (its execution id)."""
+    msg_id: str
+    """Its execute_request's msg_id: output the kernel still sends carries it."""
+    timeout: float
+    deadline: float
+    """Wall-clock time (epoch seconds) at which its timeout ends."""
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    id: str
+    kernel_id: str
+    storage: str
+    """The session's storage folder, by name, in the instance's workspace folder."""
+    created_at: str
+    last_activity: float
+    """Wall-clock time of the last real activity: the idle clock goes on from it."""
+    submitted: int
+    """Executions numbered so far: the next one is `submitted + 1`."""
+    last_event_id: int
+    """The last SSE event id given out when this was written."""
+    execution_count: int
+    restarts: int
+    running: RunningCell | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionRecord:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"unknown record format {data.get('format')!r}")
+        running = data.get("running")
+        return cls(
+            id=str(data["id"]),
+            kernel_id=str(data["kernel_id"]),
+            storage=str(data["storage"]),
+            created_at=str(data["created_at"]),
+            last_activity=float(data["last_activity"]),
+            submitted=int(data["submitted"]),
+            last_event_id=int(data["last_event_id"]),
+            execution_count=int(data["execution_count"]),
+            restarts=int(data["restarts"]),
+            running=None
+            if running is None
+            else RunningCell(
+                execution=int(running["execution"]),
+                msg_id=str(running["msg_id"]),
+                timeout=float(running["timeout"]),
+                deadline=float(running["deadline"]),
+            ),
+        )
+
+
+class SessionStore:
+    """Session records in `folder`, written atomically and in order."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="session-store")
+        self._last: asyncio.Future[None] | None = None
+
+    def open(self) -> None:
+        self.folder.mkdir(mode=0o700, exist_ok=True)
+
+    def load(self) -> list[SessionRecord]:
+        """Every readable record; leftover temporary files and unreadable ones are removed."""
+        records = []
+        for path in sorted(self.folder.iterdir()):
+            if path.suffix != ".json":
+                path.unlink(missing_ok=True)  # a write cut short: its rename never happened
+                continue
+            try:
+                records.append(SessionRecord.from_json(json.loads(path.read_bytes())))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                logger.warning("session record %s is unreadable (%s); dropping it", path, exc)
+                path.unlink(missing_ok=True)
+        return records
+
+    def save(self, record: SessionRecord) -> None:
+        """Write `record` (after every write asked for before it)."""
+        self._submit(self._write, record)
+
+    def delete(self, session_id: str) -> None:
+        self._submit(self._remove, session_id)
+
+    async def flush(self) -> None:
+        """Wait until every write asked for so far is on disk."""
+        if self._last is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._last)
+
+    async def close(self) -> None:
+        await self.flush()
+        self._writer.shutdown(wait=True)
+
+    def _submit(self, fn: Any, arg: Any) -> None:
+        loop = asyncio.get_running_loop()
+        self._last = loop.run_in_executor(self._writer, fn, arg)
+
+    def _path(self, session_id: str) -> Path:
+        if not session_id.isalnum():
+            raise ValueError(f"not a session id: {session_id!r}")
+        return self.folder / f"{session_id}.json"
+
+    def _write(self, record: SessionRecord) -> None:
+        path = self._path(record.id)
+        temporary = path.with_suffix(".tmp")
+        try:
+            fd = os.open(temporary, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(json.dumps(record.to_json()).encode())
+            os.replace(temporary, path)
+        except OSError:
+            logger.exception("could not write the record of session %s", record.id)
+
+    def _remove(self, session_id: str) -> None:
+        try:
+            self._path(session_id).unlink(missing_ok=True)
+        except OSError:
+            logger.exception("could not remove the record of session %s", session_id)

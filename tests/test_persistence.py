@@ -1,0 +1,445 @@
+"""Durable sessions on the docker backend: a real gateway process, SIGKILLed and SIGTERMed.
+
+Each test runs `kernel-gateway serve --persist-sessions` as a child process on one
+runtime dir and port, stops it the hard or the soft way, starts the next one, and
+checks what users see: variables, files, execution counts, the cell that was
+running, sessions that could not be adopted, and nothing left behind at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+
+from kernel_gateway.client import Client
+from kernel_gateway.storage import loop_devices_of, mounts_under
+
+from .conftest import IMAGE, require_docker
+from .helpers import parse_sse
+
+LABEL_INSTANCE = "io.kernel-gateway.instance"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Gateway:
+    """`kernel-gateway serve` as a process, restartable on the same port and runtime dir."""
+
+    def __init__(self, tmp: Path, *args: str) -> None:
+        self.runtime = tmp / "rt"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.logs: list[Path] = []
+
+    def start(self, *extra: str, persist: bool = True) -> float:
+        """Start and wait until it answers; returns the seconds that took."""
+        log = self.runtime.parent / f"gateway-{len(self.logs)}.log"
+        self.logs.append(log)
+        cmd = [
+            sys.executable,
+            "-m",
+            "kernel_gateway",
+            "serve",
+            "--backend",
+            "docker",
+            "--image",
+            IMAGE,
+            "--port",
+            str(self.port),
+            "--runtime-dir",
+            str(self.runtime),
+            *(["--persist-sessions"] if persist else []),
+            *self.args,
+            *extra,
+        ]
+        env = {**os.environ, "KG_PRELOAD": "", "KG_KERNEL_START_TIMEOUT": "120"}
+        started = time.monotonic()
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        deadline = started + 60
+        while True:
+            assert self.proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "gateway did not come up:\n" + log.read_text()
+            time.sleep(0.02)
+
+    def stop(self, sig: int = signal.SIGTERM, wait: float = 60) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        self.proc.wait(wait)
+
+    def wait_for_warm_kernels(self, count: int) -> None:
+        deadline = time.monotonic() + 120
+        while httpx.get(self.url + "/health").json()["pool"]["warm"] < count:
+            assert time.monotonic() < deadline, "the warm pool never filled"
+            time.sleep(0.1)
+
+    def instance(self) -> str:
+        return str(httpx.get(self.url + "/health").json()["instance"])
+
+    def record(self, instance: str, sid: str) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(
+            (self.runtime / instance / "sessions" / f"{sid}.json").read_text()
+        )
+        return data
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def gw(tmp_path: Path) -> Iterator[Gateway]:
+    require_docker()
+    if os.geteuid() != 0:
+        pytest.skip("the durable-session tests run a root gateway (capped session disks)")
+    gateway = Gateway(tmp_path, "--pool-size", "1", "--workspace-size", "256m")
+    try:
+        yield gateway
+    finally:
+        gateway.close()
+        # Whatever a test left, the next gateway without the flag adopts and removes.
+        gateway.start(persist=False)
+        gateway.stop()
+        assert leftovers(gateway) == ([], [], [], [])
+
+
+def leftovers(gw: Gateway) -> tuple[list[str], list[str], list[str], list[str]]:
+    """Containers of any instance in the runtime dir, mounts, loop devices, files left."""
+    client = docker.from_env()
+    try:
+        names = [p.name.removesuffix(".lock") for p in gw.runtime.iterdir()]
+        containers = [
+            c.name or ""
+            for n in set(names)
+            for c in client.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={n}"})
+        ]
+    finally:
+        client.close()
+    prefix = str(gw.runtime.resolve()) + "/"
+    loops = loop_devices_of(lambda backing: str(backing).startswith(prefix))
+    files = sorted(str(p) for p in gw.runtime.iterdir())
+    return containers, mounts_under(gw.runtime), loops, files
+
+
+def run(
+    url: str, sid: str, code: str, **body: Any
+) -> tuple[list[tuple[str, dict[str, Any]]], httpx.Headers]:
+    with httpx.stream(
+        "POST", f"{url}/sessions/{sid}/execute", json={"code": code, **body}, timeout=120
+    ) as response:
+        assert response.status_code == 200, response.read()
+        return list(parse_sse(response.iter_lines())), response.headers
+
+
+def stdout(events: list[tuple[str, dict[str, Any]]]) -> str:
+    return "".join(data["text"] for name, data in events if name == "stdout")
+
+
+def done(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    assert events and events[-1][0] == "done", events
+    return events[-1][1]
+
+
+# -- a variable and a file, across each kind of stop -------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_variables_files_and_counts_survive_a_restart(gw: Gateway, how: str) -> None:
+    gw.start()
+    sid = httpx.post(gw.url + "/sessions", timeout=60).json()["id"]
+    payload = random.Random(how).randbytes(300_000)
+    assert httpx.put(f"{gw.url}/sessions/{sid}/files/data/in.bin", content=payload).is_success
+    events, _ = run(
+        gw.url,
+        sid,
+        "x = 41\nopen('data/out.bin', 'wb').write(open('data/in.bin', 'rb').read()[::-1])",
+    )
+    assert done(events)["status"] == "ok" and done(events)["execution_count"] == 1
+    time.sleep(1.5)  # an idle clock worth checking
+    gw.stop(getattr(signal, how))
+
+    # While no gateway runs, a client's call waits (connection refused is retried).
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        with Client(gw.url, reconnect_seconds=30) as client:
+            outcome["run"] = client.session(sid).run("print(x + 1)")
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(0.5)
+    gw.start()
+    caller.join(60)
+    result = outcome["run"]
+    assert result.stdout == "42\n" and result.ok
+    assert result.done is not None and result.done.execution_count == 2  # counts go on
+    assert not result.done.restarted
+    got = httpx.get(f"{gw.url}/sessions/{sid}/files/data/out.bin").content
+    assert got == payload[::-1]
+    assert httpx.get(f"{gw.url}/sessions/{sid}/files/data/in.bin").content == payload
+    info = httpx.get(f"{gw.url}/sessions/{sid}").json()
+    assert info["execution_count"] == 2 and info["status"] == "idle"
+    listed = httpx.get(f"{gw.url}/sessions/{sid}/executions").json()["executions"]
+    assert [e["id"] for e in listed] == ["2"]  # ids go on; earlier events were not kept
+    gone = httpx.get(f"{gw.url}/sessions/{sid}/executions/1/events")
+    assert gone.status_code == 410 and gone.json()["error"]["type"] == "execution_expired"
+
+
+def test_the_idle_clock_counts_from_the_last_real_activity(gw: Gateway) -> None:
+    gw.start("--idle-timeout", "6")
+    sid = httpx.post(gw.url + "/sessions", timeout=60).json()["id"]
+    run(gw.url, sid, "x = 1")
+    time.sleep(2)
+    gw.stop(signal.SIGKILL)
+    gw.start("--idle-timeout", "6")
+    idle = httpx.get(f"{gw.url}/sessions/{sid}").json()["idle_seconds"]
+    assert idle >= 2.0  # not reset by the restart
+    deadline = time.monotonic() + 20
+    while httpx.get(f"{gw.url}/sessions/{sid}").status_code == 200:
+        assert time.monotonic() < deadline, "the adopted session was never reaped"
+        time.sleep(0.25)
+
+
+# -- the cell that was running -----------------------------------------------------------------
+
+
+COUNTING = (
+    "import time\nfor i in range(16):\n    print(i, flush=True)\n    time.sleep(0.5)\ny = 7\n"
+)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_cell_running_at_the_stop_finishes_and_its_stream_resumes(gw: Gateway, how: str) -> None:
+    gw.start("--drain-timeout", "1")
+    sid = httpx.post(gw.url + "/sessions", timeout=60).json()["id"]
+    seen: list[tuple[str, dict[str, Any]]] = []
+    last_id: list[str] = []
+
+    def stream() -> None:
+        try:
+            with httpx.stream(
+                "POST", f"{gw.url}/sessions/{sid}/execute", json={"code": COUNTING}, timeout=60
+            ) as response:
+                for line in response.iter_lines():
+                    if line.startswith("id: "):
+                        last_id.append(line[4:])
+                    seen.extend(parse_sse([line, ""]) if line.startswith("data") else [])
+        except httpx.HTTPError:
+            pass  # cut by the stop
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while len(last_id) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    gw.stop(getattr(signal, how))  # SIGTERM: the 1 s drain ends before the cell does
+    reader.join(30)
+    gw.start()
+    info = httpx.get(f"{gw.url}/sessions/{sid}").json()
+    listed = httpx.get(f"{gw.url}/sessions/{sid}/executions").json()["executions"]
+    assert [e["id"] for e in listed] == ["1"]
+    with httpx.stream(
+        "GET",
+        f"{gw.url}/sessions/{sid}/executions/1/events",
+        headers={"Last-Event-ID": last_id[-1]},
+        timeout=60,
+    ) as response:
+        assert response.status_code == 200
+        rest = list(parse_sse(response.iter_lines()))
+    assert done(rest)["status"] == "ok", rest
+    printed = [int(data["text"]) for name, data in rest if name == "stdout"]
+    assert printed and printed[-1] == 15 and printed == sorted(set(printed))  # none twice
+    assert info["status"] == "busy"
+    events, _ = run(gw.url, sid, "print(y)")
+    assert stdout(events) == "7\n" and done(events)["execution_count"] == 2
+
+
+def test_an_adopted_cell_is_still_stopped_at_its_timeout(gw: Gateway) -> None:
+    gw.start()
+    sid = httpx.post(gw.url + "/sessions", timeout=60).json()["id"]
+    run(gw.url, sid, "x = 41")
+
+    def spin() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # cut by the SIGKILL
+            run(gw.url, sid, "while True: pass", timeout=4)
+
+    threading.Thread(target=spin, daemon=True).start()
+    time.sleep(1.0)
+    gw.stop(signal.SIGKILL)
+    gw.start()
+    started = time.monotonic()
+    with httpx.stream("GET", f"{gw.url}/sessions/{sid}/executions/2/events", timeout=60) as r:
+        events = list(parse_sse(r.iter_lines()))
+    assert done(events)["status"] == "timeout"
+    assert time.monotonic() - started < 8
+    events, _ = run(gw.url, sid, "print(x + 1)")
+    assert stdout(events) == "42\n"  # interrupted, not restarted: the state is kept
+
+
+# -- sessions that cannot be adopted -----------------------------------------------------------
+
+
+def test_a_kernel_that_does_not_answer_or_is_gone_is_reported_lost(gw: Gateway) -> None:
+    gw.start()
+    frozen, gone, fine = (httpx.post(gw.url + "/sessions", timeout=60).json()["id"] for _ in "abc")
+    for sid in (frozen, gone, fine):
+        run(gw.url, sid, "x = 41")
+    instance = gw.instance()
+    gw.stop(signal.SIGKILL)
+    client = docker.from_env()
+    try:
+        lost_kernels = [
+            f"kg-{instance}-{gw.record(instance, s)['kernel_id']}" for s in (frozen, gone)
+        ]
+        client.containers.get(lost_kernels[0]).pause()
+        client.containers.get(lost_kernels[1]).kill()
+        gw.start()
+        for sid in (frozen, gone):
+            for method, path in (("GET", ""), ("POST", "/execute"), ("DELETE", "")):
+                response = httpx.request(
+                    method, f"{gw.url}/sessions/{sid}{path}", json={"code": "1"}, timeout=30
+                )
+                assert response.status_code == 410, response.text
+                assert response.json()["error"]["type"] == "session_lost"
+        listed = [s["id"] for s in httpx.get(gw.url + "/sessions").json()["sessions"]]
+        assert listed == [fine]
+        events, _ = run(gw.url, fine, "print(x + 1)")
+        assert stdout(events) == "42\n"
+        names = {c.name for c in client.containers.list(all=True)}
+        kernels = {sid: f"kg-{instance}-{gw.record(instance, sid)['kernel_id']}" for sid in [fine]}
+        assert kernels[fine] in names
+        assert not any(frozen_or_gone in names for frozen_or_gone in lost_kernels)
+        assert not (gw.runtime / instance / "sessions" / f"{frozen}.json").exists()
+    finally:
+        client.close()
+
+
+# -- SIGKILL at random moments while clients work ----------------------------------------------
+
+
+@dataclass
+class Tracked:
+    values: set[int | None] = field(default_factory=lambda: {None})
+    """What `v` may hold (None: unset; more than one when a cell was cut before its done)."""
+    maybe_deleted: bool = False
+
+
+class Worker(threading.Thread):
+    """Creates, uses and deletes sessions until told to stop; remembers what it knows."""
+
+    def __init__(self, url: str, seed: int, sessions: dict[str, Tracked]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.random, self.sessions = url, random.Random(seed), sessions
+        self.stopping = threading.Event()
+        self.mismatches: list[str] = []
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=30) as http:
+            while not self.stopping.is_set():
+                try:
+                    self.step(http)
+                except httpx.HTTPError:
+                    time.sleep(0.05)  # the gateway is down: this step's outcome is unknown
+
+    def step(self, http: httpx.Client) -> None:
+        mine = [s for s, t in self.sessions.items() if not t.maybe_deleted]
+        roll = self.random.random()
+        if len(mine) < 3 or roll < 0.15:
+            response = http.post("/sessions")
+            if response.status_code == 201:
+                self.sessions[response.json()["id"]] = Tracked()
+            return
+        sid = self.random.choice(mine)
+        tracked = self.sessions[sid]
+        if roll < 0.3:
+            tracked.maybe_deleted = True
+            http.delete(f"/sessions/{sid}")
+            return
+        value = self.random.randrange(1, 10**9)
+        tracked.values.add(value)  # from the moment it is sent, `v` may hold it
+        with http.stream(
+            "POST", f"/sessions/{sid}/execute", json={"code": f"v = {value}\nprint(v)"}
+        ) as r:
+            if r.status_code != 200:
+                return
+            events = list(parse_sse(r.iter_lines()))
+        if events and events[-1][0] == "done" and events[-1][1]["status"] == "ok":
+            tracked.values = {value}
+            if stdout(events) != f"{value}\n":
+                self.mismatches.append(f"{sid}: printed {stdout(events)!r}, expected {value}")
+
+
+def test_sigkill_at_random_moments_loses_no_session_silently(gw: Gateway) -> None:
+    seed = int(os.environ.get("KG_TEST_SEED", time.time()))
+    print(f"seed {seed}")
+    chaos = random.Random(seed)
+    owned: list[dict[str, Tracked]] = [{} for _ in range(10)]
+    lost = adopted_checks = 0
+    for round_ in range(20):
+        gw.start("--max-sessions", "64", "--pool-size", "2")
+        # Every session known from before is usable with its variables, or cleanly lost.
+        for sessions, sid, tracked in [(o, s, t) for o in owned for s, t in list(o.items())]:
+            response = httpx.get(f"{gw.url}/sessions/{sid}", timeout=30)
+            if response.status_code == 404 and tracked.maybe_deleted:
+                del sessions[sid]
+                continue
+            if response.status_code == 410:
+                assert response.json()["error"]["type"] == "session_lost"
+                lost += 1
+                del sessions[sid]
+                continue
+            assert response.status_code == 200, (round_, sid, response.text)
+            events, _ = run(gw.url, sid, "print(globals().get('v'))")
+            assert done(events)["status"] == "ok", (round_, sid, events)
+            value = None if stdout(events) == "None\n" else int(stdout(events))
+            assert value in tracked.values, (round_, sid, events, tracked)
+            tracked.values = {value}
+            adopted_checks += 1
+        gw.wait_for_warm_kernels(2)  # so the window below is spent working, not starting
+        # Each worker uses only its own sessions: what it knows of them is then exact.
+        workers = [Worker(gw.url, seed * 100 + round_ * 10 + i, owned[i]) for i in range(10)]
+        for worker in workers:
+            worker.start()
+        time.sleep(chaos.uniform(1.0, 4.0))
+        gw.stop(signal.SIGKILL)
+        for worker in workers:
+            worker.stopping.set()
+        for worker in workers:
+            worker.join(60)
+            assert not worker.mismatches, worker.mismatches
+    print(f"{adopted_checks} adopted sessions checked, {lost} reported lost")
+    assert adopted_checks >= 10
+    gw.start(persist=False)
+    for sid in [s for o in owned for s in o]:
+        response = httpx.get(f"{gw.url}/sessions/{sid}", timeout=30)
+        assert response.status_code in (200, 404, 410)
+    gw.stop()
+    assert leftovers(gw) == ([], [], [], [])
