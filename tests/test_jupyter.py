@@ -480,19 +480,19 @@ class KernelSocket:
         await self.ws.send(json.dumps(dict(request, channel="shell"), default=str))
         return str(request["header"]["msg_id"])
 
-    async def next(self, seconds: float = 30) -> dict[str, Any]:
+    async def next(self, seconds: float = 60) -> dict[str, Any]:
         message = _decode_json(await asyncio.wait_for(self.ws.recv(), seconds))
         if message["msg_type"] == "status" and not message["parent_header"]:
             self.kernel_states.append(message["content"]["execution_state"])
         return message
 
-    async def reply(self, msg_id: str, seconds: float = 30) -> dict[str, Any]:
+    async def reply(self, msg_id: str, seconds: float = 60) -> dict[str, Any]:
         while True:
             message = await self.next(seconds)
             if message["channel"] == "shell" and message["parent_header"].get("msg_id") == msg_id:
                 return message
 
-    async def until_state(self, state: str, seconds: float = 30) -> None:
+    async def until_state(self, state: str, seconds: float = 60) -> None:
         while state not in self.kernel_states:
             await self.next(seconds)
 
