@@ -1,4 +1,4 @@
-"""The `kernel-gateway` command: serve the API, build the kernel image, or run code."""
+"""The `kernel-gateway` command: serve the API, build the kernel image, run code, or MCP."""
 
 from __future__ import annotations
 
@@ -58,6 +58,17 @@ def _parser() -> argparse.ArgumentParser:
         "2 when the gateway could not run the code.",
     )
     add_arguments(run_parser)
+
+    from .mcp_args import add_mcp_arguments
+
+    mcp_parser = commands.add_parser(
+        "mcp",
+        help="an MCP server over stdio (for desktop clients), relaying to a gateway",
+        description="Speak MCP on stdin/stdout and relay each call to a gateway's /mcp "
+        "endpoint: --url (or KG_URL), else a gateway started in this process from KG_* "
+        "variables. One sandbox per client, deleted when it disconnects.",
+    )
+    add_mcp_arguments(mcp_parser)
     return parser
 
 
@@ -138,6 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .run import run_from_cli
 
         return run_from_cli(args)
+    if args.command == "mcp":
+        from .mcp_stdio import main as mcp_main
+
+        return mcp_main(args, os.environ)
     raise AssertionError(args.command)
 
 

@@ -22,9 +22,12 @@ from .backends import AUTO, load_backend
 from .backends.base import Backend, RuntimeDir
 from .errors import BackendUnavailable, GatewayError
 from .http import JSONResponse, error_response
+from .jupyter_kernels import JupyterKernels
+from .mcp_server import McpService
 from .metrics import Metrics
 from .observe import ObserveRequests
 from .persistence import SessionStore
+from .protocols import protocol_state
 from .registry import Registry
 from .routes import routes
 from .settings import Settings, is_loopback
@@ -44,6 +47,8 @@ class State(TypedDict):
     registry: Registry
     settings: Settings
     metrics: Metrics
+    jupyter: JupyterKernels
+    mcp: McpService | None
 
 
 class Lifecycle:
@@ -142,7 +147,8 @@ def create_app(settings: Settings) -> Starlette:
                 backend_ready - started,
                 f", adopting {time.monotonic() - backend_ready:.2f} s" if runtime.adopted else "",
             )
-            yield {"registry": registry, "settings": settings, "metrics": metrics}
+            async with protocol_state(settings, registry) as protocols:
+                yield {"registry": registry, "settings": settings, "metrics": metrics, **protocols}
         finally:
             metrics.watch(None)
             lifecycle.registry = None

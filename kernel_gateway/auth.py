@@ -1,8 +1,14 @@
-"""Bearer-token authentication, and the Host check that guards a gateway without a token.
+"""Token authentication, and the Host check that guards a gateway without a token.
 
 Tokens are compared as SHA-256 digests with `hmac.compare_digest`, so neither
 the time taken nor the answer says how much of a guess was right, and a
-missing token gets exactly the same reply as a wrong one.
+missing token gets exactly the same reply as a wrong one. Both
+`Authorization: Bearer <token>` and Jupyter's `Authorization: token <token>` are
+accepted, on HTTP requests and WebSocket handshakes alike.
+
+A browser may open a WebSocket to any origin (no CORS applies), so a handshake
+whose `Origin` is not the gateway's own is refused: no web page can drive a
+kernel through a gateway on localhost.
 
 Without a token, only requests whose `Host` is a loopback name or address are
 answered (`is_loopback_host`), which defeats DNS rebinding.
@@ -18,9 +24,10 @@ import re
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import BadRequest, Unauthorized
+from .errors import BadRequest, Forbidden, GatewayError, Unauthorized
 from .http import error_response
 
+AUTH_SCHEMES = frozenset({"bearer", "token"})
 PUBLIC_PATHS = frozenset({"/health", "/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/static/",)
 # RFC 9110 Host: a bracketed IPv6 literal or a name, then an optional all-digit port.
@@ -38,7 +45,7 @@ class BearerAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
-            scope["type"] != "http"
+            scope["type"] not in ("http", "websocket")
             or self._digest is None
             or scope["path"] in PUBLIC_PATHS
             or scope["path"].startswith(PUBLIC_PREFIXES)
@@ -46,12 +53,49 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         scheme, _, value = Headers(scope=scope).get("authorization", "").partition(" ")
-        provided = value.strip() if scheme.lower() == "bearer" else ""
+        provided = value.strip() if scheme.lower() in AUTH_SCHEMES else ""
         if not hmac.compare_digest(_digest(provided), self._digest):
-            response = error_response(Unauthorized("missing or invalid bearer token"))
-            await response(scope, receive, send)
+            await refuse(scope, receive, send, Unauthorized("missing or invalid token"))
             return
         await self.app(scope, receive, send)
+
+
+async def refuse(scope: Scope, receive: Receive, send: Send, exc: GatewayError) -> None:
+    """Answer an HTTP request or a WebSocket handshake with the error's JSON response.
+
+    A handshake is denied with the HTTP response itself where the server can send
+    one (the ASGI `websocket.http.response` extension), else closed before accept
+    (which the server answers with 403).
+    """
+    if scope["type"] == "websocket":
+        await receive()  # websocket.connect
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        response = error_response(exc)
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": response.status_code,
+                "headers": response.raw_headers,
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": response.body})
+        return
+    await error_response(exc)(scope, receive, send)
+
+
+def same_origin(headers: Headers) -> bool:
+    """Whether a request's `Origin` (if any) names the host it was sent to.
+
+    Clients that are not browsers (Jupyter Server's gateway client, jupyter_client,
+    the MCP SDK) send no Origin at all and pass.
+    """
+    origin = headers.get("origin")
+    if origin is None:
+        return True
+    _, sep, rest = origin.partition("://")
+    return bool(sep) and rest.rstrip("/").lower() == headers.get("host", "").lower()
 
 
 def is_loopback_host(host: str) -> bool:
@@ -85,11 +129,14 @@ def is_loopback_host(host: str) -> bool:
 
 
 class LoopbackHostGuard:
-    """Without a token, answer only requests addressed to a loopback name.
+    """Without a token, answer only requests addressed to a loopback name; and, token
+    or not, refuse WebSocket handshakes from another origin.
 
     A web page can rebind its own domain to 127.0.0.1 and then call this API as
     "same origin"; its requests still carry that domain in `Host`, so they are
-    refused here.
+    refused here. A page on any origin may also open a WebSocket to localhost
+    directly (no CORS applies to WebSockets); the browser says where it comes from
+    in `Origin`, so that is refused too.
     """
 
     def __init__(self, app: ASGIApp, enabled: bool) -> None:
@@ -97,13 +144,20 @@ class LoopbackHostGuard:
         self.enabled = enabled
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.enabled and scope["type"] == "http":
+        if scope["type"] == "websocket" and not same_origin(Headers(scope=scope)):
+            origin = Headers(scope=scope).get("origin")
+            message = (
+                f"WebSocket from origin {origin!r} refused: only same-origin pages may connect"
+            )
+            await refuse(scope, receive, send, Forbidden(message))
+            return
+        if self.enabled and scope["type"] in ("http", "websocket"):
             host = Headers(scope=scope).get("host", "")
             if not is_loopback_host(host):
                 message = (
                     f"Host {host!r} is not a loopback name; a gateway without a token only "
                     "answers localhost. Set --token to serve other names."
                 )
-                await error_response(BadRequest(message))(scope, receive, send)
+                await refuse(scope, receive, send, BadRequest(message))
                 return
         await self.app(scope, receive, send)

@@ -1,9 +1,9 @@
 """Which optional libraries a command needs, so a light install fails with one clear line.
 
 `pip install kernel-gateway` installs the client, the LLM tool helpers and
-`kernel-gateway run` (httpx only); serving and building the kernel image need the
-`server` extra. Checked with `find_spec`, so nothing is imported and no ImportError
-from our own code is ever mistaken for a missing extra.
+`kernel-gateway run` (httpx only); serving, the stdio MCP server and building the
+kernel image need the `server` extra. Checked with `find_spec`, so nothing is
+imported and no ImportError from our own code is ever mistaken for a missing extra.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ SERVER_EXTRA = "kernel-gateway[server]"
 NEEDS: dict[str, tuple[str, ...]] = {
     "serve": ("uvicorn", "starlette", "sse_starlette", "jupyter_client", "zmq"),
     "build-image": ("docker",),
+    "mcp": ("mcp", "httpx2", "uvicorn", "starlette", "jupyter_client", "zmq"),
 }
 
 

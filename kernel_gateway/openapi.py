@@ -30,6 +30,10 @@ JSON = dict[str, Any]
 
 UNDOCUMENTED: dict[str, str] = {
     "/static": "the web UI's own files (HTML, CSS, JavaScript), public and not part of the API",
+    "/mcp": "the Model Context Protocol's streamable-HTTP endpoint: its contract is the MCP "
+    "specification, and its tools describe themselves (tools/list)",
+    "/api": "Jupyter Server's kernel API (kernelspecs, kernels, the channels WebSocket): its "
+    "contract is Jupyter's REST API and messaging protocol",
 }
 """Route prefixes deliberately left out of the document, each with the reason.
 

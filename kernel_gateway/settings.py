@@ -21,6 +21,7 @@ from typing import Any, Literal, get_args
 from .logs import LogFormat
 
 BackendName = Literal["auto", "docker", "local"]
+McpMode = Literal["sessions", "stateless", "off"]
 DEFAULT_IMAGE = "kernel-gateway-kernel:latest"
 FIGURE_FORMATS = frozenset({"png", "retina", "jpeg", "svg", "pdf"})
 MIN_MEMORY_LIMIT = 6 * 1024**2  # Docker refuses a smaller --memory
@@ -130,6 +131,7 @@ class Settings:
     runtime_dir: Path = field(default_factory=default_runtime_dir)
     log_level: str = "info"
     log_format: LogFormat = "text"
+    mcp: McpMode = "sessions"
 
     def __post_init__(self) -> None:
         """Refuse, at startup, any value that would only fail later (at every launch)."""
@@ -142,6 +144,10 @@ class Settings:
                 parse_size(getattr(self, name))
             except ValueError as exc:
                 raise ValueError(f"{_origin(name)}: {exc}") from None
+        if self.mcp not in get_args(McpMode):
+            raise ValueError(
+                f"{_origin('mcp')}: must be one of sessions, stateless, off (got {self.mcp!r})"
+            )
         if self.memory_limit_bytes < MIN_MEMORY_LIMIT:
             raise ValueError(
                 f"{_origin('memory_limit')}: {self.memory_limit!r} is below Docker's minimum "
@@ -383,6 +389,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         choices=get_args(LogFormat),
         help="text, or json: one JSON object per line with request, session and execution "
         "ids (default text)",
+    )
+    add(
+        "--mcp",
+        choices=get_args(McpMode),
+        help="the MCP endpoint at /mcp: sessions (each MCP session keeps its own kernel), "
+        "stateless (every run_python call gets a fresh kernel), or off (default sessions)",
     )
 
 

@@ -39,11 +39,23 @@ def anon(server: ServerThread) -> Iterator[httpx.Client]:
         ("POST", "/sessions/x/interrupt"),
         ("POST", "/sessions/x/restart"),
         ("GET", "/no/such/route"),
+        ("GET", "/api/kernels"),
+        ("POST", "/api/kernels"),
+        ("POST", "/mcp"),
     ],
 )
 @pytest.mark.parametrize(
     "authorization",
-    [None, "Bearer wrong", "Bearer " + TOKEN[:-1], "Basic " + TOKEN, TOKEN, "Bearer"],
+    [
+        None,
+        "Bearer wrong",
+        "Bearer " + TOKEN[:-1],
+        "Basic " + TOKEN,
+        TOKEN,
+        "Bearer",
+        "token wrong",
+        "token",
+    ],
 )
 def test_requests_without_the_token_get_401(
     anon: httpx.Client, method: str, path: str, authorization: str | None
@@ -53,7 +65,7 @@ def test_requests_without_the_token_get_401(
     assert response.status_code == 401
     assert response.headers["www-authenticate"] == "Bearer"
     assert response.json() == {
-        "error": {"type": "unauthorized", "message": "missing or invalid bearer token"}
+        "error": {"type": "unauthorized", "message": "missing or invalid token"}
     }
 
 
@@ -72,6 +84,9 @@ def test_the_right_token_works(server: ServerThread, tmp_path: Path) -> None:
         ).json()
         assert body["stdout"] == "2\n"
         assert c.delete(f"/sessions/{sid}").status_code == 204
+    # Jupyter clients send the same token as `Authorization: token …`.
+    jupyter = {"Authorization": f"token {TOKEN}"}
+    assert httpx.get(f"{server.url}/api/kernels", headers=jupyter).status_code == 200
 
 
 # -- without a token: only loopback Host names are answered (DNS rebinding) -----------------
@@ -152,3 +167,45 @@ def test_a_tokenless_gateway_creates_sessions_for_localhost(tokenless: httpx.Cli
     response = tokenless.post("/sessions", headers={"Host": "localhost:8888"})
     assert response.status_code == 201, response.text
     assert tokenless.delete(f"/sessions/{response.json()['id']}").status_code == 204
+
+
+# -- WebSocket handshakes: the same Host rules, and no other origin ---------------------------
+
+
+def _handshake(client: httpx.Client, headers: dict[str, str]) -> int:
+    """The status a WebSocket handshake to an unknown kernel's channels gets."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    url = str(client.base_url).replace("http", "ws", 1) + "/api/kernels/nope/channels"
+
+    async def attempt() -> int:
+        try:
+            async with connect(url, additional_headers=headers, open_timeout=30):
+                return 101
+        except InvalidStatus as exc:
+            return exc.response.status_code
+
+    return asyncio.run(attempt())
+
+
+def test_websocket_handshakes_follow_the_host_and_origin_rules(tokenless: httpx.Client) -> None:
+    own = f"http://{tokenless.base_url.host}:{tokenless.base_url.port}"
+    assert _handshake(tokenless, {}) == 404  # allowed through: the kernel does not exist
+    assert _handshake(tokenless, {"Origin": own}) == 404
+    assert _handshake(tokenless, {"Origin": "http://attacker.example"}) == 403
+    assert _handshake(tokenless, {"Origin": "null"}) == 403
+    # A rebinding Host (sent by hand: WebSocket clients always write their own Host).
+    host, port = str(tokenless.base_url.host), tokenless.base_url.port
+    assert port is not None
+    request = (
+        "GET /api/kernels/nope/channels HTTP/1.1\r\nHost: attacker.example\r\n"
+        "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(request.encode())
+        reply = sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 400 "), reply

@@ -1,7 +1,7 @@
 """Packaging: a wheel built from this tree, installed the way a user installs it.
 
 - the base install is light: the client, the tool helpers and `kernel-gateway run` need
-  only httpx; `serve` and `build-image` without the `server` extra say so in one line;
+  only httpx; `serve`, `build-image` and `mcp` without the `server` extra say so in one line;
 - the kernel image's build context ships inside the wheel, so `build-image` works from an
   installed copy (defect 7: it used to look for kernel-image/ beside the package).
 
@@ -139,7 +139,7 @@ def test_light_cli_runs_code_and_refuses_serve_in_one_line(installed: Path) -> N
     helped = bare_python(installed, "-m", "kernel_gateway", "run", "--help")
     assert helped.returncode == 0, helped.stderr
     assert "--session" in helped.stdout
-    for command in ("serve", "build-image"):
+    for command in ("serve", "build-image", "mcp"):
         refused = bare_python(installed, "-m", "kernel_gateway", command)
         assert refused.returncode == 2
         assert refused.stdout == ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.routing import Mount, Route
 
-from . import files, health, metrics, openapi, sessions, web
+from . import files, health, jupyter_api, mcp, metrics, openapi, sessions, web
 
 routes = [
     Route("/", web.index, methods=["GET"]),
@@ -30,4 +30,6 @@ routes = [
     Route("/sessions/{session_id}/files/{path:path}", files.download, methods=["GET"]),
     Route("/sessions/{session_id}/files/{path:path}", files.upload, methods=["PUT"]),
     Route("/sessions/{session_id}/files/{path:path}", files.delete, methods=["DELETE"]),
+    *mcp.routes,
+    *jupyter_api.routes,
 ]
