@@ -293,7 +293,7 @@ class ChannelProxy:
                 return
             link = KernelLink(kernel, self.hub.context)
             try:
-                await self._nudge(link)
+                await self._nudge(link, reader)
                 if not first:
                     await self._status("idle")
                 first = False
@@ -320,7 +320,7 @@ class ChannelProxy:
             await asyncio.wait({reader}, timeout=POLL_SECONDS)
         return None
 
-    async def _nudge(self, link: KernelLink) -> None:
+    async def _nudge(self, link: KernelLink, reader: asyncio.Task[None]) -> None:
         """Wait until IOPub is subscribed (a SUB socket misses what comes before).
 
         As Jupyter Server does: kernel_info_requests on shell and control (control
@@ -346,15 +346,21 @@ class ChannelProxy:
 
         tasks = [asyncio.ensure_future(watch())]
         tasks += [asyncio.ensure_future(drain(c)) for c in ("shell", "control")]
+        seen_wait = asyncio.ensure_future(seen.wait())
+        # Stop nudging as soon as the client leaves or the kernel ends: nobody would get
+        # an answer (and a proxy left nudging for its whole deadline holds up shutdown).
+        stop = {seen_wait, reader, link.kernel.exited}
         try:
-            while not seen.is_set() and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
                 for channel in ("shell", "control"):
                     header = _header("kernel_info_request", self._status_session)
                     self._internal.add(header["msg_id"])
                     await link.send(make(channel, header, {}, {}))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(seen.wait(), 0.5)
+                done, _ = await asyncio.wait(stop, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                if done:
+                    break
         finally:
+            seen_wait.cancel()
             for task in tasks:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -455,10 +461,14 @@ class ChannelProxy:
         frame = to_client(message, self.protocol)
         async with self._send_lock:
             try:
-                if isinstance(frame, bytes):
-                    await asyncio.wait_for(self.websocket.send_bytes(frame), SEND_TIMEOUT)
-                else:
-                    await asyncio.wait_for(self.websocket.send_text(frame), SEND_TIMEOUT)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                # cancellation that arrives as the send completes, leaving the task that
+                # sent (a proxy being stopped) running on for good.
+                async with asyncio.timeout(SEND_TIMEOUT):
+                    if isinstance(frame, bytes):
+                        await self.websocket.send_bytes(frame)
+                    else:
+                        await self.websocket.send_text(frame)
             except (TimeoutError, RuntimeError, OSError, WebSocketDisconnect) as exc:
                 raise _Closed() from exc
 

@@ -55,6 +55,9 @@ class ServerThread:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=60)
+        # A server that does not stop never ran its lifespan's shutdown: its kernels and
+        # session disks are left behind (a connection handler that outlives its client).
+        assert not self.thread.is_alive(), "the test server did not stop within 60 s"
 
     @property
     def url(self) -> str:

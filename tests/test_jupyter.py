@@ -561,8 +561,10 @@ def test_connections_per_kernel_are_capped(gateway: ServerThread) -> None:
 
     async def scenario(kernel_id: str) -> int:
         headers = {"Authorization": f"token {TOKEN}"}
+        # These clients never read: with an unbounded queue their close handshake still
+        # completes at once (a full queue stops reading and waits out close_timeout).
         sockets = [
-            await connect(_ws_url(gateway, kernel_id), additional_headers=headers)
+            await connect(_ws_url(gateway, kernel_id), additional_headers=headers, max_queue=None)
             for _ in range(MAX_CONNECTIONS)
         ]
         try:
