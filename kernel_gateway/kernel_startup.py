@@ -42,6 +42,23 @@ PIP_HINT = (
 )
 
 
+def _buffered(stream: Any) -> int:
+    """Characters an ipykernel OutStream holds unsent."""
+    buffer = getattr(stream, "_buffer", None)  # ipykernel 6: one buffer
+    if buffer is not None:
+        return int(buffer.tell())
+    buffers = getattr(stream, "_buffers", None)  # ipykernel 7: one per parent header
+    if not isinstance(buffers, dict):
+        return 0
+    size = 0
+    for buffer in list(buffers.values()):  # the IOPub thread may swap the dict meanwhile
+        try:
+            size += int(buffer.tell())
+        except ValueError:  # closed by the IOPub thread once sent
+            pass
+    return size
+
+
 def _install_thread_output_routing() -> None:
     from ipykernel.iostream import OutStream
 
@@ -73,12 +90,11 @@ def _install_thread_output_routing() -> None:
         origin = getattr(local, "origin", None)
         if origin is None or self.pub_thread is None or not isinstance(string, str):
             written = original_write(self, string)
-            buffer = getattr(self, "_buffer", None)
             # ipykernel sends what was written in each 0.2 s as one message, however
             # large: a tight print loop makes messages of tens of MB that the gateway
             # must decode whole. Flushing past FLUSH_CHARS bounds every message, and
             # the writer waits for the send, so output cannot outrun its consumer.
-            if buffer is not None and buffer.tell() > FLUSH_CHARS and self._is_master_process():
+            if _buffered(self) > FLUSH_CHARS and self._is_master_process():
                 self.flush()
             return written
         if string:
