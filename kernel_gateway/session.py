@@ -546,6 +546,7 @@ class Session:
             )
             if idle.done():
                 await self._take_reply(execution, reply)
+                self._explain_silent_stop(execution)
                 if execution.reply is not None and execution.reply.exit_requested:
                     # exit() asks the frontend to end the kernel; the gateway is the frontend.
                     await self.slot.retire(kernel)
@@ -572,8 +573,35 @@ class Session:
         execution.stop(StopReason.TIMEOUT)
         if await self._interrupt(execution, kernel, self._settings.interrupt_grace):
             await self._take_reply(execution, reply)
+            self._explain_silent_stop(execution)
             return
         await self._retire_stuck(execution, kernel)
+
+    @staticmethod
+    def _explain_silent_stop(execution: Execution) -> None:
+        """A cell stopped by a SIGINT that the kernel answered with neither an error nor
+        a successful reply: say it was interrupted, so no client sees a bare `done`.
+
+        ipykernel does this when the signal lands outside the cell's code (while its
+        request is still being dispatched, seen under gVisor on a loaded host): it logs
+        "KeyboardInterrupt caught in kernel" and sends only `idle`.
+        """
+        if execution.stop_reason not in (
+            StopReason.INTERRUPT,
+            StopReason.DISCONNECT,
+            StopReason.TIMEOUT,
+        ):
+            return
+        if execution.saw_error or (execution.reply is not None and execution.reply.status == "ok"):
+            return
+        execution.emit(
+            error_event(
+                "KeyboardInterrupt",
+                "interrupted before the cell's code ran, or between its statements: "
+                "the kernel stopped it without a traceback",
+            )
+        )
+        execution.saw_error = True
 
     async def _retire_stuck(self, execution: Execution | None, kernel: Kernel) -> None:
         """A cell past its time ignored interrupts: restart the kernel, and say so in it."""

@@ -8,6 +8,9 @@ per line:
     print TEXT        stdout
     stderr TEXT       stderr
     sleep SECONDS     interruptible by SIGINT (KeyboardInterrupt)
+    outside SECONDS   like sleep, but a SIGINT lands outside the cell's code, as when
+                      it hits ipykernel's message handler before the cell runs: the
+                      kernel sends no error and no reply, only `idle`
     hang              runs forever and ignores SIGINT
     error             raises (an `error` message, reply status error)
     die [CODE]        the kernel process exits (reason `exited`)
@@ -62,6 +65,7 @@ class FakeKernelProcess(KernelProcess):
         self._count = 0
         self._cell: asyncio.Task[None] | None = None
         self._uninterruptible = False
+        self._outside = False
         self.interrupts = 0
         self.executed: list[str] = []
         self._server = asyncio.create_task(self._serve())
@@ -141,12 +145,14 @@ class FakeKernelProcess(KernelProcess):
             silent = msg["content"].get("silent", False)
             self._cell = asyncio.create_task(self._run(code, silent, parent))
             reply = await self._finish_cell(parent)
-            self._reply(sock, idents, "execute_reply", reply, parent)
+            if reply is not None:
+                self._reply(sock, idents, "execute_reply", reply, parent)
             self._publish("status", {"execution_state": "idle"}, parent)
             self._cell = None
             self._uninterruptible = False
+            self._outside = False
 
-    async def _finish_cell(self, parent: dict[str, Any]) -> dict[str, Any]:
+    async def _finish_cell(self, parent: dict[str, Any]) -> dict[str, Any] | None:
         assert self._cell is not None
         try:
             await asyncio.shield(self._cell)
@@ -154,6 +160,8 @@ class FakeKernelProcess(KernelProcess):
         except asyncio.CancelledError:
             if self._exit.done():
                 raise  # the kernel itself is gone
+            if self._outside:
+                return None  # "KeyboardInterrupt caught in kernel": logged, nothing sent
             self._publish("error", _error("KeyboardInterrupt", ""), parent)
             return self._reply_content("error")
         except _CellError:
@@ -178,6 +186,10 @@ class FakeKernelProcess(KernelProcess):
                 self._publish("stream", {"name": "stderr", "text": arg + "\n"}, parent)
             elif command == "sleep":
                 await asyncio.sleep(float(arg))
+            elif command == "outside":
+                self._outside = True
+                await asyncio.sleep(float(arg))
+                self._outside = False
             elif command == "hang":
                 self._uninterruptible = True
                 await asyncio.Event().wait()

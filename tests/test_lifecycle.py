@@ -214,6 +214,29 @@ async def test_user_interrupt(gw: Harness) -> None:
     assert not await session.interrupt()  # nothing runs now
 
 
+async def test_an_interrupt_the_kernel_answers_silently_still_says_so(gw: Harness) -> None:
+    # ipykernel catches a SIGINT that lands outside the cell's code (before it runs) and
+    # sends neither an error nor a reply: the client must still learn why the cell ended.
+    session = await gw.session()
+    execution = session.submit("outside 30", None)
+    await until(lambda: execution.running)
+    assert await session.interrupt()
+    events = [e async for e in execution.stream()]
+    assert events[-1].data["status"] == "interrupted"
+    errors = [e.data for e in events if e.name == "error"]
+    assert [e["ename"] for e in errors] == ["KeyboardInterrupt"]
+    assert "before" in errors[0]["evalue"]
+    after = await run(session, "print alive")
+    assert done_of(after)["status"] == "ok"
+
+
+async def test_a_timeout_the_kernel_answers_silently_still_says_so(gw: Harness) -> None:
+    session = await gw.session()
+    events = await run(session, "outside 30", 0.3)
+    assert done_of(events)["status"] == "timeout"
+    assert [data["ename"] for name, data in events if name == "error"] == ["KeyboardInterrupt"]
+
+
 async def test_death_is_reported_and_the_next_cell_is_told(gw: Harness) -> None:
     session = await gw.session()
     events = await run(session, "print before\ndie 3")
