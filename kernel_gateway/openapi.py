@@ -315,6 +315,24 @@ def _schemas(settings: Settings) -> JSON:
                         )
                     }
                 ),
+                "stateless_mode": {
+                    "type": "string",
+                    "enum": ["fork", "container"],
+                    "description": "How stateless requests get a kernel (`--stateless-mode`).",
+                },
+                "fork_servers": _object(
+                    {
+                        name: {"type": "integer", "minimum": 0}
+                        for name in (
+                            "idle",
+                            "busy",
+                            "starting",
+                            "target",
+                            "servers_started",
+                            "requests_served",
+                        )
+                    }
+                ),
             }
         ),
         "NewSession": _object({}, maxProperties=0),

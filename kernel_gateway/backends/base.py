@@ -29,7 +29,7 @@ from ..storage import SessionStorage as SessionStorage
 from ..storage import make_storage_dirs as make_storage_dirs
 from ..storage import mounts_under as mounts_under
 from ..storage import reclaim
-from ..types import ConnectionInfo
+from ..types import JSON, ConnectionInfo
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,6 +83,16 @@ class KernelProcess(abc.ABC):
         """Release everything the kernel held (container, sockets). Idempotent."""
 
 
+@dataclass
+class ForkServerHost:
+    """A running fork-server container: its process, and its folder of sockets on the host
+    (`zygote.sock`, and each request's `r<N>/` seen inside as `/conn/r<N>/`)."""
+
+    process: KernelProcess
+    conn_dir: Path
+    inside: str = "/conn"
+
+
 class Backend(abc.ABC):
     name: ClassVar[str]
 
@@ -131,6 +141,18 @@ class Backend(abc.ABC):
         Raises only `KernelUnavailable`: every lower-level failure (engine errors,
         OSError, timeouts) is mapped to it here, at the backend's boundary.
         """
+
+    @property
+    def fork_servers(self) -> str | None:
+        """Why this backend cannot run stateless fork servers, or None if it can."""
+        return f"the {self.name} backend has no fork servers"
+
+    async def launch_fork_server(self, storage: SessionStorage, config: JSON) -> ForkServerHost:
+        """Start a fork-server container on `storage` (see `zygote.py`).
+
+        Raises only `KernelUnavailable`.
+        """
+        raise KernelUnavailable(self.fork_servers or "no fork servers here")
 
     @abc.abstractmethod
     async def close(self) -> None:
