@@ -418,7 +418,7 @@ class ForkPool:
             if not waiter.done():
                 waiter.set_result(server)
                 return
-        self._idle.append(server)
+        self._idle.appendleft(server)  # last in, first out: the busiest server stays warm
 
     # -- fork servers ------------------------------------------------------------------------
 

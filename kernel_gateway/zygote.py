@@ -42,13 +42,14 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 IPC_RMID = 0
 IPC_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
-KILL_ROUNDS = 50
+KILL_SECONDS = 3.0
 
 
 class Zygote:
@@ -262,7 +263,8 @@ class Zygote:
         """SIGKILL every process of `uid` until none is left (a process killed cannot
         fork again, so each round leaves at most what forked during the last one), then
         remove its SysV IPC objects."""
-        for _ in range(KILL_ROUNDS):
+        deadline = time.monotonic() + KILL_SECONDS
+        while time.monotonic() < deadline:
             alive = _processes_of(uid)
             if not alive:
                 break
@@ -271,6 +273,7 @@ class Zygote:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            time.sleep(0.001)  # a killed process takes a moment to exit
             self.reap()
         self.reap()
         if _ipc_objects_of(uid):
