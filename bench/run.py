@@ -334,25 +334,29 @@ def stateless_sequential(url: str, n: int, pool: int) -> dict[str, Any]:
     return summary(samples)
 
 
-def stateless_throughput(url: str, seconds: float, concurrency: int) -> dict[str, Any]:
+def stateless_throughput(
+    url: str, seconds: float, concurrency: int, code: str = "print(1)"
+) -> dict[str, Any]:
     before = _health(url) or {"pool": {"kernels_started": 0}}
     stop = time.monotonic() + seconds
-    ok = refused = 0
+    ok = refused = errors = 0
     latencies: list[float] = []
     lock = threading.Lock()
 
     def worker() -> None:
-        nonlocal ok, refused
+        nonlocal ok, refused, errors
         with httpx.Client(base_url=url, timeout=120) as http:
             while time.monotonic() < stop:
                 t = time.perf_counter()
                 response = http.post(
                     "/execute",
-                    json={"code": "print(1)"},
+                    json={"code": code},
                     headers={**JSON_HEADERS, "Accept": "application/json"},
                 )
                 with lock:
-                    if response.status_code == 200:
+                    if response.status_code == 200 and response.json()["status"] != "ok":
+                        errors += 1
+                    elif response.status_code == 200:
                         ok += 1
                         latencies.append(time.perf_counter() - t)
                     else:
@@ -372,6 +376,7 @@ def stateless_throughput(url: str, seconds: float, concurrency: int) -> dict[str
         "concurrency": concurrency,
         "completed": ok,
         "refused_429_503": refused,
+        "failed": errors,
         "requests_per_s": round(ok / elapsed, 2),
         "kernel_starts_per_s": round(kernels / elapsed, 2),
         "latency": summary(latencies),
@@ -379,6 +384,79 @@ def stateless_throughput(url: str, seconds: float, concurrency: int) -> dict[str
 
 
 FIRST_CHART = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()"
+NUMPY = "import numpy as np; print(np.arange(10).sum())"
+
+
+def stateless_chart(url: str, n: int) -> dict[str, Any]:
+    """A stateless chart, request to PNG in hand (the JSON document)."""
+    samples = []
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for _ in range(n):
+            t = time.perf_counter()
+            response = http.post(
+                "/execute",
+                json={"code": FIRST_CHART},
+                headers={**JSON_HEADERS, "Accept": "application/json"},
+            )
+            displays = [e for e in response.json()["events"] if e["event"] == "display"]
+            if not displays or "image/png" not in displays[0]["data"]["data"]:
+                raise RuntimeError(f"no chart: {response.text[:300]}")
+            samples.append(time.perf_counter() - t)
+    return summary(samples)
+
+
+def stateless_suite(args: argparse.Namespace, runtime: Path) -> dict[str, Any]:
+    """POST /execute under load, forked from fork servers and, in the same run, the
+    previous design (a warm container per request)."""
+    seconds = args.throughput_seconds
+    results: dict[str, Any] = {}
+    fork = {"stateless_mode": "fork", "fork_servers": str(args.fork_servers), "max_stateless": "64"}
+    with gateway(args, runtime / "fork", 0, **fork) as url:
+        wait_until(
+            lambda: (
+                (_health(url) or {}).get("fork_servers", {}).get("idle", 0) >= args.fork_servers
+            ),
+            120,
+        )
+        out: dict[str, Any] = {}
+        for concurrency in (1, 8, 32):
+            print(f"stateless (fork) print(1) at concurrency {concurrency}…", flush=True)
+            out[f"print_c{concurrency}"] = stateless_throughput(url, seconds, concurrency)
+        print("stateless (fork) numpy at concurrency 8…", flush=True)
+        out["numpy_c8"] = stateless_throughput(url, seconds, 8, NUMPY)
+        print("stateless (fork) chart…", flush=True)
+        out["chart"] = stateless_chart(url, max(5, args.iterations // 15))
+        results["fork"] = out
+    if not args.skip_container_stateless:
+        container = {"stateless_mode": "container", "max_stateless": "16"}
+        with gateway(args, runtime / "container", 4, **container) as url:
+            print("stateless (container per request) at concurrency 8…", flush=True)
+            results["container"] = {"print_c8": stateless_throughput(url, min(seconds, 30), 8)}
+    return results
+
+
+def stateless_table(r: dict[str, Any]) -> str:
+    lines = [
+        f"{'stateless POST /execute':<44}  {'req/s':>7}  {'p50 ms':>8}  {'p99 ms':>8}  "
+        f"{'ok':>6}  {'failed':>6}  {'refused':>7}",
+        "-" * 96,
+    ]
+    rows = [(f"fork, print(1), concurrency {c}", r["fork"][f"print_c{c}"]) for c in (1, 8, 32)]
+    rows.append(("fork, numpy sum, concurrency 8", r["fork"]["numpy_c8"]))
+    if "container" in r:
+        rows.append(("container per request (before), concurrency 8", r["container"]["print_c8"]))
+    for name, t in rows:
+        lat = t["latency"]
+        lines.append(
+            f"{name:<44}  {t['requests_per_s']:>7}  {lat['p50_ms']:>8.1f}  {lat['p99_ms']:>8.1f}  "
+            f"{t['completed']:>6}  {t['failed']:>6}  {t['refused_429_503']:>7}"
+        )
+    chart = r["fork"]["chart"]
+    lines.append(
+        f"fork, a chart (plt.plot, plt.show -> PNG), sequential: p50 {chart['p50_ms']:.1f} ms, "
+        f"p99 {chart['p99_ms']:.1f} ms"
+    )
+    return "\n".join(lines)
 
 
 def first_chart(url: str, n: int, pool: int) -> dict[str, Any]:
@@ -690,6 +768,20 @@ def run_gateway_workloads(
     results["density"] = density(url, args.density, n // 3, results["warm_round_trip"]["p50_ms"])
 
 
+def stateless_only(args: argparse.Namespace) -> int:
+    results: dict[str, Any] = {"machine": machine(), "mode": "stateless-only"}
+    runtime = Path(tempfile.mkdtemp(prefix="kg-bench-"))
+    try:
+        results["stateless"] = stateless_suite(args, runtime)
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+    print()
+    print(stateless_table(results["stateless"]))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
 def image_only(args: argparse.Namespace) -> int:
     """Cold start and first chart of `--image`: the figures a kernel image changes."""
     n = max(3, args.iterations // 15)
@@ -728,12 +820,28 @@ def main() -> int:
         action="store_true",
         help="only what the image decides: cold start and first chart (to compare images)",
     )
+    parser.add_argument(
+        "--stateless-only",
+        action="store_true",
+        help="only POST /execute under load (fork servers, and the container-per-request design)",
+    )
+    parser.add_argument(
+        "--fork-servers", type=int, default=8, help="fork servers for the stateless run"
+    )
+    parser.add_argument(
+        "--skip-container-stateless",
+        action="store_true",
+        help="leave out the container-per-request design from the stateless run",
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "results" / "latest.json")
     args = parser.parse_args()
     if args.smoke:
         args.iterations, args.density, args.throughput_seconds = 10, 3, 2.0
+        args.fork_servers = 2
     if args.image_only:
         return image_only(args)
+    if args.stateless_only:
+        return stateless_only(args)
     n = args.iterations
     small = max(5, n // 15)
     pool = 4
@@ -758,6 +866,8 @@ def main() -> int:
                 run_gateway_workloads(args, results, url, n, small, pool)
         finally:
             raw.close()
+        print("stateless under load…", flush=True)
+        results["stateless"] = stateless_suite(args, runtime)
         if args.compare_jkg:
             print("Jupyter Kernel Gateway…", flush=True)
             try:
@@ -778,6 +888,8 @@ def main() -> int:
         f"({results['mode']} run)\n"
     )
     print(table(results))
+    print()
+    print(stateless_table(results["stateless"]))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {args.json}")

@@ -48,6 +48,7 @@ from typing import Any
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 IPC_RMID = 0
+IPC_PRIVATE = 0
 IPC_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 KILL_SECONDS = 3.0
 
@@ -63,6 +64,7 @@ class Zygote:
         self.child_dir: str | None = None
         self.uid: int | None = None
         self.oom_before = 0
+        self.ipc_mark: dict[str, int] = {}
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.shell: Any = None
 
@@ -207,6 +209,8 @@ class Zygote:
             os.chmod(path, 0o700)
         self.child_dir = child_dir
         self.oom_before = self._oom_kills()
+        if not os.path.exists("/proc/sysvipc/shm"):
+            self.ipc_mark = _ipc_mark(self.libc)
         pid = os.fork()
         if pid == 0:
             try:
@@ -276,8 +280,12 @@ class Zygote:
             time.sleep(0.001)  # a killed process takes a moment to exit
             self.reap()
         self.reap()
-        if _ipc_objects_of(uid):
-            self._as(uid, lambda: _remove_ipc(self.libc, uid))
+        if os.path.exists("/proc/sysvipc/shm"):
+            made = _ipc_objects_of(uid)
+        else:  # gVisor: no listing, but ids only grow; what came between two marks is its
+            made = _ipc_between(self.ipc_mark, _ipc_mark(self.libc))
+        if made:
+            self._as(uid, lambda: _remove_ipc(self.libc, made))
 
     def _as(self, uid: int, work: Any) -> None:
         """Run `work` in a helper process with `uid` (what only an owner may do)."""
@@ -362,19 +370,49 @@ def _ipc_objects_of(uid: int) -> list[tuple[str, int]]:
         for line in lines:
             row = dict(zip(columns, line.split(), strict=False))
             if row.get("uid") == str(uid) or row.get("cuid") == str(uid):
-                found.append((kind, int(row["shmid" if kind == "shm" else kind + "id"])))
+                found.append(
+                    (kind, int(row[{"shm": "shmid", "sem": "semid", "msg": "msqid"}[kind]]))
+                )
     return found
 
 
-def _remove_ipc(libc: Any, uid: int) -> None:
-    """Remove the SysV IPC objects `uid` owns (run as `uid`: only an owner may)."""
-    for kind, ident in _ipc_objects_of(uid):
-        if kind == "shm":
-            libc.shmctl(ident, IPC_RMID, None)
-        elif kind == "sem":
-            libc.semctl(ident, 0, IPC_RMID)
-        else:
-            libc.msgctl(ident, IPC_RMID, None)
+def _ipc_mark(libc: Any) -> dict[str, int]:
+    """The next SysV IPC id of each kind, found by making (and removing) one object."""
+    made = {
+        "shm": int(libc.shmget(IPC_PRIVATE, 1, 0o600)),
+        "msg": int(libc.msgget(IPC_PRIVATE, 0o600)),
+        "sem": int(libc.semget(IPC_PRIVATE, 1, 0o600)),
+    }
+    marks = {}
+    for kind, ident in made.items():
+        if ident >= 0:
+            _remove_one(libc, kind, ident)
+            marks[kind] = ident
+    return marks
+
+
+def _ipc_between(before: dict[str, int], after: dict[str, int]) -> list[tuple[str, int]]:
+    return [
+        (kind, ident)
+        for kind, start in before.items()
+        for ident in range(start + 1, after.get(kind, start + 1))
+    ]
+
+
+def _remove_one(libc: Any, kind: str, ident: int) -> None:
+    if kind == "shm":
+        libc.shmctl(ident, IPC_RMID, None)
+    elif kind == "sem":
+        libc.semctl(ident, 0, IPC_RMID)
+    else:
+        libc.msgctl(ident, IPC_RMID, None)
+
+
+def _remove_ipc(libc: Any, objects: list[tuple[str, int]]) -> None:
+    """Remove SysV IPC objects (run as the request's uid: only an owner may, so an id
+    that is not the request's is left alone)."""
+    for kind, ident in objects:
+        _remove_one(libc, kind, ident)
 
 
 # -- the child: one client, one small Jupyter kernel -------------------------------------------

@@ -53,6 +53,7 @@ LABEL_MANAGED = "io.kernel-gateway.managed"
 LABEL_INSTANCE = "io.kernel-gateway.instance"
 LABEL_HOST = "io.kernel-gateway.host"
 LABEL_LOCK = "io.kernel-gateway.lock"  # the owner's instance lock: held while it lives
+LABEL_ROLE = "io.kernel-gateway.role"  # "kernel", or "fork-server" (stateless requests)
 CONTAINER_UID = 1000  # the image's `sandbox` user
 FORK_SERVER_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
 """What a fork server (root in its container, never running user code) keeps: enough to
@@ -445,6 +446,7 @@ class DockerBackend(Backend):
                     LABEL_INSTANCE: self._runtime.instance,
                     LABEL_HOST: self._runtime.hostname,
                     LABEL_LOCK: str(self._runtime.lock_path),
+                    LABEL_ROLE: "fork-server" if fork_server else "kernel",
                 },
                 host_config=host_config,
                 environment={"HOME": "/home/sandbox"},
