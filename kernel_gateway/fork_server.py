@@ -64,13 +64,6 @@ class State(enum.Enum):
     GONE = "gone"
 
 
-class ForkServerError(GatewayError):
-    """The fork server failed or was lost; its container is replaced."""
-
-    status = 503
-    type = "kernel_unavailable"
-
-
 class ForkServer:
     """One fork-server container and its control connection (JSON lines, one at a time)."""
 
@@ -144,7 +137,7 @@ class ForkServer:
 
     async def _send(self, message: JSON) -> None:
         if self._writer is None or self._writer.is_closing():
-            raise ForkServerError("the fork server's connection is closed")
+            raise KernelUnavailable("the fork server's connection is closed")
         self._writer.write(json.dumps(message).encode() + b"\n")
         with contextlib.suppress(ConnectionError):
             await self._writer.drain()
@@ -159,7 +152,7 @@ class ForkServer:
             if not getting.done():
                 getting.cancel()
         if getting not in done:
-            raise ForkServerError(f"the fork server did not answer within {seconds:g} s")
+            raise KernelUnavailable(f"the fork server did not answer within {seconds:g} s")
         return getting.result()
 
     async def fork(self, number: int) -> ForkedProcess:
@@ -200,7 +193,7 @@ class ForkServer:
                     reply.get("error", reply.get("event")),
                 )
                 self.healthy = False
-        except ForkServerError as exc:
+        except KernelUnavailable as exc:
             logger.warning("fork server %s: %s; replacing it", self.id, exc.message)
             self.healthy = False
         finally:
@@ -210,7 +203,7 @@ class ForkServer:
             self.state = State.IDLE
 
     async def signal(self, signum: int) -> None:
-        with contextlib.suppress(ForkServerError):
+        with contextlib.suppress(KernelUnavailable):
             await self._send({"op": "signal", "signum": signum})
 
     async def close(self) -> None:
@@ -357,11 +350,9 @@ class ForkPool:
             except BaseException:
                 await kernel.close()
                 raise
-        except BaseException as exc:
+        except BaseException:
             server.healthy = False
             self._give_back(server)
-            if isinstance(exc, GatewayError) and not isinstance(exc, KernelUnavailable):
-                raise KernelUnavailable(exc.message) from exc
             raise
         self.requests_served += 1
         return WarmKernel(kernel, server.storage)

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import backend_settings, require_backend
 from .helpers import ServerThread
@@ -334,8 +335,24 @@ def test_limits_still_apply_per_request(client: httpx.Client) -> None:
     assert ok(client, "print(2)") == "2\n"
 
 
-def test_health_reports_the_fork_servers(client: httpx.Client) -> None:
+def test_health_and_metrics_report_the_fork_servers(client: httpx.Client) -> None:
+    settle(client)
+    before = client.get("/health").json()["fork_servers"]["requests_served"]
+    for _ in range(3):
+        ok(client, "pass")
+    settle(client)
     health = client.get("/health").json()
     assert health["stateless_mode"] == "fork"
-    assert health["fork_servers"]["target"] == 2
-    assert health["fork_servers"]["requests_served"] > 0
+    servers = health["fork_servers"]
+    assert servers["target"] == 2 and servers["busy"] == 0
+    assert servers["requests_served"] == before + 3
+    scrape = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(client.get("/metrics").text)
+        for sample in family.samples
+    }
+    assert scrape[("kernel_gateway_fork_server_requests_total", ())] == before + 3
+    assert scrape[("kernel_gateway_fork_servers", (("state", "busy"),))] == 0
+    idle = scrape[("kernel_gateway_fork_servers", (("state", "idle"),))]
+    starting = scrape[("kernel_gateway_fork_servers", (("state", "starting"),))]
+    assert (idle, starting) == (servers["idle"], servers["starting"])
