@@ -57,6 +57,13 @@ CONNECT_WAIT = 0.02
 END_TIMEOUT = 10.0
 
 
+FORK_ATTEMPTS = 3
+
+
+class LostServer(KernelUnavailable):
+    """The fork server died before it could fork: try another."""
+
+
 class State(enum.Enum):
     STARTING = "starting"
     IDLE = "idle"
@@ -80,6 +87,8 @@ class ForkServer:
         self._replies: asyncio.Queue[JSON] = asyncio.Queue()
         self._listen: asyncio.Task[None] | None = None
         self.current: ForkedProcess | None = None
+        self.lost = False
+        """Its connection ended while the gateway still used it: the fork server died."""
 
     @property
     def id(self) -> str:
@@ -129,6 +138,8 @@ class ForkServer:
         except (OSError, asyncio.IncompleteReadError, ValueError):
             pass
         finally:  # the connection is gone: so is the fork server
+            if self.state is not State.GONE:
+                self.lost = True
             self.healthy = False
             if self.current is not None:
                 info = self.host.process.poll() or ExitInfo(None, "killed")
@@ -137,7 +148,8 @@ class ForkServer:
 
     async def _send(self, message: JSON) -> None:
         if self._writer is None or self._writer.is_closing():
-            raise KernelUnavailable("the fork server's connection is closed")
+            error = LostServer if self.lost else KernelUnavailable
+            raise error("the fork server's connection is closed")
         self._writer.write(json.dumps(message).encode() + b"\n")
         with contextlib.suppress(ConnectionError):
             await self._writer.drain()
@@ -177,6 +189,8 @@ class ForkServer:
         if reply.get("event") != "forked":
             self.healthy = False
             process.on_lost(ExitInfo(None, "killed"))
+            if self.lost:
+                raise LostServer(f"fork server {self.id} was lost")
             raise KernelUnavailable(f"the fork server could not fork: {reply.get('error', reply)}")
         return process
 
@@ -207,6 +221,14 @@ class ForkServer:
             await self._send({"op": "signal", "signum": signum})
 
     async def close(self) -> None:
+        if self.lost:
+            output = (await self.host.process.last_output()).strip()
+            logger.warning(
+                "fork server %s ended unexpectedly (%s); its last output:\n%s",
+                self.id,
+                (self.host.process.poll() or ExitInfo(None, "running")).describe(),
+                output[-2000:] or "(none)",
+            )
         self.state = State.GONE
         if self._writer is not None:
             self._writer.close()
@@ -340,7 +362,19 @@ class ForkPool:
     # -- one request -------------------------------------------------------------------------
 
     async def acquire(self) -> WarmKernel:
-        """A ready kernel forked for one request; `release` gives its server back."""
+        """A ready kernel forked for one request; `release` gives its server back.
+
+        A fork server found dead at the fork is replaced and the fork tried on another:
+        that is not the request's doing.
+        """
+        for _ in range(FORK_ATTEMPTS - 1):
+            try:
+                return await self._acquire_once()
+            except LostServer:
+                continue
+        return await self._acquire_once()
+
+    async def _acquire_once(self) -> WarmKernel:
         server = await self._server()
         try:
             process = await server.fork(next(self._numbers))
@@ -500,10 +534,10 @@ def fork_pool(
     """The fork pool `--stateless-mode` asks for, or None for a container per request."""
     if settings.stateless_mode == "container":
         return None
-    why_not = backend.fork_servers
-    if why_not is not None:
-        if settings.stateless_mode == "fork":
-            raise KernelUnavailable(f"--stateless-mode fork: {why_not}")
+    if settings.stateless_mode == "fork" and backend.fork_servers is not None:
+        raise KernelUnavailable(f"--stateless-mode fork: {backend.fork_servers}")
+    why_not = backend.fork_servers_by_default
+    if settings.stateless_mode == "auto" and why_not is not None:
         logger.info("stateless requests get a container each: %s", why_not)
         return None
     return ForkPool(settings, backend, runtime, warm, context, metrics)

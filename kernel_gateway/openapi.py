@@ -331,9 +331,11 @@ def _schemas(settings: Settings) -> JSON:
                             "servers_started",
                             "requests_served",
                         )
-                    }
+                    },
+                    description="Fork-server containers (only with `stateless_mode` fork).",
                 ),
-            }
+            },
+            required=["status", "backend", "instance", "isolation", "pool", "stateless_mode"],
         ),
         "NewSession": _object({}, maxProperties=0),
         "ExecuteRequest": _object({"code": code, "timeout": timeout}, required=["code"]),

@@ -72,6 +72,9 @@ class Zygote:
 
     def prepare(self) -> None:
         """Import what every request would, and build the shell every child inherits."""
+        # pyarrow's jemalloc (imported by pandas) starts a background thread: a process
+        # that forks must have none (a lock held by it would stay held in every child).
+        os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
         sys.path.insert(0, self.conn_dir)
         import startup  # type: ignore[import-not-found]  # kernel_startup.py, copied here
 
@@ -109,6 +112,10 @@ class Zygote:
         self.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         gc.collect()
         gc.freeze()  # children's collections then leave the shared pages unwritten
+        threads = os.listdir("/proc/self/task")
+        if len(threads) > 1:
+            names = [_read(f"/proc/self/task/{t}/comm") for t in threads]
+            print(f"fork server: threads besides the main one: {names}", file=sys.stderr)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -324,6 +331,14 @@ class Zygote:
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
 
 
 def _chown_tree(root: str, uid: int) -> None:

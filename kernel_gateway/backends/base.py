@@ -78,6 +78,10 @@ class KernelProcess(abc.ABC):
     async def kill(self) -> None:
         """End the kernel at once; `wait()` resolves soon after."""
 
+    async def last_output(self) -> str:
+        """What the kernel last wrote to its own stdout/stderr, if anything keeps it."""
+        return ""
+
     @abc.abstractmethod
     async def cleanup(self) -> None:
         """Release everything the kernel held (container, sockets). Idempotent."""
@@ -146,6 +150,11 @@ class Backend(abc.ABC):
     def fork_servers(self) -> str | None:
         """Why this backend cannot run stateless fork servers, or None if it can."""
         return f"the {self.name} backend has no fork servers"
+
+    @property
+    def fork_servers_by_default(self) -> str | None:
+        """Why `--stateless-mode auto` does not use fork servers here, or None if it does."""
+        return self.fork_servers
 
     async def launch_fork_server(self, storage: SessionStorage, config: JSON) -> ForkServerHost:
         """Start a fork-server container on `storage` (see `zygote.py`).

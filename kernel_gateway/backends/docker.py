@@ -110,6 +110,9 @@ class DockerKernel(KernelProcess):
     async def kill(self) -> None:
         await self.send_signal(signal.SIGKILL)
 
+    async def last_output(self) -> str:
+        return await self._backend.call(self._backend.container_log, self.name)
+
     async def cleanup(self) -> None:
         if self._removed:
             return
@@ -358,6 +361,16 @@ class DockerBackend(Backend):
             )
         return None
 
+    @property
+    def fork_servers_by_default(self) -> str | None:
+        if self._settings.runtime not in (None, "runc"):
+            return (
+                f"under --runtime {self._settings.runtime} a fork server was seen to end "
+                "unexpectedly now and then (it is replaced, but a request can fail): "
+                "--stateless-mode fork to use them anyway"
+            )
+        return self.fork_servers
+
     async def launch_fork_server(self, storage: SessionStorage, config: JSON) -> ForkServerHost:
         """A container running `zygote.py` as root with only the capabilities it needs to
         give each request a uid of its own and clean up after it (see zygote.py)."""
@@ -421,7 +434,9 @@ class DockerBackend(Backend):
                 cap_drop=["ALL"],
                 cap_add=FORK_SERVER_CAPABILITIES if fork_server else None,
                 security_opt=["no-new-privileges:true"],
-                init=True,
+                # A fork server is init itself: it reaps every process (see zygote.py);
+                # under gVisor, Docker's init beside it ended the container now and then.
+                init=not fork_server,
                 read_only=True,
                 tmpfs=tmpfs,
                 mem_limit=s.memory_limit_bytes,
@@ -488,6 +503,14 @@ class DockerBackend(Backend):
     def signal_container(self, name: str, signum: int) -> None:
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
             self.client.api.kill(name, signal=int(signum))
+
+    def container_log(self, ref: str, lines: int = 20) -> str:
+        """The last lines a container wrote (for the log when a fork server is lost)."""
+        try:
+            data = self.client.api.logs(ref, tail=lines)
+        except docker.errors.DockerException as exc:
+            return f"(no log: {exc})"
+        return bytes(data).decode("utf-8", "replace")
 
     def remove_container(self, ref: str) -> None:
         with contextlib.suppress(docker.errors.NotFound):
