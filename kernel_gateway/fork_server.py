@@ -488,6 +488,7 @@ class ForkPool:
             await self._discard(server)
             return
         self._hand_out(server)
+        self._fill()  # starts are capped at --max-concurrent-starts: start the rest
 
     def _on_start_failure(self, exc: Exception) -> None:
         self._failures += 1
