@@ -378,12 +378,9 @@ class ForkPool:
         server = await self._server()
         try:
             process = await server.fork(next(self._numbers))
+            # No kernel_info handshake: the child answers nothing before the gateway's
+            # IOPub subscription has reached it (zygote.py), so the cell can go at once.
             kernel = Kernel(process, self._context)
-            try:
-                await kernel.wait_ready(self.settings.kernel_start_timeout)
-            except BaseException:
-                await kernel.close()
-                raise
         except BaseException:
             server.healthy = False
             self._give_back(server)

@@ -42,6 +42,7 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -51,6 +52,7 @@ IPC_RMID = 0
 IPC_PRIVATE = 0
 IPC_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 KILL_SECONDS = 3.0
+SUBSCRIBE_WAIT = 10.0
 
 
 class Zygote:
@@ -450,7 +452,17 @@ def _run_kernel(shell: Any, prefix: str, key: str) -> None:
     ):
         sock.linger = 1000
         sock.bind(f"ipc://{prefix}-{IPC_PORTS[port]}")
-    iopub_thread = IOPubThread(iopub, pipe=True, session=session)  # type: ignore[no-untyped-call]
+    subscribed = threading.Event()
+
+    class IOPub(IOPubThread):
+        """Notes when the gateway's SUB socket has subscribed (see `_MiniKernel.handle`)."""
+
+        def _handle_subscription(self, frames: list[bytes]) -> None:
+            super()._handle_subscription(frames)  # type: ignore[no-untyped-call]
+            if any(frame[:1] == b"\x01" for frame in frames):
+                subscribed.set()
+
+    iopub_thread = IOPub(iopub, pipe=True, session=session)  # type: ignore[no-untyped-call]
     iopub_thread.start()  # type: ignore[no-untyped-call]
     pub = iopub_thread.background_socket
     sys.stdout.flush()
@@ -462,18 +474,27 @@ def _run_kernel(shell: Any, prefix: str, key: str) -> None:
     shell.displayhook.topic = b"execute_result"
     shell.display_pub.session = session
     shell.display_pub.pub_socket = pub
-    kernel = _MiniKernel(shell, session, pub, shell_socket, control)
+    kernel = _MiniKernel(shell, session, pub, shell_socket, control, subscribed)
     kernel.loop()
 
 
 class _MiniKernel:
     """Answers kernel_info, execute and shutdown requests; SIGINT interrupts a cell."""
 
-    def __init__(self, shell: Any, session: Any, pub: Any, shell_socket: Any, control: Any):
+    def __init__(
+        self,
+        shell: Any,
+        session: Any,
+        pub: Any,
+        shell_socket: Any,
+        control: Any,
+        subscribed: threading.Event,
+    ) -> None:
         self.shell = shell
         self.session = session
         self.pub = pub
         self.sockets = (shell_socket, control)
+        self.subscribed = subscribed
         self.executing = False
         signal.signal(signal.SIGINT, self._on_sigint)
 
@@ -497,6 +518,10 @@ class _MiniKernel:
                     self.handle(sock, idents, msg)
 
     def handle(self, sock: Any, idents: list[bytes], msg: dict[str, Any]) -> None:
+        # The gateway sends its request at once, without the kernel_info handshake other
+        # kernels need: output published before its subscription arrives would be lost,
+        # so nothing is answered until it has (the XPUB socket tells).
+        self.subscribed.wait(SUBSCRIBE_WAIT)
         parent = msg["header"]
         msg_type = parent.get("msg_type")
         self.status("busy", parent)
