@@ -853,7 +853,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.smoke:
         args.iterations, args.density, args.throughput_seconds = 10, 3, 2.0
-        args.fork_servers = 2
+        args.fork_servers, args.skip_container_stateless = 2, True
     if args.image_only:
         return image_only(args)
     if args.stateless_only:
