@@ -18,7 +18,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[server,test]'
 	touch $@
 
-# Builds (or refreshes from cache, ~1 s) the kernel image when a Docker engine answers.
+# Builds (or, with nothing changed, refreshes from cache in a few seconds) the kernel image
+# when a Docker engine answers.
 image: setup
 	@if docker info >/dev/null 2>&1; then \
 		$(BIN)/kernel-gateway build-image; \

@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -334,51 +333,146 @@ def stateless_sequential(url: str, n: int, pool: int) -> dict[str, Any]:
     return summary(samples)
 
 
-def stateless_throughput(url: str, seconds: float, concurrency: int) -> dict[str, Any]:
-    before = _health(url) or {"pool": {"kernels_started": 0}}
-    stop = time.monotonic() + seconds
-    ok = refused = 0
-    latencies: list[float] = []
-    lock = threading.Lock()
+def stateless_throughput(
+    url: str, seconds: float, concurrency: int, code: str = "print(1)"
+) -> dict[str, Any]:
+    """POST /execute (JSON answer) from `concurrency` keep-alive connections for `seconds`.
 
-    def worker() -> None:
-        nonlocal ok, refused
-        with httpx.Client(base_url=url, timeout=120) as http:
+    The load runs on the same 2 cores as the gateway, so it is a lean asyncio HTTP/1.1
+    client (a few hundred microseconds of CPU a request, where httpx costs milliseconds).
+    """
+    before = _health(url) or {"pool": {"kernels_started": 0}}
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"code": code}).encode()
+    request = (
+        f"POST /execute HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Accept: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    counts = {"ok": 0, "refused": 0, "failed": 0}
+    latencies: list[float] = []
+
+    async def worker(stop: float) -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
             while time.monotonic() < stop:
                 t = time.perf_counter()
-                response = http.post(
-                    "/execute",
-                    json={"code": "print(1)"},
-                    headers={**JSON_HEADERS, "Accept": "application/json"},
-                )
-                with lock:
-                    if response.status_code == 200:
-                        ok += 1
-                        latencies.append(time.perf_counter() - t)
-                    else:
-                        refused += 1
-                if response.status_code != 200:
-                    time.sleep(float(response.headers.get("retry-after", "1")))
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                status = int(head.split(b" ", 2)[1])
+                length = 0
+                retry = 1.0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.lower() == b"content-length":
+                        length = int(value)
+                    elif name.lower() == b"retry-after":
+                        retry = float(value)
+                answer = await reader.readexactly(length)
+                if status != 200:
+                    counts["refused"] += 1
+                    await asyncio.sleep(retry)
+                elif json.loads(answer)["status"] != "ok":
+                    counts["failed"] += 1
+                else:
+                    counts["ok"] += 1
+                    latencies.append(time.perf_counter() - t)
+        finally:
+            writer.close()
 
-    started = time.monotonic()
-    with ThreadPoolExecutor(concurrency) as pool:
-        for _ in range(concurrency):
-            pool.submit(worker)
-    elapsed = time.monotonic() - started
+    async def run() -> float:
+        started = time.monotonic()
+        await asyncio.gather(*(worker(started + seconds) for _ in range(concurrency)))
+        return time.monotonic() - started
+
+    elapsed = asyncio.run(run())
     after = _health(url) or {"pool": {"kernels_started": 0}}
     kernels = after["pool"]["kernels_started"] - before["pool"]["kernels_started"]
     return {
         "seconds": round(elapsed, 1),
         "concurrency": concurrency,
-        "completed": ok,
-        "refused_429_503": refused,
-        "requests_per_s": round(ok / elapsed, 2),
+        "completed": counts["ok"],
+        "refused_429_503": counts["refused"],
+        "failed": counts["failed"],
+        "requests_per_s": round(counts["ok"] / elapsed, 2),
         "kernel_starts_per_s": round(kernels / elapsed, 2),
         "latency": summary(latencies),
     }
 
 
 FIRST_CHART = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()"
+NUMPY = "import numpy as np; print(np.arange(10).sum())"
+
+
+def stateless_chart(url: str, n: int) -> dict[str, Any]:
+    """A stateless chart, request to PNG in hand (the JSON document)."""
+    samples = []
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for _ in range(n):
+            t = time.perf_counter()
+            response = http.post(
+                "/execute",
+                json={"code": FIRST_CHART},
+                headers={**JSON_HEADERS, "Accept": "application/json"},
+            )
+            displays = [e for e in response.json()["events"] if e["event"] == "display"]
+            if not displays or "image/png" not in displays[0]["data"]["data"]:
+                raise RuntimeError(f"no chart: {response.text[:300]}")
+            samples.append(time.perf_counter() - t)
+    return summary(samples)
+
+
+def stateless_suite(args: argparse.Namespace, runtime: Path) -> dict[str, Any]:
+    """POST /execute under load, forked from fork servers and, in the same run, the
+    previous design (a warm container per request)."""
+    seconds = args.throughput_seconds
+    results: dict[str, Any] = {}
+    fork = {"stateless_mode": "fork", "fork_servers": str(args.fork_servers), "max_stateless": "64"}
+    with gateway(args, runtime / "fork", 0, **fork) as url:
+        wait_until(
+            lambda: (
+                (_health(url) or {}).get("fork_servers", {}).get("idle", 0) >= args.fork_servers
+            ),
+            120,
+        )
+        out: dict[str, Any] = {}
+        for concurrency in (1, 8, 32):
+            print(f"stateless (fork) print(1) at concurrency {concurrency}…", flush=True)
+            out[f"print_c{concurrency}"] = stateless_throughput(url, seconds, concurrency)
+        print("stateless (fork) numpy at concurrency 8…", flush=True)
+        out["numpy_c8"] = stateless_throughput(url, seconds, 8, NUMPY)
+        print("stateless (fork) chart…", flush=True)
+        out["chart"] = stateless_chart(url, max(5, args.iterations // 15))
+        results["fork"] = out
+    if not args.skip_container_stateless:
+        container = {"stateless_mode": "container", "max_stateless": "16"}
+        with gateway(args, runtime / "container", 4, **container) as url:
+            print("stateless (container per request) at concurrency 8…", flush=True)
+            results["container"] = {"print_c8": stateless_throughput(url, min(seconds, 30), 8)}
+    return results
+
+
+def stateless_table(r: dict[str, Any]) -> str:
+    lines = [
+        f"{'stateless POST /execute':<44}  {'req/s':>7}  {'p50 ms':>8}  {'p99 ms':>8}  "
+        f"{'ok':>6}  {'failed':>6}  {'refused':>7}",
+        "-" * 96,
+    ]
+    rows = [(f"fork, print(1), concurrency {c}", r["fork"][f"print_c{c}"]) for c in (1, 8, 32)]
+    rows.append(("fork, numpy sum, concurrency 8", r["fork"]["numpy_c8"]))
+    if "container" in r:
+        rows.append(("container per request (before), concurrency 8", r["container"]["print_c8"]))
+    for name, t in rows:
+        lat = t["latency"]
+        lines.append(
+            f"{name:<44}  {t['requests_per_s']:>7}  {lat['p50_ms']:>8.1f}  {lat['p99_ms']:>8.1f}  "
+            f"{t['completed']:>6}  {t['failed']:>6}  {t['refused_429_503']:>7}"
+        )
+    chart = r["fork"]["chart"]
+    lines.append(
+        f"fork, a chart (plt.plot, plt.show -> PNG), sequential: p50 {chart['p50_ms']:.1f} ms, "
+        f"p99 {chart['p99_ms']:.1f} ms"
+    )
+    return "\n".join(lines)
 
 
 def first_chart(url: str, n: int, pool: int) -> dict[str, Any]:
@@ -690,6 +784,20 @@ def run_gateway_workloads(
     results["density"] = density(url, args.density, n // 3, results["warm_round_trip"]["p50_ms"])
 
 
+def stateless_only(args: argparse.Namespace) -> int:
+    results: dict[str, Any] = {"machine": machine(), "mode": "stateless-only"}
+    runtime = Path(tempfile.mkdtemp(prefix="kg-bench-"))
+    try:
+        results["stateless"] = stateless_suite(args, runtime)
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+    print()
+    print(stateless_table(results["stateless"]))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
 def image_only(args: argparse.Namespace) -> int:
     """Cold start and first chart of `--image`: the figures a kernel image changes."""
     n = max(3, args.iterations // 15)
@@ -728,12 +836,28 @@ def main() -> int:
         action="store_true",
         help="only what the image decides: cold start and first chart (to compare images)",
     )
+    parser.add_argument(
+        "--stateless-only",
+        action="store_true",
+        help="only POST /execute under load (fork servers, and the container-per-request design)",
+    )
+    parser.add_argument(
+        "--fork-servers", type=int, default=8, help="fork servers for the stateless run"
+    )
+    parser.add_argument(
+        "--skip-container-stateless",
+        action="store_true",
+        help="leave out the container-per-request design from the stateless run",
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "results" / "latest.json")
     args = parser.parse_args()
     if args.smoke:
         args.iterations, args.density, args.throughput_seconds = 10, 3, 2.0
+        args.fork_servers, args.skip_container_stateless = 2, True
     if args.image_only:
         return image_only(args)
+    if args.stateless_only:
+        return stateless_only(args)
     n = args.iterations
     small = max(5, n // 15)
     pool = 4
@@ -758,6 +882,8 @@ def main() -> int:
                 run_gateway_workloads(args, results, url, n, small, pool)
         finally:
             raw.close()
+        print("stateless under load…", flush=True)
+        results["stateless"] = stateless_suite(args, runtime)
         if args.compare_jkg:
             print("Jupyter Kernel Gateway…", flush=True)
             try:
@@ -778,6 +904,8 @@ def main() -> int:
         f"({results['mode']} run)\n"
     )
     print(table(results))
+    print()
+    print(stateless_table(results["stateless"]))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {args.json}")

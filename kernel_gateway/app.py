@@ -21,6 +21,7 @@ from .auth import BearerAuth, LoopbackHostGuard
 from .backends import AUTO, load_backend
 from .backends.base import Backend, RuntimeDir
 from .errors import BackendUnavailable, GatewayError
+from .fork_server import fork_pool
 from .http import JSONResponse, error_response
 from .jupyter_kernels import JupyterKernels
 from .mcp_server import McpService
@@ -135,7 +136,8 @@ def create_app(settings: Settings) -> Starlette:
                 store = SessionStore(runtime.sessions_path)
                 await asyncio.to_thread(store.open)
             warm = WarmPool(settings, backend, runtime, context, metrics)
-            registry = Registry(settings, warm, runtime.instance, store)
+            forks = fork_pool(settings, backend, runtime, warm, context, metrics)
+            registry = Registry(settings, warm, runtime.instance, store, forks)
             if runtime.adopted:
                 await registry.adopt()
             registry.start()

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
@@ -232,3 +232,18 @@ class _StateCollector(Collector):
             ),
         ):
             yield GaugeMetricFamily(f"kernel_gateway_{name}", text, value=value)
+        if registry.forks is not None:
+            forks = registry.forks.stats()
+            servers = GaugeMetricFamily(
+                "kernel_gateway_fork_servers",
+                "Fork-server containers for stateless requests, by state.",
+                labels=["state"],
+            )
+            for state in ("idle", "busy", "starting"):
+                servers.add_metric([state], forks[state])
+            yield servers
+            yield CounterMetricFamily(
+                "kernel_gateway_fork_server_requests",
+                "Stateless requests forked from a fork server.",
+                value=forks["requests_served"],
+            )

@@ -315,7 +315,27 @@ def _schemas(settings: Settings) -> JSON:
                         )
                     }
                 ),
-            }
+                "stateless_mode": {
+                    "type": "string",
+                    "enum": ["fork", "container"],
+                    "description": "How stateless requests get a kernel (`--stateless-mode`).",
+                },
+                "fork_servers": _object(
+                    {
+                        name: {"type": "integer", "minimum": 0}
+                        for name in (
+                            "idle",
+                            "busy",
+                            "starting",
+                            "target",
+                            "servers_started",
+                            "requests_served",
+                        )
+                    },
+                    description="Fork-server containers (only with `stateless_mode` fork).",
+                ),
+            },
+            required=["status", "backend", "instance", "isolation", "pool", "stateless_mode"],
         ),
         "NewSession": _object({}, maxProperties=0),
         "ExecuteRequest": _object({"code": code, "timeout": timeout}, required=["code"]),

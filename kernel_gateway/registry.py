@@ -32,6 +32,7 @@ from .errors import (
     TooManySessions,
 )
 from .execution import Execution
+from .fork_server import ForkPool
 from .kernel import Kernel
 from .kernel_slot import KernelSlot
 from .persistence import SessionRecord, SessionStore
@@ -55,9 +56,12 @@ class Registry:
         warm: WarmPool,
         instance: str,
         store: SessionStore | None = None,
+        forks: ForkPool | None = None,
     ) -> None:
         self.settings = settings
         self.warm = warm
+        self.forks = forks
+        """Where stateless kernels come from when they are forked (else from `warm`)."""
         self.instance = instance
         """This gateway's id; its kernel containers carry it as a label."""
         self.store = store
@@ -67,6 +71,8 @@ class Registry:
         self._lost: dict[str, str] = {}
         """Sessions a predecessor persisted that could not be adopted, and why."""
         self._ephemeral: set[Session] = set()
+        self._forked: dict[Session, WarmKernel] = {}
+        """Stateless sessions on a fork server's kernel, given back when they close."""
         self._reserved = 0
         self._reserved_stateless = 0
         self._reaper: asyncio.Task[None] | None = None
@@ -78,6 +84,8 @@ class Registry:
 
     def start(self) -> None:
         self.warm.start()
+        if self.forks is not None:
+            self.forks.start()
         self._reaper = asyncio.ensure_future(self._reap_idle())
 
     async def close(self) -> None:
@@ -89,6 +97,8 @@ class Registry:
         self._sessions, self._ephemeral = {}, set()
         await asyncio.gather(*(self._close(s) for s in sessions), return_exceptions=True)
         await asyncio.gather(*self._tasks, return_exceptions=True)  # releases under way
+        if self.forks is not None:
+            await self.forks.close()
         await self.warm.close()
         if self.store is not None:
             await self.store.close()
@@ -142,6 +152,8 @@ class Registry:
         )
         self._sessions = {}
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.forks is not None:
+            await self.forks.close()
         await self.warm.close()
         await self.store.close()
         return len(sessions)
@@ -204,6 +216,12 @@ class Registry:
             "stateless": len(self._ephemeral),
             "max_stateless": self.settings.max_stateless,
         }
+
+    def stateless_stats(self) -> JSON:
+        """How stateless requests get kernels, for /health."""
+        if self.forks is None:
+            return {"stateless_mode": "container"}
+        return {"stateless_mode": "fork", "fork_servers": self.forks.stats()}
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -273,10 +291,12 @@ class Registry:
             )
         self._reserved_stateless += 1
         try:
-            warm = await self.warm.acquire()
+            warm = await (self.forks or self.warm).acquire()
         finally:
             self._reserved_stateless -= 1
         session = self._session_on(warm, ephemeral=True)
+        if self.forks is not None:
+            self._forked[session] = warm
         self._ephemeral.add(session)
         try:
             for i, (path, data) in enumerate(files):
@@ -332,10 +352,18 @@ class Registry:
             self.store.save(session.record())
 
     async def _close(self, session: Session) -> None:
+        forked = self._forked.pop(session, None)
         try:
             await session.close()
         finally:
-            await self.warm.remove_storage(session.slot.storage)
+            if forked is not None and self.forks is not None:
+                # The storage is its fork server's, emptied when the request ends.
+                try:
+                    await forked.kernel.close()
+                finally:
+                    self.forks.release(forked)
+            else:
+                await self.warm.remove_storage(session.slot.storage)
 
     async def _reap_idle(self) -> None:
         timeout = self.settings.idle_timeout

@@ -22,12 +22,15 @@ from .logs import LogFormat
 
 BackendName = Literal["auto", "docker", "local"]
 McpMode = Literal["sessions", "stateless", "off"]
+StatelessMode = Literal["auto", "fork", "container"]
 DEFAULT_IMAGE = "kernel-gateway-kernel:latest"
 FIGURE_FORMATS = frozenset({"png", "retina", "jpeg", "svg", "pdf"})
 MIN_MEMORY_LIMIT = 6 * 1024**2  # Docker refuses a smaller --memory
 # Smallest allowed value of each integer setting.
 INT_MINIMUMS = {
     "pool_size": 0,
+    "fork_servers": 1,
+    "fork_server_requests": 1,
     "restart_budget": 0,
     "max_file_events": 0,
     "max_inline_file_bytes": 0,
@@ -95,6 +98,9 @@ class Settings:
     pool_size: int = 2
     max_sessions: int = 32
     max_stateless: int = 16
+    stateless_mode: StatelessMode = "auto"
+    fork_servers: int = 4
+    fork_server_requests: int = 1000
     token: str | None = None
     no_auth: bool = False
     image: str = DEFAULT_IMAGE
@@ -147,6 +153,11 @@ class Settings:
         if self.mcp not in get_args(McpMode):
             raise ValueError(
                 f"{_origin('mcp')}: must be one of sessions, stateless, off (got {self.mcp!r})"
+            )
+        if self.stateless_mode not in get_args(StatelessMode):
+            raise ValueError(
+                f"{_origin('stateless_mode')}: must be one of auto, fork, container "
+                f"(got {self.stateless_mode!r})"
             )
         if self.memory_limit_bytes < MIN_MEMORY_LIMIT:
             raise ValueError(
@@ -310,6 +321,23 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--pool-size", type=int, help="warm kernels kept ready (default 2)")
     add("--max-sessions", type=int, help="most sessions at once (default 32)")
     add("--max-stateless", type=int, help="most stateless executions at once (default 16)")
+    add(
+        "--stateless-mode",
+        choices=get_args(StatelessMode),
+        help="how POST /execute gets a kernel: 'fork' (a fork of a preloaded fork server per "
+        "request, docker backend with a root gateway), 'container' (a fresh warm container "
+        "per request), 'auto' (fork where it can; the default)",
+    )
+    add(
+        "--fork-servers",
+        type=int,
+        help="fork-server containers kept for stateless requests (default 4)",
+    )
+    add(
+        "--fork-server-requests",
+        type=int,
+        help="requests one fork-server container serves before it is replaced (default 1000)",
+    )
     add("--token", help="require 'Authorization: Bearer TOKEN' on every route but /health")
     add(
         "--no-auth",

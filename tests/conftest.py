@@ -81,6 +81,7 @@ def settings_for(backend: str, tmp: Path, **overrides: object) -> Settings:
         "backend": backend,
         "image": IMAGE,
         "pool_size": 1,
+        "fork_servers": 1,
         "max_sessions": 8,
         "max_upload_bytes": 1024 * 1024,
         "runtime_dir": tmp,

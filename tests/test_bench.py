@@ -37,9 +37,14 @@ def test_bench_smoke_run_writes_every_figure(tmp_path: Path) -> None:
         "density",
         "ratios",
         "machine",
+        "stateless",
     ):
         assert key in figures, key
     assert figures["warm_round_trip"]["n"] == 10
+    forked = figures["stateless"]["fork"]
+    for key in ("print_c1", "print_c8", "print_c32", "numpy_c8"):
+        assert forked[key]["completed"] > 0 and forked[key]["failed"] == 0, (key, forked[key])
+    assert "fork, print(1), concurrency 8" in result.stdout
 
 
 def test_bench_image_only_measures_the_given_image(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import httpx
 from .conftest import IMAGE, require_docker
 
 LABEL_INSTANCE = "io.kernel-gateway.instance"
+LABEL_ROLE = "io.kernel-gateway.role"
 
 
 def free_port() -> int:
@@ -76,15 +77,14 @@ def serve(
             proc.stdout.close()
 
 
-def containers_of(instance: str) -> list[str]:
+def containers_of(instance: str, role: str | None = None) -> list[str]:
+    """The names of `instance`'s containers (of one `role`: kernel or fork-server)."""
+    labels = [f"{LABEL_INSTANCE}={instance}"]
+    if role is not None:
+        labels.append(f"{LABEL_ROLE}={role}")
     client = docker.from_env()
     try:
-        return [
-            c.name
-            for c in client.containers.list(
-                all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}
-            )
-        ]
+        return [c.name for c in client.containers.list(all=True, filters={"label": labels})]
     finally:
         client.close()
 
@@ -197,7 +197,7 @@ def test_a_memory_limit_in_gib_reaches_the_container(tmp_path: Path) -> None:
         assert body["stdout"] == "fits\n"
         client = docker.from_env()
         try:
-            (name,) = containers_of(instance)
+            (name,) = containers_of(instance, role="kernel")
             host_config = client.api.inspect_container(name)["HostConfig"]
         finally:
             client.close()

@@ -19,6 +19,7 @@ from .conftest import require_docker, settings_for
 from .helpers import ServerThread, execute
 
 LABEL_INSTANCE = "io.kernel-gateway.instance"
+LABEL_ROLE = "io.kernel-gateway.role"
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +56,11 @@ def engine() -> Iterator[docker.DockerClient]:
 def session_container(
     client: httpx.Client, engine: docker.DockerClient, sid: str
 ) -> docker.models.containers.Container:
-    """The running container of a session (the pool is empty, so there is only one)."""
+    """The running container of a session (the pool is empty, so there is only one;
+    fork servers have a role of their own)."""
     instance = client.get("/health").json()["instance"]
-    running = engine.containers.list(filters={"label": f"{LABEL_INSTANCE}={instance}"})
+    labels = [f"{LABEL_INSTANCE}={instance}", f"{LABEL_ROLE}=kernel"]
+    running = engine.containers.list(filters={"label": labels})
     assert len(running) == 1, [c.name for c in running]
     return running[0]
 

@@ -253,8 +253,8 @@ def test_sessions_leave_no_disk_behind(tmp_path: Path) -> None:
             sid = c.post("/sessions").json()["id"]
             assert execute(c, sid, "open('/tmp/t', 'w').write('x')").done["status"] == "ok"
             assert c.delete(f"/sessions/{sid}").status_code == 204
-        # Only the warm pool's disks remain while the gateway runs.
-        assert len(mounts_under(tmp_path)) <= 2
+        # Only the warm pool's disks and the fork server's remain while the gateway runs.
+        assert len(mounts_under(tmp_path)) <= 2 + settings.fork_servers
     assert settled_leftovers(tmp_path) == ([], [], [])
 
 
@@ -263,6 +263,7 @@ def test_a_killed_gateway_s_disks_are_reclaimed_by_the_next(tmp_path: Path) -> N
     if os.geteuid() != 0:
         pytest.skip("capped session disks need a root gateway")
     args = ("--backend", "docker", "--pool-size", "1", "--workspace-size", "64m")
+    args += ("--fork-servers", "1")
     env = {"KG_PRELOAD": "", "KG_KERNEL_START_TIMEOUT": "120"}
     with serve(tmp_path, *args, env=env) as (proc, url):
         instance = httpx.get(url + "/health").json()["instance"]
@@ -272,12 +273,12 @@ def test_a_killed_gateway_s_disks_are_reclaimed_by_the_next(tmp_path: Path) -> N
         httpx.post(url + f"/sessions/{sid}/execute", json={"code": "1"}, timeout=60)
         dead = tmp_path / "rt" / instance
         deadline = time.monotonic() + 30
-        while len(loops_under(dead)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)  # the warm kernel's disk
-        assert len(mounts_under(dead)) == len(loops_under(dead)) == 2
+        while len(loops_under(dead)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the warm kernel's disk and the fork server's
+        assert len(mounts_under(dead)) == len(loops_under(dead)) == 3
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    assert len(loops_under(dead)) == 2  # SIGKILL: nothing was cleaned up
+    assert len(loops_under(dead)) == 3  # SIGKILL: nothing was cleaned up
     with serve(tmp_path, *args, env=env) as (_, url):
         assert httpx.get(url + "/health").json()["instance"] != instance
         assert settled_leftovers(dead) == ([], [], [])

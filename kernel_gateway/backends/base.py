@@ -29,7 +29,7 @@ from ..storage import SessionStorage as SessionStorage
 from ..storage import make_storage_dirs as make_storage_dirs
 from ..storage import mounts_under as mounts_under
 from ..storage import reclaim
-from ..types import ConnectionInfo
+from ..types import JSON, ConnectionInfo
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -78,9 +78,23 @@ class KernelProcess(abc.ABC):
     async def kill(self) -> None:
         """End the kernel at once; `wait()` resolves soon after."""
 
+    async def last_output(self) -> str:
+        """What the kernel last wrote to its own stdout/stderr, if anything keeps it."""
+        return ""
+
     @abc.abstractmethod
     async def cleanup(self) -> None:
         """Release everything the kernel held (container, sockets). Idempotent."""
+
+
+@dataclass
+class ForkServerHost:
+    """A running fork-server container: its process, and its folder of sockets on the host
+    (`zygote.sock`, and each request's `r<N>/` seen inside as `/conn/r<N>/`)."""
+
+    process: KernelProcess
+    conn_dir: Path
+    inside: str = "/conn"
 
 
 class Backend(abc.ABC):
@@ -131,6 +145,23 @@ class Backend(abc.ABC):
         Raises only `KernelUnavailable`: every lower-level failure (engine errors,
         OSError, timeouts) is mapped to it here, at the backend's boundary.
         """
+
+    @property
+    def fork_servers(self) -> str | None:
+        """Why this backend cannot run stateless fork servers, or None if it can."""
+        return f"the {self.name} backend has no fork servers"
+
+    @property
+    def fork_servers_by_default(self) -> str | None:
+        """Why `--stateless-mode auto` does not use fork servers here, or None if it does."""
+        return self.fork_servers
+
+    async def launch_fork_server(self, storage: SessionStorage, config: JSON) -> ForkServerHost:
+        """Start a fork-server container on `storage` (see `zygote.py`).
+
+        Raises only `KernelUnavailable`.
+        """
+        raise KernelUnavailable(self.fork_servers or "no fork servers here")
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -31,10 +31,11 @@ import docker.types
 from ..errors import BackendUnavailable, KernelUnavailable
 from ..settings import Settings
 from ..storage import PlainStorage, SessionStorage, StorageProvider, choose_provider
-from ..types import ConnectionInfo
+from ..types import JSON, ConnectionInfo
 from .base import (
     Backend,
     ExitInfo,
+    ForkServerHost,
     KernelProcess,
     RuntimeDir,
     ipc_connection,
@@ -52,7 +53,12 @@ LABEL_MANAGED = "io.kernel-gateway.managed"
 LABEL_INSTANCE = "io.kernel-gateway.instance"
 LABEL_HOST = "io.kernel-gateway.host"
 LABEL_LOCK = "io.kernel-gateway.lock"  # the owner's instance lock: held while it lives
+LABEL_ROLE = "io.kernel-gateway.role"  # "kernel", or "fork-server" (stateless requests)
 CONTAINER_UID = 1000  # the image's `sandbox` user
+FORK_SERVER_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
+"""What a fork server (root in its container, never running user code) keeps: enough to
+give each request a uid of its own, and to kill and clean up after it."""
+ZYGOTE_SOURCE = Path(__file__).resolve().parent.parent / "zygote.py"
 HOME_TMPFS_SIZE = "64m"  # home as a tmpfs, only when sessions have no disk of their own
 
 
@@ -103,6 +109,9 @@ class DockerKernel(KernelProcess):
 
     async def kill(self) -> None:
         await self.send_signal(signal.SIGKILL)
+
+    async def last_output(self) -> str:
+        return await self._backend.call(self._backend.container_log, self.name)
 
     async def cleanup(self) -> None:
         if self._removed:
@@ -343,9 +352,58 @@ class DockerBackend(Backend):
                 f"could not start a kernel container: {exc}", retry_after=5
             ) from exc
 
-    async def _launch(self, storage: SessionStorage) -> KernelProcess:
+    @property
+    def fork_servers(self) -> str | None:
+        if os.getuid() != 0:
+            return (
+                "fork servers need a root gateway (each request runs under a uid of its own, "
+                "and the gateway must reach its sockets)"
+            )
+        return None
+
+    @property
+    def fork_servers_by_default(self) -> str | None:
+        if self._settings.runtime not in (None, "runc"):
+            return (
+                f"under --runtime {self._settings.runtime} a fork server was seen to end "
+                "unexpectedly now and then (it is replaced, but a request can fail): "
+                "--stateless-mode fork to use them anyway"
+            )
+        return self.fork_servers
+
+    async def launch_fork_server(self, storage: SessionStorage, config: JSON) -> ForkServerHost:
+        """A container running `zygote.py` as root with only the capabilities it needs to
+        give each request a uid of its own and clean up after it (see zygote.py)."""
+        try:
+            kernel_id, conn_dir = await self.call(self._make_fork_server_dir, config)
+            process = await self._launch(storage, fork_server=(kernel_id, conn_dir))
+        except (docker.errors.DockerException, OSError, TimeoutError) as exc:
+            raise KernelUnavailable(
+                f"could not start a fork-server container: {exc}", retry_after=5
+            ) from exc
+        return ForkServerHost(process, conn_dir)
+
+    def _make_fork_server_dir(self, config: JSON) -> tuple[str, Path]:
+        kernel_id, conn_dir = self._runtime.new_kernel_dir()
+        try:
+            conn_dir.chmod(0o755)  # request uids traverse it to reach their own r<N>/
+            shutil.copyfile(ZYGOTE_SOURCE, conn_dir / "zygote.py")
+            write_startup_file(conn_dir, self._settings, offline=self._settings.network == "none")
+            (conn_dir / "zygote.json").write_text(json.dumps(config))
+        except BaseException:
+            shutil.rmtree(conn_dir, ignore_errors=True)
+            raise
+        return kernel_id, conn_dir
+
+    async def _launch(
+        self, storage: SessionStorage, fork_server: tuple[str, Path] | None = None
+    ) -> KernelProcess:
         s = self._settings
-        kernel_id, conn_dir, info = await self.call(self._make_conn_dir)
+        if fork_server is None:
+            kernel_id, conn_dir, info = await self.call(self._make_conn_dir)
+        else:
+            kernel_id, conn_dir = fork_server
+            info = ipc_connection(str(conn_dir / "unused"))
         name = f"kg-{self._runtime.instance}-{kernel_id}"
         kernel = DockerKernel(self, kernel_id, name, conn_dir, info)
         self._kernels[name] = kernel  # before create: a death event may come at once
@@ -354,22 +412,31 @@ class DockerBackend(Backend):
             str(storage.files): {"bind": "/workspace", "mode": "rw"},
         }
         tmpfs: dict[str, str] = {}
+        owner = "uid=0,gid=0" if fork_server else f"uid={self._uid},gid={self._uid}"
         if self._storage.capped:  # one disk, one cap: files, /tmp and home
             binds[str(storage.tmp)] = {"bind": "/tmp", "mode": "rw"}
             binds[str(storage.home)] = {"bind": "/home/sandbox", "mode": "rw"}
         else:  # no disk of its own: keep /tmp and home off the host's disk, as memory
             tmpfs = {
                 "/tmp": f"rw,nosuid,nodev,size={s.workspace_size},mode=1777",
-                "/home/sandbox": f"rw,nosuid,nodev,size={HOME_TMPFS_SIZE},mode=700,"
-                f"uid={self._uid},gid={self._uid}",
+                "/home/sandbox": f"rw,nosuid,nodev,size={HOME_TMPFS_SIZE},mode=700,{owner}",
+            }
+        extra: dict[str, Any] = {}
+        if fork_server:
+            extra = {
+                "user": "0:0",
+                "command": ["/opt/venv/bin/python", "/conn/zygote.py", "/conn/zygote.json"],
             }
         try:
             host_config = self.client.api.create_host_config(
                 binds=binds,
                 network_mode=s.network,
                 cap_drop=["ALL"],
+                cap_add=FORK_SERVER_CAPABILITIES if fork_server else None,
                 security_opt=["no-new-privileges:true"],
-                init=True,
+                # A fork server is init itself: it reaps every process (see zygote.py);
+                # under gVisor, Docker's init beside it ended the container now and then.
+                init=not fork_server,
                 read_only=True,
                 tmpfs=tmpfs,
                 mem_limit=s.memory_limit_bytes,
@@ -388,12 +455,13 @@ class DockerBackend(Backend):
                 self._create_and_start,
                 name=name,
                 image=s.image,
-                user=self._user,
+                **({"user": self._user} | extra),
                 labels={
                     LABEL_MANAGED: "1",
                     LABEL_INSTANCE: self._runtime.instance,
                     LABEL_HOST: self._runtime.hostname,
                     LABEL_LOCK: str(self._runtime.lock_path),
+                    LABEL_ROLE: "fork-server" if fork_server else "kernel",
                 },
                 host_config=host_config,
                 environment={"HOME": "/home/sandbox"},
@@ -435,6 +503,14 @@ class DockerBackend(Backend):
     def signal_container(self, name: str, signum: int) -> None:
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
             self.client.api.kill(name, signal=int(signum))
+
+    def container_log(self, ref: str, lines: int = 20) -> str:
+        """The last lines a container wrote (for the log when a fork server is lost)."""
+        try:
+            data = self.client.api.logs(ref, tail=lines)
+        except docker.errors.DockerException as exc:
+            return f"(no log: {exc})"
+        return bytes(data).decode("utf-8", "replace")
 
     def remove_container(self, ref: str) -> None:
         with contextlib.suppress(docker.errors.NotFound):

@@ -16,5 +16,6 @@ async def health(request: Request) -> Response:
             "instance": registry.instance,
             "isolation": registry.backend.isolation,
             "pool": registry.stats(),
+            **registry.stateless_stats(),
         }
     )
