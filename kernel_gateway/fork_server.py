@@ -27,7 +27,6 @@ import secrets
 import shutil
 import signal
 import time
-from collections import deque
 from typing import Any
 
 import zmq.asyncio
@@ -40,9 +39,10 @@ from .backends.base import (
     KernelProcess,
     RuntimeDir,
 )
-from .errors import GatewayError, KernelUnavailable
+from .errors import KernelUnavailable
 from .kernel import Kernel
 from .metrics import Metrics
+from .refill import Refill
 from .settings import Settings
 from .storage import SessionStorage
 from .types import JSON, ConnectionInfo
@@ -294,7 +294,7 @@ class ForkedProcess(KernelProcess):
 
 
 class ForkPool:
-    """Fork-server containers kept ready for stateless requests, one request each at a time."""
+    """Fork-server containers kept for stateless requests, one request each at a time."""
 
     def __init__(
         self,
@@ -311,14 +311,10 @@ class ForkPool:
         self._warm = warm
         self._context = context
         self.metrics = metrics or Metrics()
-        self._idle: deque[ForkServer] = deque()
         self._busy: set[ForkServer] = set()
-        self._waiters: deque[asyncio.Future[ForkServer]] = deque()
-        self._starting = 0
-        self._failures = 0
-        self._retry_at = 0.0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._closed = False
+        self._refill: Refill[ForkServer] = Refill(
+            "fork server", self._start_one, self._wanted, settings.max_concurrent_starts
+        )
         self._numbers = itertools.count(1)
         self._config: JSON = {
             "conn_dir": "/conn",
@@ -332,30 +328,30 @@ class ForkPool:
         self.requests_served = 0
         self.servers_started = 0
 
+    def _wanted(self) -> int:
+        """Servers to keep idle or starting: `--fork-servers` in all, and one more for each
+        request waiting beyond them."""
+        busy, waiting = len(self._busy), len(self._refill.waiters)
+        total = min(
+            max(self.settings.fork_servers, busy + waiting), self.settings.fork_servers + waiting
+        )
+        return total - busy
+
     def start(self) -> None:
-        self._fill()
+        self._refill.fill()
 
     def stats(self) -> JSON:
         return {
-            "idle": len(self._idle),
+            "idle": len(self._refill.ready),
             "busy": len(self._busy),
-            "starting": self._starting,
+            "starting": self._refill.starting,
             "target": self.settings.fork_servers,
             "servers_started": self.servers_started,
             "requests_served": self.requests_served,
         }
 
     async def close(self) -> None:
-        self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_exception(KernelUnavailable("the gateway is shutting down"))
-        servers = [*self._idle, *self._busy]
-        self._idle.clear()
+        servers = [*await self._refill.close(), *self._busy]
         self._busy.clear()
         await asyncio.gather(*(self._discard(s) for s in servers), return_exceptions=True)
 
@@ -395,67 +391,30 @@ class ForkPool:
             self._give_back(process._server)
 
     async def _server(self) -> ForkServer:
-        while self._idle:
-            server = self._idle.popleft()
+        ready = self._refill.ready
+        while ready:
+            server = ready.popleft()
             if server.healthy and server.host.process.poll() is None:
                 self._busy.add(server)
                 return server
-            self._spawn(self._discard(server))
-        waiter: asyncio.Future[ForkServer] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        self._fill()
-        try:
-            server = await asyncio.wait_for(
-                asyncio.shield(waiter), self.settings.kernel_start_timeout
-            )
-        except TimeoutError:
-            raise KernelUnavailable(
-                f"no fork server became free within {self.settings.kernel_start_timeout:g} s",
-                retry_after=5,
-            ) from None
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self._give_back(waiter.result(), busy=False)
-            raise
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-            if not waiter.done():
-                waiter.cancel()
+            self._refill.spawn(self._discard(server))
+        server = await self._refill.wait(self.settings.kernel_start_timeout)
         self._busy.add(server)
         return server
 
-    def _give_back(self, server: ForkServer, *, busy: bool = True) -> None:
+    def _give_back(self, server: ForkServer) -> None:
         self._busy.discard(server)
         worn = server.served >= min(self.settings.fork_server_requests, UID_SPAN - 1)
-        if self._closed or not server.healthy or worn or server.host.process.poll():
-            self._spawn(self._discard(server))
-            self._fill()
+        if self._refill.closed or not server.healthy or worn or server.host.process.poll():
+            self._refill.spawn(self._discard(server))
+            self._refill.fill()
             return
-        self._hand_out(server)
-
-    def _hand_out(self, server: ForkServer) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(server)
-                return
-        self._idle.appendleft(server)  # last in, first out: the busiest server stays warm
+        # Last in, first out: the busiest server stays warm in the caches.
+        self._refill.hand_out(server, newest_first=True)
 
     # -- fork servers ------------------------------------------------------------------------
 
-    def _fill(self) -> None:
-        if self._closed or time.monotonic() < self._retry_at:
-            return
-        have = len(self._idle) + len(self._busy) + self._starting
-        wanted = max(self.settings.fork_servers, len(self._busy) + len(self._waiters))
-        wanted = min(wanted, self.settings.fork_servers + len(self._waiters))
-        while self._starting < self.settings.max_concurrent_starts and have < wanted:
-            self._starting += 1
-            have += 1
-            self._spawn(self._start_one())
-
-    async def _start_one(self) -> None:
+    async def _start_one(self) -> ForkServer | None:
         storage: SessionStorage | None = None
         server: ForkServer | None = None
         began = time.monotonic()
@@ -472,41 +431,15 @@ class ForkPool:
                 await asyncio.shield(self._discard(server))
             elif storage is not None:
                 await asyncio.shield(self._warm.remove_storage(storage))
-            if not isinstance(exc, Exception):
-                raise
-            self._on_start_failure(exc)
-            return
-        finally:
-            self._starting -= 1
-        self._failures = 0
+            if isinstance(exc, Exception):
+                self.metrics.kernel_start_failed()
+            raise
         self.servers_started += 1
         self.metrics.kernel_started(time.monotonic() - began)
-        if self._closed:
+        if self._refill.closed:
             await self._discard(server)
-            return
-        self._hand_out(server)
-        self._fill()  # starts are capped at --max-concurrent-starts: start the rest
-
-    def _on_start_failure(self, exc: Exception) -> None:
-        self._failures += 1
-        self.metrics.kernel_start_failed()
-        delay = min(30.0, 0.5 * 2 ** min(self._failures, 6))
-        self._retry_at = time.monotonic() + delay
-        message = exc.message if isinstance(exc, GatewayError) else str(exc)
-        logger.error("fork server start failed (%s); retrying in %.1f s", message, delay)
-        if self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(
-                    KernelUnavailable(
-                        f"could not start a fork server: {message}", retry_after=delay
-                    )
-                )
-        self._spawn(self._retry_later(delay))
-
-    async def _retry_later(self, delay: float) -> None:
-        await asyncio.sleep(delay)
-        self._fill()
+            return None
+        return server
 
     async def _discard(self, server: ForkServer) -> None:
         try:
@@ -514,11 +447,6 @@ class ForkPool:
         finally:
             await self._warm.remove_storage(server.storage)
             await asyncio.to_thread(shutil.rmtree, server.host.conn_dir, True)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
 
 def fork_pool(

@@ -13,18 +13,16 @@ import asyncio
 import logging
 import shutil
 import time
-from collections import deque
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import zmq.asyncio
 
 from .backends.base import Backend, KernelProcess, RuntimeDir, SessionStorage
-from .errors import GatewayError, KernelUnavailable
+from .errors import KernelUnavailable
 from .kernel import Kernel
 from .metrics import Metrics
+from .refill import Refill
 from .settings import Settings
 from .types import JSON
 
@@ -51,38 +49,30 @@ class WarmPool:
         self.backend = backend
         self._runtime = runtime
         self._context = context
-        self._warm: deque[WarmKernel] = deque()
-        self._waiters: deque[asyncio.Future[WarmKernel]] = deque()
-        self._starting = 0
-        self._failures = 0
-        self._retry_at = 0.0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._closed = False
+        self._refill: Refill[WarmKernel] = Refill(
+            "kernel",
+            self._start_one,
+            lambda: settings.pool_size + len(self._refill.waiters),
+            settings.max_concurrent_starts,
+            on_ready=self._watch_ready,
+        )
         self.kernels_started = 0
         self._preload_code = preload_code(settings.preload_list)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._fill()
+        self._refill.fill()
 
     async def close(self) -> None:
-        self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        # Let cancelled starts finish their cleanup before the backend removes containers.
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_exception(KernelUnavailable("the gateway is shutting down"))
-        warm, self._warm = list(self._warm), deque()
+        # Cancelled starts finish their cleanup before the backend removes containers.
+        warm = await self._refill.close()
         await asyncio.gather(*(self.discard(w) for w in warm), return_exceptions=True)
 
     def stats(self) -> JSON:
         return {
-            "warm": len(self._warm),
-            "starting": self._starting,
+            "warm": len(self._refill.ready),
+            "starting": self._refill.starting,
             "target": self.settings.pool_size,
             "kernels_started": self.kernels_started,
         }
@@ -124,35 +114,14 @@ class WarmPool:
 
     async def acquire(self) -> WarmKernel:
         """A ready kernel: a warm one at once, else the next one to finish starting."""
-        while self._warm:
-            warm = self._warm.popleft()
+        ready = self._refill.ready
+        while ready:
+            warm = ready.popleft()
             if not warm.kernel.exited.done():
-                self._fill()
+                self._refill.fill()
                 return warm
-            self._spawn(self.discard(warm))
-        waiter: asyncio.Future[WarmKernel] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        self._fill()
-        try:
-            return await asyncio.wait_for(
-                asyncio.shield(waiter), self.settings.kernel_start_timeout
-            )
-        except TimeoutError:
-            if _has_result(waiter):
-                return waiter.result()
-            raise KernelUnavailable(
-                f"no kernel became ready within {self.settings.kernel_start_timeout:g} s",
-                retry_after=5,
-            ) from None
-        except asyncio.CancelledError:
-            if _has_result(waiter):  # the caller left; keep the kernel for the next one
-                self._hand_out(waiter.result())
-            raise
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-            if not waiter.done():
-                waiter.cancel()
+            self._refill.spawn(self.discard(warm))
+        return await self._refill.wait(self.settings.kernel_start_timeout)
 
     async def launch(self, storage: SessionStorage) -> Kernel:
         """Start a kernel on `storage`, wait until it answers, and preload modules.
@@ -193,76 +162,34 @@ class WarmPool:
         self.kernels_started += 1
         return kernel
 
-    def _fill(self) -> None:
-        if self._closed or time.monotonic() < self._retry_at:
-            return
-        wanted = self.settings.pool_size + len(self._waiters)
-        while (
-            self._starting < self.settings.max_concurrent_starts
-            and len(self._warm) + self._starting < wanted
-        ):
-            self._starting += 1
-            self._spawn(self._start_one())
-
-    async def _start_one(self) -> None:
+    async def _start_one(self) -> WarmKernel | None:
         storage: SessionStorage | None = None
         try:
             root = self._runtime.new_workspace()
             storage = SessionStorage(root)
             storage = await self.backend.prepare_storage(root)
             kernel = await self.launch(storage)
-        except BaseException as exc:
+        except BaseException:
             if storage is not None:
                 await asyncio.shield(self.remove_storage(storage))
-            if not isinstance(exc, Exception):
-                raise
-            self._on_start_failure(exc)
-            return
-        finally:
-            self._starting -= 1
-        self._failures = 0
+            raise
         warm = WarmKernel(kernel, storage)
-        if self._closed:
+        if self._refill.closed:
             await self.discard(warm)
-            return
-        self._hand_out(warm)
-        self._fill()
+            return None
+        return warm
 
-    def _hand_out(self, warm: WarmKernel) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(warm)
-                return
-        self._warm.append(warm)
+    def _watch_ready(self, warm: WarmKernel) -> None:
         warm.kernel.exited.add_done_callback(lambda _: self._on_warm_exit(warm))
 
     def _on_warm_exit(self, warm: WarmKernel) -> None:
-        if warm in self._warm:
-            self._warm.remove(warm)
+        if warm in self._refill.ready:
+            self._refill.ready.remove(warm)
             logger.warning("a warm kernel died before use; replacing it")
             exit_info = warm.kernel.exit_info
             self.metrics.kernel_died(exit_info.reason if exit_info else "killed")
-            self._spawn(self.discard(warm))
-            self._fill()
-
-    def _on_start_failure(self, exc: Exception) -> None:
-        self._failures += 1
-        delay = min(30.0, 0.5 * 2 ** min(self._failures, 6))
-        self._retry_at = time.monotonic() + delay
-        message = exc.message if isinstance(exc, GatewayError) else str(exc)
-        logger.error("kernel start failed (%s); retrying in %.1f s", message, delay)
-        if self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(
-                    KernelUnavailable(f"could not start a kernel: {message}", retry_after=delay)
-                )
-        self._spawn(self._retry_later(delay))
-
-    async def _retry_later(self, delay: float) -> None:
-        await asyncio.sleep(delay)
-        self._fill()
+            self._refill.spawn(self.discard(warm))
+            self._refill.fill()
 
     async def discard(self, warm: WarmKernel) -> None:
         try:
@@ -270,20 +197,11 @@ class WarmPool:
         finally:
             await self.remove_storage(warm.storage)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
 
 def _raise_unavailable(exc: BaseException) -> None:
     """Raise KernelUnavailable for any failure to bring a kernel up; else return."""
     if isinstance(exc, Exception) and not isinstance(exc, KernelUnavailable):
         raise KernelUnavailable(f"the kernel did not start: {exc}", retry_after=5) from exc
-
-
-def _has_result(future: asyncio.Future[WarmKernel]) -> bool:
-    return future.done() and not future.cancelled() and future.exception() is None
 
 
 def preload_code(modules: list[str]) -> str:
