@@ -13,6 +13,11 @@ from kernel_gateway.settings import DEFAULT_IMAGE, Settings
 
 from .helpers import ServerThread
 
+# Gateways the tests start as processes (CLI, persistence and fuzzing tests) keep one fork
+# server rather than the default four: each is a preloaded container, and a 2-core CI
+# machine starts dozens of gateways. Tests that need more ask for them.
+os.environ.setdefault("KG_FORK_SERVERS", "1")
+
 REQUIRE_DOCKER = os.environ.get("KG_REQUIRE_DOCKER") == "1"
 REQUIRE_GVISOR = os.environ.get("KG_REQUIRE_GVISOR") == "1"
 # Test backend name -> (settings backend, OCI runtime)
