@@ -186,12 +186,13 @@ class ForkServer:
         self.served += 1
         await self._send({"op": "fork", "prefix": inside, "key": key})
         reply = await self._reply(END_TIMEOUT)
-        if reply.get("event") != "forked":
+        if reply.get("event") != "forked" or not isinstance(reply.get("uid"), int):
             self.healthy = False
             process.on_lost(ExitInfo(None, "killed"))
             if self.lost:
                 raise LostServer(f"fork server {self.id} was lost")
             raise KernelUnavailable(f"the fork server could not fork: {reply.get('error', reply)}")
+        process.uid = reply["uid"]
         return process
 
     async def end(self) -> None:
@@ -210,6 +211,9 @@ class ForkServer:
         except KernelUnavailable as exc:
             logger.warning("fork server %s: %s; replacing it", self.id, exc.message)
             self.healthy = False
+        except BaseException:  # cancelled: its answer would reach the next fork instead
+            self.healthy = False
+            raise
         finally:
             if self.current is not None:
                 self.current.on_lost(ExitInfo(None, "killed"))
@@ -244,6 +248,8 @@ class ForkedProcess(KernelProcess):
     def __init__(self, server: ForkServer, kernel_id: str, info: ConnectionInfo) -> None:
         self.id = kernel_id
         self.connection = info
+        self.uid = -1
+        """The uid the child runs as (from the fork server's answer)."""
         self._server = server
         self._exit: asyncio.Future[ExitInfo] = asyncio.get_running_loop().create_future()
         self._ending = False
@@ -398,6 +404,7 @@ class ForkPool:
                 self._busy.add(server)
                 return server
             self._refill.spawn(self._discard(server))
+            self._refill.fill()
         server = await self._refill.wait(self.settings.kernel_start_timeout)
         self._busy.add(server)
         return server
@@ -405,7 +412,11 @@ class ForkPool:
     def _give_back(self, server: ForkServer) -> None:
         self._busy.discard(server)
         worn = server.served >= min(self.settings.fork_server_requests, UID_SPAN - 1)
-        if self._refill.closed or not server.healthy or worn or server.host.process.poll():
+        # Servers started for a burst of waiters are let go once the burst is over.
+        kept = len(self._refill.ready) + len(self._busy) + self._refill.starting
+        extra = not self._refill.waiters and kept >= self.settings.fork_servers
+        dead = server.host.process.poll() is not None
+        if self._refill.closed or not server.healthy or worn or extra or dead:
             self._refill.spawn(self._discard(server))
             self._refill.fill()
             return

@@ -25,6 +25,7 @@ from .errors import (
     Conflict,
     Forbidden,
     InvalidRequest,
+    KernelUnavailable,
     NotFound,
     SessionLost,
     SessionNotFound,
@@ -32,7 +33,7 @@ from .errors import (
     TooManySessions,
 )
 from .execution import Execution
-from .fork_server import ForkPool
+from .fork_server import ForkedProcess, ForkPool
 from .kernel import Kernel
 from .kernel_slot import KernelSlot
 from .persistence import SessionRecord, SessionStore
@@ -323,16 +324,20 @@ class Registry:
     def _session_on(self, warm: WarmKernel, *, ephemeral: bool, id: str | None = None) -> Session:
         session_id = id or uuid.uuid4().hex
         s = self.settings
+        process = warm.kernel.process
+        forked = isinstance(process, ForkedProcess)
         slot = KernelSlot(
             session_id,
             warm.kernel,
             warm.storage,
-            self.warm.launch,
+            _never_relaunched if forked else self.warm.launch,
             RestartPolicy(s.restart_budget, s.restart_window),
             revive=not ephemeral,
             metrics=self.warm.metrics,
         )
-        workspace = Workspace(warm.storage.files, self.backend.workspace_owner)
+        # A forked request runs under a uid of its own: files given with it are its own.
+        owner = (process.uid, process.uid) if isinstance(process, ForkedProcess) else None
+        workspace = Workspace(warm.storage.files, owner or self.backend.workspace_owner)
         files = SessionFiles(session_id, workspace, s, inline_all=ephemeral)
         persist = self._save if self.store is not None and not ephemeral else None
         session = Session(
@@ -383,3 +388,9 @@ class Registry:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+async def _never_relaunched(storage: SessionStorage) -> Kernel:
+    """A forked stateless kernel that died is not replaced: its fork server is emptied and
+    given back, so the cell ends `died` with the reason."""
+    raise KernelUnavailable("the stateless kernel ended before its cell could run")

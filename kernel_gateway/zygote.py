@@ -69,6 +69,7 @@ class Zygote:
         self.ipc_mark: dict[str, int] = {}
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.shell: Any = None
+        self.inherited: list[Any] = []
 
     # -- the pristine process ----------------------------------------------------------------
 
@@ -141,6 +142,7 @@ class Zygote:
         signal.set_wakeup_fd(reaper_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         selector.register(reaper_r, selectors.EVENT_READ, "sigchld")
+        self.inherited = [selector, reaper_r, reaper_w]  # a child closes them at once
         buffer = b""
         while True:
             for key, _ in selector.select(timeout=1.0):
@@ -232,12 +234,16 @@ class Zygote:
             finally:
                 os._exit(1)
         self.child = pid
-        self.send({"event": "forked", "pid": pid})
+        self.send({"event": "forked", "pid": pid, "uid": uid})
 
     def _become(self, uid: int) -> None:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         self.gateway.close()
+        selector, *pipe = self.inherited  # the fork server's: the child must not touch them
+        selector.close()
+        for fd in pipe:
+            os.close(fd)
         os.setsid()
         os.setgroups([])
         os.setresgid(uid, uid, uid)

@@ -8,6 +8,7 @@ separated by Docker itself. The concurrent tests run a bad request beside good o
 
 from __future__ import annotations
 
+import base64
 import textwrap
 import time
 from collections.abc import Iterator
@@ -334,6 +335,21 @@ def test_a_request_that_crashes_exhausts_memory_or_fork_bombs_fails_alone(
             assert failed["done"]["reason"] == "out_of_memory", failed
     # and the service is whole afterwards
     assert ok(client, "print('after')") == "after\n"
+
+
+def test_files_given_with_a_request_are_its_own(client: httpx.Client) -> None:
+    body = {
+        "code": "open('data/in.csv', 'a').write('3\\n')\n"
+        "open('data/out.csv', 'w').write(open('data/in.csv').read())\n"
+        "import os; print(os.stat('data').st_uid == os.getuid())",
+        "files": [{"path": "data/in.csv", "data": base64.b64encode(b"n\n1\n2\n").decode()}],
+    }
+    response = client.post("/execute", json=body, headers={"Accept": "application/json"})
+    result = response.json()
+    assert result["status"] == "ok", result
+    assert result["stdout"] == "True\n"
+    files = {e["data"]["path"]: e["data"] for e in result["events"] if e["event"] == "file"}
+    assert base64.b64decode(files["data/out.csv"]["data"]) == b"n\n1\n2\n3\n"
 
 
 def test_limits_still_apply_per_request(client: httpx.Client) -> None:
