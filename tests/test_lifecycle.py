@@ -572,8 +572,16 @@ async def test_no_waiter_outlives_a_cell_whose_kernel_was_killed(gw: Harness) ->
     assert done_of(events)["restarted"] is True
     await asyncio.sleep(0.05)
     await until(gw.pool_full)
-    leftover = [t for t in asyncio.all_tasks() if "Event.wait" in repr(t)]
-    assert not leftover, leftover
+
+    def waiters() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if "Event.wait" in repr(t)]
+
+    # A leaked waiter stays forever; a kernel still starting (the session's replacement,
+    # on a loaded machine) holds one for a moment only.
+    try:
+        await until(lambda: not waiters(), seconds=5)
+    except AssertionError:
+        raise AssertionError(waiters()) from None
     assert len(asyncio.all_tasks()) <= before + 2
 
 
