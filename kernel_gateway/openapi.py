@@ -94,6 +94,11 @@ def _object(properties: JSON, required: list[str] | None = None, **extra: Any) -
     return schema
 
 
+def _counts(*names: str, **extra: Any) -> JSON:
+    """An object of non-negative integers, every one required."""
+    return _object({name: {"type": "integer", "minimum": 0} for name in names}, **extra)
+
+
 _NULLABLE_INT: JSON = {"type": ["integer", "null"]}
 _TIMESTAMP: JSON = {"type": "string", "format": "date-time"}
 
@@ -300,38 +305,28 @@ def _schemas(settings: Settings) -> JSON:
                 "backend": {"type": "string", "enum": ["docker", "local"]},
                 "instance": {"type": "string"},
                 "isolation": {"type": "string"},
-                "pool": _object(
-                    {
-                        name: {"type": "integer", "minimum": 0}
-                        for name in (
-                            "warm",
-                            "starting",
-                            "target",
-                            "kernels_started",
-                            "sessions",
-                            "max_sessions",
-                            "stateless",
-                            "max_stateless",
-                        )
-                    }
+                "pool": _counts(
+                    "warm",
+                    "starting",
+                    "target",
+                    "kernels_started",
+                    "sessions",
+                    "max_sessions",
+                    "stateless",
+                    "max_stateless",
                 ),
                 "stateless_mode": {
                     "type": "string",
                     "enum": ["fork", "container"],
                     "description": "How stateless requests get a kernel (`--stateless-mode`).",
                 },
-                "fork_servers": _object(
-                    {
-                        name: {"type": "integer", "minimum": 0}
-                        for name in (
-                            "idle",
-                            "busy",
-                            "starting",
-                            "target",
-                            "servers_started",
-                            "requests_served",
-                        )
-                    },
+                "fork_servers": _counts(
+                    "idle",
+                    "busy",
+                    "starting",
+                    "target",
+                    "servers_started",
+                    "requests_served",
                     description="Fork-server containers (only with `stateless_mode` fork).",
                 ),
             },
