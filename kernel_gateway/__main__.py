@@ -26,6 +26,17 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="start the HTTP API")
     add_serve_arguments(serve)
 
+    from .cluster.settings import add_route_arguments
+
+    route = commands.add_parser(
+        "route",
+        help="a cluster's router: place sessions on node gateways and pass requests to them",
+        description="Find node gateways (serve --node-name) by DNS, place new sessions on the "
+        "node with the most free capacity, and pass every request for a session to its node. "
+        "Every flag has a KG_* twin.",
+    )
+    add_route_arguments(route)
+
     build = commands.add_parser("build-image", help="build the kernel container image")
     build.add_argument("--tag", help=f"image name (default: KG_IMAGE or {DEFAULT_IMAGE})")
     build.add_argument("--context", type=Path, help="the kernel-image folder (default: bundled)")
@@ -113,6 +124,37 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def route(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .cluster.app import create_router_app
+    from .cluster.settings import from_args as router_settings
+    from .logs import configure
+
+    try:
+        settings = router_settings(args, os.environ)
+        settings.check_exposure()
+    except ValueError as exc:
+        print(f"kernel-gateway route: {exc}", file=sys.stderr)
+        return 2
+    configure(settings.log_format, settings.log_level)
+    logging.getLogger("kernel_gateway").info(
+        "routing to node gateways at %s",
+        ", ".join(f"{t.host}:{t.port}" for t in settings.node_targets),
+    )
+    config = uvicorn.Config(
+        create_router_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    uvicorn.Server(config).run()
+    return 0
+
+
 def build_image_command(args: argparse.Namespace) -> int:
     from .image import build_image
 
@@ -143,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "serve":
         return serve(args)
+    if args.command == "route":
+        return route(args)
     if args.command == "build-image":
         return build_image_command(args)
     if args.command == "run":

@@ -13,13 +13,16 @@
     │   └── SessionFailed             409 session_failed      (its kernel kept dying: gave up)
     ├── Gone                          410 gone
     │   ├── ExecutionExpired          410 execution_expired   (its events aged out of retention)
-    │   └── SessionLost               410 session_lost        (its kernel did not survive a restart)
+    │   ├── SessionLost               410 session_lost        (its kernel did not survive a restart)
+    │   └── NodeLost                  410 node_lost           (router: its node stopped answering)
     ├── PayloadTooLarge               413 payload_too_large
     ├── UnsupportedMediaType          415 unsupported_media_type (JSON body without its type)
     ├── InvalidRequest                422 invalid_request     (well-formed JSON, wrong fields)
     ├── TooManySessions               429 too_many_sessions   (+ Retry-After)
     ├── KernelUnavailable             503 kernel_unavailable  (+ Retry-After: no kernel could start)
+    ├── BadGateway                    502 bad_gateway         (router: a node's answer was broken)
     ├── ShuttingDown                  503 shutting_down       (+ Retry-After: the gateway drains)
+    │   └── NodeUnavailable           503 node_unavailable    (router: a node restarts; Retry-After)
     └── BackendUnavailable            503 backend_unavailable (no engine, no image: at startup)
 
 `Backend.launch` raises only `KernelUnavailable`: each backend maps its own low-level
@@ -89,6 +92,12 @@ class SessionLost(Gone):
     error_type = "session_lost"
 
 
+class NodeLost(Gone):
+    """Router: the session's node has not answered for `--node-lost-after`; presumed dead."""
+
+    error_type = "node_lost"
+
+
 class Conflict(GatewayError):
     status_code = 409
     error_type = "conflict"
@@ -136,6 +145,20 @@ class ShuttingDown(GatewayError):
 
     status_code = 503
     error_type = "shutting_down"
+
+
+class NodeUnavailable(ShuttingDown):
+    """Router: the session's node does not answer now (its gateway restarts); nothing was
+    done, retry after `Retry-After` (clients retry it as they retry `shutting_down`)."""
+
+    error_type = "node_unavailable"
+
+
+class BadGateway(GatewayError):
+    """Router: a node's answer broke off or was not HTTP."""
+
+    status_code = 502
+    error_type = "bad_gateway"
 
 
 class BackendUnavailable(GatewayError):

@@ -13,6 +13,7 @@ from importlib.util import find_spec
 SERVER_EXTRA = "kernel-gateway[server]"
 NEEDS: dict[str, tuple[str, ...]] = {
     "serve": ("uvicorn", "starlette", "sse_starlette", "jupyter_client", "zmq"),
+    "route": ("uvicorn", "starlette", "prometheus_client"),
     "build-image": ("docker",),
     "mcp": ("mcp", "httpx2", "uvicorn", "starlette", "jupyter_client", "zmq"),
 }

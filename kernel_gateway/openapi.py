@@ -305,6 +305,11 @@ def _schemas(settings: Settings) -> JSON:
                 "backend": {"type": "string", "enum": ["docker", "local"]},
                 "instance": {"type": "string"},
                 "isolation": {"type": "string"},
+                "node": {
+                    "type": "string",
+                    "description": "This gateway's node in a cluster (`--node-name`); session "
+                    "ids made here start with it and a dot.",
+                },
                 "pool": _counts(
                     "warm",
                     "starting",

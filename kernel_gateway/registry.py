@@ -321,8 +321,13 @@ class Registry:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _new_id(self) -> str:
+        """A fresh session id; in a cluster `<node>.<hex>`, so a router finds its node."""
+        node = self.settings.node_name
+        return f"{node}.{uuid.uuid4().hex}" if node else uuid.uuid4().hex
+
     def _session_on(self, warm: WarmKernel, *, ephemeral: bool, id: str | None = None) -> Session:
-        session_id = id or uuid.uuid4().hex
+        session_id = id or self._new_id()
         s = self.settings
         process = warm.kernel.process
         forked = isinstance(process, ForkedProcess)

@@ -11,6 +11,7 @@ import functools
 import ipaddress
 import math
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,8 @@ BackendName = Literal["auto", "docker", "local"]
 McpMode = Literal["sessions", "stateless", "off"]
 StatelessMode = Literal["auto", "fork", "container"]
 DEFAULT_IMAGE = "kernel-gateway-kernel:latest"
+# A node's name in a cluster: it prefixes the ids of the sessions made there (`<node>.<hex>`).
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 FIGURE_FORMATS = frozenset({"png", "retina", "jpeg", "svg", "pdf"})
 MIN_MEMORY_LIMIT = 6 * 1024**2  # Docker refuses a smaller --memory
 # Smallest allowed value of each integer setting.
@@ -102,6 +105,7 @@ class Settings:
     fork_servers: int = 4
     fork_server_requests: int = 1000
     token: str | None = None
+    token_file: Path | None = None
     no_auth: bool = False
     image: str = DEFAULT_IMAGE
     exec_timeout: float = 60.0
@@ -138,6 +142,7 @@ class Settings:
     log_level: str = "info"
     log_format: LogFormat = "text"
     mcp: McpMode = "sessions"
+    node_name: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse, at startup, any value that would only fail later (at every launch)."""
@@ -201,6 +206,11 @@ class Settings:
             raise ValueError(f"{_origin('log_format')}: must be text or json")
         if not 10 <= self.figure_dpi <= 600:
             raise ValueError(f"{_origin('figure_dpi')}: must be between 10 and 600")
+        if self.node_name is not None and not NODE_NAME.fullmatch(self.node_name):
+            raise ValueError(
+                f"{_origin('node_name')}: 1-63 letters, digits, '-' or '_', starting with a "
+                f"letter or digit (got {self.node_name!r})"
+            )
 
     @property
     def memory_limit_bytes(self) -> int:
@@ -293,7 +303,32 @@ def _convert(name: str, raw: str) -> Any:
         return Path(raw)
     if kind == "str | None":
         return raw or None
+    if kind == "Path | None":
+        return Path(raw) if raw else None
     return raw
+
+
+def read_token_file(path: Path) -> str:
+    """The token kept in a file (a Docker or Kubernetes secret): its first line, stripped."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the token file {path}: {exc}") from None
+    token = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not token:
+        raise ValueError(f"the token file {path} is empty")
+    return token
+
+
+def resolve_token(values: dict[str, Any]) -> None:
+    """`token_file` read into `token` (both given is a mistake: which one is meant?)."""
+    if values.get("token_file") is None:
+        return
+    if values.get("token"):
+        raise ValueError(
+            "--token (KG_TOKEN) and --token-file (KG_TOKEN_FILE) are both set; give one"
+        )
+    values["token"] = read_token_file(values["token_file"])
 
 
 def from_env(environ: Mapping[str, str], **overrides: Any) -> Settings:
@@ -307,6 +342,7 @@ def from_env(environ: Mapping[str, str], **overrides: Any) -> Settings:
             except ValueError as exc:
                 raise ValueError(f"KG_{f.name.upper()}: {exc}") from exc
     values.update({k: v for k, v in overrides.items() if v is not None})
+    resolve_token(values)
     if "runtime_dir" not in values:
         values["runtime_dir"] = default_runtime_dir(environ)
     return Settings(**values)
@@ -339,6 +375,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests one fork-server container serves before it is replaced (default 1000)",
     )
     add("--token", help="require 'Authorization: Bearer TOKEN' on every route but /health")
+    add(
+        "--token-file",
+        type=Path,
+        help="read the token from this file's first line (a Docker secret: "
+        "/run/secrets/<name>); instead of --token",
+    )
     add(
         "--no-auth",
         action="store_const",
@@ -423,6 +465,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         choices=get_args(McpMode),
         help="the MCP endpoint at /mcp: sessions (each MCP session keeps its own kernel), "
         "stateless (every run_python call gets a fresh kernel), or off (default sessions)",
+    )
+    add(
+        "--node-name",
+        help="this gateway's node in a cluster (kernel-gateway route): session ids start "
+        "with it, '<node>.<hex>', so a router finds a session's node from its id",
     )
 
 

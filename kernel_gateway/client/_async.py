@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Generator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -20,6 +20,7 @@ from ._base import (
     execute_body,
     read,
 )
+from ._failover import AsyncFailoverTransport
 from .errors import (
     ConnectFailed,
     NotFoundError,
@@ -36,7 +37,7 @@ T = TypeVar("T")
 class AsyncClient(BaseClient):
     def __init__(
         self,
-        base_url: str = DEFAULT_URL,
+        base_url: str | Sequence[str] = DEFAULT_URL,
         *,
         token: str | None = None,
         timeout: float = 30.0,
@@ -51,6 +52,10 @@ class AsyncClient(BaseClient):
             resume_retries=resume_retries,
             reconnect_seconds=reconnect_seconds,
         )
+        if self.replicas is not None:
+            transport = AsyncFailoverTransport(
+                self.replicas, transport or httpx.AsyncHTTPTransport()
+            )
         self._http = httpx.AsyncClient(transport=transport, **self._http_options())
 
     async def __aenter__(self) -> AsyncClient:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 import httpx
 
+from ._failover import Replicas
 from .errors import ConnectFailed, ProtocolError, ShuttingDownError, StreamEnded, from_response
 from .models import Callbacks, Done, Event, Execution, event_from
 from .sse import SSEDecoder
@@ -23,6 +24,7 @@ from .sse import SSEDecoder
 DEFAULT_URL = "http://127.0.0.1:8888"
 STREAM_HEADERS = {"Accept": "text/event-stream"}
 STREAM_READ_TIMEOUT = 35.0
+CONNECT_SECONDS = 5.0
 
 T = TypeVar("T")
 ClientT = TypeVar("ClientT")
@@ -221,14 +223,18 @@ class BaseClient:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         token: str | None,
         timeout: float,
         resume_retries: int = 5,
         reconnect_seconds: float = 15.0,
     ) -> None:
-        self.base_url = base_url
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        self.base_url = urls[0] if urls else ""
+        """The first base URL: requests are built against it."""
+        self.replicas = Replicas(urls) if len(urls) > 1 or not urls else None
+        """With several base URLs (a cluster's routers): which one answers now."""
         self._token = token
         self._timeout = timeout
         self._resume_retries = resume_retries
@@ -244,14 +250,20 @@ class BaseClient:
 
     def _stream_timeout(self) -> httpx.Timeout:
         # The gateway pings every 10 s: silence for longer means the connection is dead.
-        return httpx.Timeout(self._timeout, read=STREAM_READ_TIMEOUT)
+        connect = self._timeout if self.replicas is None else CONNECT_SECONDS
+        return httpx.Timeout(self._timeout, read=STREAM_READ_TIMEOUT, connect=connect)
 
     def _http_options(self) -> dict[str, Any]:
         return {
             "base_url": self.base_url,
             "headers": {"Authorization": f"Bearer {self._token}"} if self._token else {},
             # Reads may wait long (a cell runs for minutes); keepalives arrive every 10 s.
-            "timeout": httpx.Timeout(self._timeout, read=None),
+            # With several base URLs, a dead one costs at most CONNECT_SECONDS per call.
+            "timeout": httpx.Timeout(
+                self._timeout,
+                read=None,
+                connect=self._timeout if self.replicas is None else CONNECT_SECONDS,
+            ),
         }
 
     @staticmethod

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -20,6 +20,7 @@ from ._base import (
     execute_body,
     read,
 )
+from ._failover import FailoverTransport
 from .errors import (
     ConnectFailed,
     NotFoundError,
@@ -36,7 +37,7 @@ T = TypeVar("T")
 class Client(BaseClient):
     def __init__(
         self,
-        base_url: str = DEFAULT_URL,
+        base_url: str | Sequence[str] = DEFAULT_URL,
         *,
         token: str | None = None,
         timeout: float = 30.0,
@@ -51,6 +52,8 @@ class Client(BaseClient):
             resume_retries=resume_retries,
             reconnect_seconds=reconnect_seconds,
         )
+        if self.replicas is not None:
+            transport = FailoverTransport(self.replicas, transport or httpx.HTTPTransport())
         self._http = httpx.Client(transport=transport, **self._http_options())
 
     def __enter__(self) -> Client:

@@ -18,7 +18,8 @@
         ├── MethodNotAllowedError       405 method_not_allowed
         ├── GoneError                   410 gone
         │   ├── ExecutionExpiredError   410 execution_expired (past the session's retention)
-        │   └── SessionLostError        410 session_lost (did not survive a gateway restart)
+        │   ├── SessionLostError        410 session_lost (did not survive a gateway restart)
+        │   └── NodeLostError           410 node_lost (a cluster router: its node is gone)
         ├── ConflictError               409 conflict
         │   ├── SessionBusyError        409 session_busy     (too many queued executions)
         │   ├── SessionClosedError      409 session_closed   (deleted while the request waited)
@@ -28,6 +29,7 @@
             └── UnavailableError        503 (retry_after)
                 ├── KernelUnavailableError   503 kernel_unavailable
                 ├── ShuttingDownError        503 shutting_down (the gateway is restarting)
+                │   └── NodeUnavailableError 503 node_unavailable (a cluster node restarts)
                 └── BackendUnavailableError  503 backend_unavailable
 
 The gateway's error document is `{"error": {"type", "message"}}` (`kernel_gateway/errors.py`
@@ -134,6 +136,11 @@ class SessionLostError(GoneError):
     """410: the session did not survive a restart of the gateway; its state is gone."""
 
 
+class NodeLostError(GoneError):
+    """410: (through a cluster router) the machine holding the session stopped answering
+    and is presumed dead; the session's state is gone."""
+
+
 class MethodNotAllowedError(APIError):
     """405: the route does not take this method."""
 
@@ -174,6 +181,11 @@ class ShuttingDownError(UnavailableError):
     """503: the gateway is stopping for a restart and refused the call before doing anything."""
 
 
+class NodeUnavailableError(ShuttingDownError):
+    """503: (through a cluster router) the session's node does not answer for now, e.g. its
+    gateway restarts; nothing was done, and calls are sent again as for `shutting_down`."""
+
+
 class BackendUnavailableError(UnavailableError):
     """503: the gateway's backend cannot run kernels (no engine, no image)."""
 
@@ -191,6 +203,7 @@ BY_TYPE: dict[str, type[APIError]] = {
     "gone": GoneError,
     "execution_expired": ExecutionExpiredError,
     "session_lost": SessionLostError,
+    "node_lost": NodeLostError,
     "method_not_allowed": MethodNotAllowedError,
     "conflict": ConflictError,
     "session_busy": SessionBusyError,
@@ -201,6 +214,7 @@ BY_TYPE: dict[str, type[APIError]] = {
     "kernel_unavailable": KernelUnavailableError,
     "backend_unavailable": BackendUnavailableError,
     "shutting_down": ShuttingDownError,
+    "node_unavailable": NodeUnavailableError,
 }
 BY_STATUS: dict[int, type[APIError]] = {
     400: BadRequestError,

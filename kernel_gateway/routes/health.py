@@ -15,6 +15,7 @@ async def health(request: Request) -> Response:
             "backend": registry.backend.name,
             "instance": registry.instance,
             "isolation": registry.backend.isolation,
+            **({"node": node} if (node := registry.settings.node_name) else {}),
             "pool": registry.stats(),
             **registry.stateless_stats(),
         }

@@ -1,0 +1,73 @@
+"""The router's ASGI app: the same auth, Host guard and request log as a node gateway."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TypedDict
+
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+
+from ..app import _gateway_error, _http_error, _unexpected_error
+from ..auth import BearerAuth, LoopbackHostGuard
+from ..errors import GatewayError
+from ..observe import ObserveRequests
+from ..settings import is_loopback
+from .directory import NodeDirectory
+from .metrics import RouterMetrics
+from .proxy import Proxy
+from .routes import routes
+from .settings import RouterSettings
+
+
+class RouterState(TypedDict):
+    settings: RouterSettings
+    directory: NodeDirectory
+    proxy: Proxy
+    metrics: RouterMetrics
+
+
+def create_router_app(settings: RouterSettings) -> Starlette:
+    metrics = RouterMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[RouterState]:
+        # Streams (SSE) may stay open for as long as a cell runs: no read timeout.
+        timeout = httpx.Timeout(None, connect=settings.connect_timeout)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
+            directory = NodeDirectory(settings, http)
+            directory.start()
+            metrics.watch(directory)
+            try:
+                await directory.first_poll(settings.connect_timeout + 2)
+                yield {
+                    "settings": settings,
+                    "directory": directory,
+                    "proxy": Proxy(http, settings.token),
+                    "metrics": metrics,
+                }
+            finally:
+                metrics.watch(None)
+                await directory.close()
+
+    return Starlette(
+        routes=routes,
+        middleware=[
+            Middleware(ObserveRequests, metrics=metrics),
+            Middleware(
+                LoopbackHostGuard,
+                enabled=settings.token is None and is_loopback(settings.host),
+            ),
+            Middleware(BearerAuth, token=settings.token),
+        ],
+        exception_handlers={
+            GatewayError: _gateway_error,
+            HTTPException: _http_error,
+            Exception: _unexpected_error,
+        },
+        lifespan=lifespan,
+    )

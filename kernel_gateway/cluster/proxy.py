@@ -1,0 +1,123 @@
+"""One request passed to a node gateway, and its answer streamed back unchanged.
+
+The router never parses what a node says beyond its status: bodies, event streams
+(SSE, with their ids and pings), `Execution-Id`, `Content-Location` and `Location`
+(node gateways send paths, which mean the same through the router) pass through as
+they come. The client's token stays at the router; nodes get the cluster's token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from .. import logs
+from ..errors import BadGateway
+from .directory import Node
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and what the router sets itself.
+DROPPED_REQUEST = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "authorization",
+        "x-request-id",
+    }
+)
+DROPPED_RESPONSE = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "trailer",
+        "upgrade",
+        "x-request-id",
+        "date",
+        "server",
+    }
+)
+
+
+class NodeUnreachable(Exception):
+    """No connection to the node could be made: nothing was sent to it."""
+
+
+Body = bytes | AsyncIterator[bytes] | None
+
+
+class Proxy:
+    def __init__(self, http: httpx.AsyncClient, token: str | None) -> None:
+        self._http = http
+        self._token = token
+
+    async def send(self, node: Node, request: Request, path: str, body: Body) -> httpx.Response:
+        """The node's answer to `request` sent to `path`, its body not yet read.
+
+        Raises `NodeUnreachable` when no connection could be made, `BadGateway` when
+        the node did not answer with HTTP.
+        """
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROPPED_REQUEST]
+        if self._token:
+            headers.append(("authorization", f"Bearer {self._token}"))
+        if rid := logs.current().get("request_id"):
+            headers.append(("x-request-id", rid))
+        upstream = self._http.build_request(
+            request.method,
+            f"{node.url}{path}",
+            params=str(request.query_params),
+            headers=headers,
+            content=body,
+        )
+        try:
+            return await self._http.send(upstream, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise NodeUnreachable(f"node {node.name} at {node.url}: {exc}") from exc
+        except httpx.HTTPError as exc:
+            raise BadGateway(
+                f"node {node.name} did not answer the request ({type(exc).__name__}: {exc}); "
+                "it may or may not have been carried out"
+            ) from exc
+
+
+class Relayed(StreamingResponse):
+    """A node's answer, streamed through; the node's response is closed however this
+    one ends (finished, the client gone, or never started)."""
+
+    def __init__(self, upstream: httpx.Response, on_close: Callable[[], None] | None = None):
+        super().__init__(_chunks(upstream), status_code=upstream.status_code)
+        self.raw_headers = [
+            (k.lower(), v)
+            for k, v in upstream.headers.raw
+            if k.decode("latin-1").lower() not in DROPPED_RESPONSE
+        ]
+        self._upstream = upstream
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._upstream.aclose()
+            if self._on_close is not None:
+                self._on_close()
+
+
+async def _chunks(upstream: httpx.Response) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+    except httpx.HTTPError:
+        # The node went away mid-answer: end this stream too. An execution stream
+        # carries `Content-Location`, and clients resume it from their last event id.
+        return

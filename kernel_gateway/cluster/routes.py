@@ -1,0 +1,231 @@
+"""The router's endpoints: place new work, pass the rest to the node named in the id."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..errors import NodeLost, NodeUnavailable, NotFound, SessionNotFound, TooManySessions
+from ..http import JSONResponse, check_declared_length, read_body
+from . import placement
+from .directory import Node, NodeDirectory
+from .metrics import RouterMetrics
+from .proxy import Body, NodeUnreachable, Proxy, Relayed
+from .settings import RouterSettings
+
+# Bodies up to this size are kept, so that a request can be sent again when its node
+# could not be reached; larger ones (file uploads) stream through once.
+KEPT_BODY_BYTES = 2 * 1024 * 1024
+RETRY_AFTER = 2.0
+
+
+def _state(request: Request) -> tuple[RouterSettings, NodeDirectory, Proxy, RouterMetrics]:
+    s = request.state
+    return s.settings, s.directory, s.proxy, s.metrics
+
+
+async def health(request: Request) -> Response:
+    _, directory, _, _ = _state(request)
+    summary = directory.summary()
+    return JSONResponse(summary, status_code=200 if summary["status"] != "down" else 503)
+
+
+async def metrics(request: Request) -> Response:
+    _, _, _, router_metrics = _state(request)
+    body, content_type = router_metrics.render(request.headers.get("accept"))
+    return Response(body, headers={"Content-Type": content_type, "Cache-Control": "no-store"})
+
+
+async def create_session(request: Request) -> Response:
+    settings, directory, proxy, router_metrics = _state(request)
+    body = await read_body(request, settings.max_body_bytes)
+    refused: httpx.Response | None = None
+    for node in placement.for_session(directory.up()):
+        try:
+            upstream = await proxy.send(node, request, "/sessions", body)
+        except NodeUnreachable:
+            router_metrics.placement(node.name, "unreachable")
+            continue
+        if upstream.status_code in (429, 503):  # full, draining: nothing was made there
+            router_metrics.placement(node.name, "refused")
+            await upstream.aread()
+            await upstream.aclose()
+            refused = upstream
+            continue
+        if upstream.status_code == 201:
+            node.placed += 1
+            router_metrics.placement(node.name, "placed")
+        return Relayed(upstream)
+    if refused is not None and refused.status_code != 429:
+        return _replay(refused)  # every node that answered is draining or cannot start kernels
+    if refused is not None or (directory.up() and not placement.for_session(directory.up())):
+        capacity = sum(n.max_sessions for n in directory.up())
+        raise TooManySessions(
+            f"every node of the cluster is full ({capacity} sessions in all); delete a "
+            "session or retry later",
+            retry_after=5,
+        )
+    raise NodeUnavailable(_no_node(directory), retry_after=RETRY_AFTER)
+
+
+async def execute_stateless(request: Request) -> Response:
+    settings, directory, proxy, router_metrics = _state(request)
+    body = await read_body(request, settings.max_body_bytes)
+    last_refusal: httpx.Response | None = None
+    for node in placement.for_stateless(directory.up()):
+        try:
+            upstream = await proxy.send(node, request, "/execute", body)
+        except NodeUnreachable:
+            router_metrics.placement(node.name, "unreachable")
+            continue
+        if upstream.status_code in (429, 503):
+            router_metrics.placement(node.name, "refused")
+            await upstream.aread()
+            await upstream.aclose()
+            last_refusal = upstream
+            continue
+        node.stateless += 1
+
+        def done(node: Node = node) -> None:
+            node.stateless -= 1
+
+        return Relayed(upstream, on_close=done)
+    if last_refusal is not None:
+        return _replay(last_refusal)
+    raise NodeUnavailable(_no_node(directory), retry_after=RETRY_AFTER)
+
+
+async def list_sessions(request: Request) -> Response:
+    _, directory, proxy, _ = _state(request)
+    up = directory.up()
+
+    async def ask(node: Node) -> list[Any] | None:
+        try:
+            upstream = await proxy.send(node, request, "/sessions", None)
+        except (NodeUnreachable, Exception):
+            return None
+        try:
+            await upstream.aread()
+            if upstream.status_code != 200:
+                return None
+            document = upstream.json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        finally:
+            await upstream.aclose()
+        found = document.get("sessions") if isinstance(document, dict) else None
+        return found if isinstance(found, list) else None
+
+    answers = await asyncio.gather(*(ask(n) for n in up))
+    sessions = [s for found in answers if found is not None for s in found]
+    missing = sorted(
+        {n.name for n, found in zip(up, answers, strict=True) if found is None}
+        | {n.name for n in directory.nodes.values() if n.state != "up"}
+    )
+    document: dict[str, Any] = {"sessions": sessions}
+    if missing:
+        document["unavailable_nodes"] = missing
+    return JSONResponse(document)
+
+
+async def session_request(request: Request) -> Response:
+    """Any request on `/sessions/{id}...`: sent to the node named in the id."""
+    settings, directory, proxy, router_metrics = _state(request)
+    session_id = request.path_params["session_id"]
+    name, dot, rest = session_id.partition(".")
+    node = directory.get(name) if dot and rest else None
+    if node is None:
+        raise SessionNotFound(f"no session with id {session_id!r}")
+    check_declared_length(request, 1 << 62)  # a bad Content-Length is refused here
+    body: Body = None
+    resend = True
+    if request.method in ("POST", "PUT", "PATCH", "DELETE"):
+        declared = request.headers.get("content-length")
+        if declared is not None and int(declared) <= KEPT_BODY_BYTES:
+            body = await read_body(request, KEPT_BODY_BYTES)
+        else:
+            body, resend = request.stream(), False
+    deadline = time.monotonic() + settings.node_wait
+    while True:
+        if node.state == "lost":
+            router_metrics.lost_session()
+            raise NodeLost(
+                f"session {session_id}'s node {name} has not answered for "
+                f"{time.monotonic() - node.last_seen:.0f} s and is presumed lost, with its "
+                "sessions; create a new session"
+            )
+        if node.state == "up":
+            try:
+                return Relayed(await proxy.send(node, request, request.url.path, body))
+            except NodeUnreachable:
+                if not resend:
+                    break
+        if not await directory.next_poll(deadline):
+            break
+    raise NodeUnavailable(
+        f"session {session_id}'s node {name} does not answer now (its gateway may be "
+        "restarting); nothing was done, retry shortly",
+        retry_after=RETRY_AFTER,
+    )
+
+
+async def any_node(request: Request) -> Response:
+    """Public pages every node serves alike (the web UI, the OpenAPI document)."""
+    _, directory, proxy, _ = _state(request)
+    for node in sorted(directory.up(), key=lambda n: n.sessions):
+        try:
+            return Relayed(await proxy.send(node, request, request.url.path, None))
+        except NodeUnreachable:
+            continue
+    raise NodeUnavailable(_no_node(directory), retry_after=RETRY_AFTER)
+
+
+async def not_routed(request: Request) -> Response:
+    raise NotFound(
+        f"{request.url.path} is not served through the router: the MCP endpoint and "
+        "Jupyter's kernel API are served by each node gateway (see the README's Cluster "
+        "section)"
+    )
+
+
+def _no_node(directory: NodeDirectory) -> str:
+    known = len(directory.nodes)
+    return (
+        f"no node of the cluster answers now ({known} known, none up); retry shortly"
+        if known
+        else "no node gateway has been found yet (check --nodes); retry shortly"
+    )
+
+
+def _replay(upstream: httpx.Response) -> Response:
+    headers = {
+        k: v
+        for k, v in upstream.headers.items()
+        if k.lower() in ("content-type", "retry-after", "www-authenticate")
+    }
+    return Response(upstream.content, status_code=upstream.status_code, headers=headers)
+
+
+SESSION_METHODS = ["GET", "POST", "PUT", "DELETE"]
+
+routes = [
+    Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/", any_node, methods=["GET"]),
+    Route("/openapi.json", any_node, methods=["GET"]),
+    Route("/static/{path:path}", any_node, methods=["GET"]),
+    Route("/execute", execute_stateless, methods=["POST"]),
+    Route("/sessions", create_session, methods=["POST"]),
+    Route("/sessions", list_sessions, methods=["GET"]),
+    Route("/sessions/{session_id}", session_request, methods=SESSION_METHODS),
+    Route("/sessions/{session_id}/{rest:path}", session_request, methods=SESSION_METHODS),
+    Route("/mcp", not_routed),
+    Route("/mcp/{rest:path}", not_routed),
+    Route("/api/{rest:path}", not_routed),
+]
