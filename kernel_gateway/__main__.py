@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import __version__
-from .settings import DEFAULT_IMAGE, add_serve_arguments, describe, from_args
+from .settings import DEFAULT_GATEWAY_IMAGE, DEFAULT_IMAGE, add_serve_arguments, describe, from_args
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,7 +38,17 @@ def _parser() -> argparse.ArgumentParser:
     add_route_arguments(route)
 
     build = commands.add_parser("build-image", help="build the kernel container image")
-    build.add_argument("--tag", help=f"image name (default: KG_IMAGE or {DEFAULT_IMAGE})")
+    build.add_argument(
+        "--tag",
+        help=f"image name (default: KG_IMAGE or {DEFAULT_IMAGE}; with --gateway, "
+        f"{DEFAULT_GATEWAY_IMAGE})",
+    )
+    build.add_argument(
+        "--gateway",
+        action="store_true",
+        help="build the gateway's own image for cluster mode (deploy/stack.yml) on top of the "
+        "kernel image (KG_IMAGE), from this source checkout",
+    )
     build.add_argument("--context", type=Path, help="the kernel-image folder (default: bundled)")
     build.add_argument(
         "--requirements",
@@ -158,8 +168,14 @@ def route(args: argparse.Namespace) -> int:
 def build_image_command(args: argparse.Namespace) -> int:
     from .image import build_image
 
-    tag = args.tag or os.environ.get("KG_IMAGE") or DEFAULT_IMAGE
     cache_dir = args.cache_dir or default_cache_dir(os.environ)
+    kernel_image = os.environ.get("KG_IMAGE") or DEFAULT_IMAGE
+    if args.gateway:
+        from .image import build_gateway_image
+
+        build_gateway_image(args.tag or DEFAULT_GATEWAY_IMAGE, kernel_image, cache_dir=cache_dir)
+        return 0
+    tag = args.tag or kernel_image
     build_image(
         tag,
         args.context,

@@ -325,16 +325,118 @@ def build_image(
             (stage / WHEELS / STAMP).unlink(missing_ok=True)
             out("wheels: not fetched (--no-download): the build installs from the index")
         ensure_base_image(client, base_image(stage / "Dockerfile"), out)
-        out(f"building {tag}")
-        for chunk in client.api.build(path=str(stage), tag=tag, rm=True, forcerm=True, decode=True):
-            if "stream" in chunk:
-                text = str(chunk["stream"]).rstrip()
-                if text:
-                    out(text)
-            elif "status" in chunk:
-                out(str(chunk["status"]))
-            elif "error" in chunk:
-                raise SystemExit(f"image build failed: {chunk['error']}")
+        _docker_build(client, stage, tag, out)
+        size = client.images.get(tag).attrs.get("Size", 0) / 1e6
+        out(f"built {tag} ({size:.0f} MB) in {time.monotonic() - started:.1f} s")
+    finally:
+        client.close()
+
+
+def _docker_build(
+    client: docker.DockerClient,
+    stage: Path,
+    tag: str,
+    out: Printer,
+    buildargs: dict[str, str] | None = None,
+) -> None:
+    out(f"building {tag}")
+    for chunk in client.api.build(
+        path=str(stage), tag=tag, rm=True, forcerm=True, decode=True, buildargs=buildargs
+    ):
+        if "stream" in chunk:
+            text = str(chunk["stream"]).rstrip()
+            if text:
+                out(text)
+        elif "status" in chunk:
+            out(str(chunk["status"]))
+        elif "error" in chunk:
+            raise SystemExit(f"image build failed: {chunk['error']}")
+
+
+# -- the gateway's own image (cluster mode) ---------------------------------------------------
+
+GATEWAY_DOCKERFILE = "gateway.Dockerfile"
+GATEWAY_WHEELS = "gateway-wheels"
+GATEWAY_REQUIREMENTS = "gateway-requirements.txt"
+# What the server extra brings only for kernels run by the local backend: a gateway in
+# a container drives kernel containers, which have their own copies.
+KERNEL_SIDE = frozenset(
+    {"ipykernel", "matplotlib", "numpy", "pandas", "seaborn", "openpyxl", "pillow"}
+)
+
+
+def gateway_requirements() -> list[str]:
+    """The server extra's requirements that the gateway process itself needs."""
+    from importlib.metadata import requires
+
+    kept = []
+    for line in requires("kernel-gateway") or []:
+        spec, _, marker = line.partition(";")
+        if 'extra == "server"' not in marker.replace("'", '"'):
+            continue
+        name = re.split(r"[<>=!~ \[]", spec.strip(), maxsplit=1)[0]
+        if name.lower().replace("_", "-") not in KERNEL_SIDE:
+            rest = marker.replace('extra == "server"', "").replace("extra == 'server'", "")
+            rest = rest.strip().removeprefix("and").removesuffix("and").strip()
+            kept.append(f"{spec.strip()}; {rest}" if rest else spec.strip())
+    return kept
+
+
+def source_checkout() -> Path:
+    """The project's source tree (its wheel is built from it), or SystemExit."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "pyproject.toml").is_file():
+        raise SystemExit(
+            "the gateway image is built from a source checkout of kernel-gateway "
+            f"(no pyproject.toml beside {Path(__file__).resolve().parent})"
+        )
+    return root
+
+
+def build_gateway_image(
+    tag: str, kernel_image: str, out: Printer = _print, *, cache_dir: Path
+) -> None:
+    """Build the gateway's image on top of `kernel_image` (which must exist)."""
+    started = time.monotonic()
+    import docker
+    import docker.errors
+
+    root = source_checkout()
+    stage = cache_dir / _safe(tag)
+    wheels = stage / GATEWAY_WHEELS
+    wheels.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(default_context() / GATEWAY_DOCKERFILE, stage / "Dockerfile")
+    try:
+        client = docker.from_env()
+        client.ping()
+        client.images.get(kernel_image)
+    except docker.errors.ImageNotFound:
+        raise SystemExit(
+            f"the gateway image is built on the kernel image {kernel_image}, which is "
+            "missing: run `kernel-gateway build-image` first"
+        ) from None
+    except docker.errors.DockerException as exc:
+        raise SystemExit(f"no Docker engine answers: {exc}") from exc
+    try:
+        for old in wheels.glob("kernel_gateway-*.whl"):
+            old.unlink()
+        out(f"wheels: the gateway's own, from {root}")
+        _pip(["wheel", "--no-deps", "--wheel-dir", str(wheels), str(root)], 1, out, "gateway")
+        own = next(wheels.glob("kernel_gateway-*.whl"))
+        python = lock_python(default_context() / LOCK)
+        target = platform_args(str(client.version().get("Arch", "amd64")), python)
+        requirements = stage / GATEWAY_REQUIREMENTS
+        requirements.write_text("\n".join([*gateway_requirements(), ""]))
+        out(f"wheels: the gateway's dependencies, for Python {python}")
+        _pip(
+            ["download", "--dest", str(wheels), "--only-binary", ":all:", *target]
+            + ["-r", str(requirements), "httpx"],
+            0,
+            out,
+            "server",
+        )
+        out(f"wheels: {own.name} and its dependencies ready")
+        _docker_build(client, stage, tag, out, {"KERNEL_IMAGE": kernel_image})
         size = client.images.get(tag).attrs.get("Size", 0) / 1e6
         out(f"built {tag} ({size:.0f} MB) in {time.monotonic() - started:.1f} s")
     finally:

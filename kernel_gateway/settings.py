@@ -25,6 +25,7 @@ BackendName = Literal["auto", "docker", "local"]
 McpMode = Literal["sessions", "stateless", "off"]
 StatelessMode = Literal["auto", "fork", "container"]
 DEFAULT_IMAGE = "kernel-gateway-kernel:latest"
+DEFAULT_GATEWAY_IMAGE = "kernel-gateway:latest"  # the gateway itself, for cluster mode
 # A node's name in a cluster: it prefixes the ids of the sessions made there (`<node>.<hex>`).
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 FIGURE_FORMATS = frozenset({"png", "retina", "jpeg", "svg", "pdf"})

@@ -141,3 +141,32 @@ def gateway(
         yield gw
     finally:
         gw.stop()
+
+
+@contextmanager
+def router(
+    tmp_path: Path, nodes: list[str], *args: str, token: str | None = None, name: str = "router"
+) -> Iterator[Gateway]:
+    """`kernel-gateway route` as a process, in front of the node gateways at `nodes`."""
+    port = free_port()
+    log = tmp_path / f"{name}.log"
+    cmd = [sys.executable, "-m", "kernel_gateway", "route", "--port", str(port)]
+    cmd += ["--nodes", ",".join(nodes), *(["--token", token] if token else []), *args]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    gw = Gateway(proc, f"http://127.0.0.1:{port}", log, headers)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(gw.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the router did not come up"
+            time.sleep(0.1)
+        yield gw
+    finally:
+        gw.stop()

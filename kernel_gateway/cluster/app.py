@@ -37,7 +37,11 @@ def create_router_app(settings: RouterSettings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[RouterState]:
         # Streams (SSE) may stay open for as long as a cell runs: no read timeout.
         timeout = httpx.Timeout(None, connect=settings.connect_timeout)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        # Kept-alive connections expire before a node gateway's own keep-alive (uvicorn:
+        # 5 s) would close them under a request.
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0
+        )
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
             directory = NodeDirectory(settings, http)
             directory.start()

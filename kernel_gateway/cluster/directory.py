@@ -46,7 +46,7 @@ class Node:
     health: dict[str, Any] = field(default_factory=dict)
     state: NodeStateName = "up"
     placed: int = 0
-    """Sessions this router placed here since the node last reported its count."""
+    """Sessions this router made (+) and deleted (-) here since the node last reported."""
     stateless: int = 0
     """Stateless requests this router has running here now."""
 

@@ -5,7 +5,8 @@ plus what this router placed there since), so a burst spreads over the cluster e
 between polls. Stateless requests go to the node with the smallest share of its
 `--max-stateless` in use by this router. Ties are broken at random so that several
 routers do not all pick the same node. A node that refuses (full, draining) or cannot
-be reached is skipped and the next one tried.
+be reached is skipped and the next one tried; only when every node refuses is the
+client told the cluster is full.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from .directory import Node
 
 
 def for_session(nodes: list[Node], rng: random.Random | None = None) -> list[Node]:
-    """Up nodes with room, the emptiest first (most free slots)."""
+    """Up nodes, the one with the most free slots first. Nodes that look full come
+    last, not never: counts are as of the last poll, and a node itself says 429."""
     rng = rng or random.Random()
-    open_nodes = [n for n in nodes if n.state == "up" and n.free_sessions > 0]
-    rng.shuffle(open_nodes)
-    return sorted(open_nodes, key=lambda n: -n.free_sessions)
+    up = [n for n in nodes if n.state == "up"]
+    rng.shuffle(up)
+    return sorted(up, key=lambda n: -n.free_sessions)
 
 
 def for_stateless(nodes: list[Node], rng: random.Random | None = None) -> list[Node]:

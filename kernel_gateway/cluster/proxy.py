@@ -49,6 +49,9 @@ DROPPED_RESPONSE = frozenset(
 )
 
 
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+
+
 class NodeUnreachable(Exception):
     """No connection to the node could be made: nothing was sent to it."""
 
@@ -83,6 +86,16 @@ class Proxy:
             return await self._http.send(upstream, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise NodeUnreachable(f"node {node.name} at {node.url}: {exc}") from exc
+        except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
+            # The connection broke before any answer (the node died, or closed a kept-alive
+            # connection). A request that changes nothing may be sent again; a POST may
+            # have been carried out, which only the client can judge.
+            if request.method in IDEMPOTENT:
+                raise NodeUnreachable(f"node {node.name} at {node.url}: {exc!r}") from exc
+            raise BadGateway(
+                f"node {node.name} did not answer the request ({type(exc).__name__}); "
+                "it may or may not have been carried out"
+            ) from exc
         except httpx.HTTPError as exc:
             raise BadGateway(
                 f"node {node.name} did not answer the request ({type(exc).__name__}: {exc}); "

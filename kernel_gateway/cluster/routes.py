@@ -64,7 +64,7 @@ async def create_session(request: Request) -> Response:
         return Relayed(upstream)
     if refused is not None and refused.status_code != 429:
         return _replay(refused)  # every node that answered is draining or cannot start kernels
-    if refused is not None or (directory.up() and not placement.for_session(directory.up())):
+    if refused is not None:
         capacity = sum(n.max_sessions for n in directory.up())
         raise TooManySessions(
             f"every node of the cluster is full ({capacity} sessions in all); delete a "
@@ -162,10 +162,15 @@ async def session_request(request: Request) -> Response:
             )
         if node.state == "up":
             try:
-                return Relayed(await proxy.send(node, request, request.url.path, body))
+                upstream = await proxy.send(node, request, request.url.path, body)
             except NodeUnreachable:
                 if not resend:
                     break
+            else:
+                if request.method == "DELETE" and upstream.status_code == 204:
+                    if request.url.path.rstrip("/") == f"/sessions/{session_id}":
+                        node.placed -= 1  # counted until the node's next report
+                return Relayed(upstream)
         if not await directory.next_poll(deadline):
             break
     raise NodeUnavailable(

@@ -1,0 +1,298 @@
+"""The routing tier on one machine: real node gateways (local backend) and real routers,
+each its own process. What a multi-node swarm adds (engines, overlay, rolling updates)
+is in tests/cluster/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kernel_gateway.client import Client, NodeLostError, Stdout
+from kernel_gateway.client._failover import Replicas
+from kernel_gateway.cluster import placement
+from kernel_gateway.cluster.directory import Node
+from kernel_gateway.cluster.settings import NodeTarget, RouterSettings, from_env
+from kernel_gateway.settings import Settings
+from kernel_gateway.settings import from_env as serve_settings
+
+from .gateway_process import Gateway, gateway, router
+from .helpers import execute
+
+TOKEN = "router-test-token"
+FAST = ["--poll-interval", "0.3", "--node-lost-after", "3", "--node-wait", "2"]
+
+
+@contextlib.contextmanager
+def nodes(tmp_path: Path, *names: str, max_sessions: int = 2) -> Iterator[list[Gateway]]:
+    with contextlib.ExitStack() as stack:
+        gws = []
+        for name in names:
+            folder = tmp_path / name
+            folder.mkdir()
+            gws.append(
+                stack.enter_context(
+                    gateway(
+                        folder,
+                        "--backend",
+                        "local",
+                        "--node-name",
+                        name,
+                        "--pool-size",
+                        "1",
+                        "--max-sessions",
+                        str(max_sessions),
+                        token=TOKEN,
+                    )
+                )
+            )
+        yield gws
+
+
+def _node_of(session_id: str) -> str:
+    return session_id.partition(".")[0]
+
+
+def test_sessions_spread_and_capacity_is_the_sum(tmp_path: Path) -> None:
+    with (
+        nodes(tmp_path, "n1", "n2") as gws,
+        router(tmp_path, [g.url.removeprefix("http://") for g in gws], *FAST, token=TOKEN) as r,
+        r.client() as c,
+    ):
+        made = [c.post("/sessions") for _ in range(4)]
+        assert [m.status_code for m in made] == [201] * 4
+        ids = [m.json()["id"] for m in made]
+        assert sorted(_node_of(i) for i in ids) == ["n1", "n1", "n2", "n2"]
+        full = c.post("/sessions")
+        assert full.status_code == 429
+        assert full.json()["error"]["type"] == "too_many_sessions"
+        assert full.headers["retry-after"]
+        listed = c.get("/sessions").json()
+        assert sorted(s["id"] for s in listed["sessions"]) == sorted(ids)
+        time.sleep(0.8)  # a poll round: the nodes' own counts
+        health = httpx.get(r.url + "/health").json()  # public, like a node's
+        assert health["status"] == "ok" and health["role"] == "router"
+        assert [(n["name"], n["state"], n["sessions"]) for n in health["nodes"]] == [
+            ("n1", "up", 2),
+            ("n2", "up", 2),
+        ]
+        assert health["capacity"]["max_sessions"] == 4
+        for i in ids:
+            assert c.delete(f"/sessions/{i}").status_code == 204
+        assert c.post("/sessions").status_code == 201
+
+
+def test_state_and_streams_through_alternating_routers(tmp_path: Path) -> None:
+    with nodes(tmp_path, "n1", "n2") as gws:
+        addresses = [g.url.removeprefix("http://") for g in gws]
+        with (
+            router(tmp_path, addresses, token=TOKEN, name="r1") as r1,
+            router(tmp_path, addresses, token=TOKEN, name="r2") as r2,
+            r1.client() as c1,
+            r2.client() as c2,
+        ):
+            ids = [c1.post("/sessions").json()["id"] for _ in range(2)]
+            assert {_node_of(i) for i in ids} == {"n1", "n2"}
+            for sid in ids:
+                assert execute(c1, sid, "x = 1").done["status"] == "ok"
+                for step in range(2, 6):
+                    client = c2 if step % 2 == 0 else c1
+                    stream = execute(client, sid, "x += 1\nprint(x)")
+                    assert stream.stdout == f"{step}\n"
+            # Streams stay live through the router: the first line arrives long before
+            # the last, not all at the end.
+            code = "import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second')"
+            stream = execute(c2, ids[0], code)
+            first_at = next(
+                t for n, d, t in stream.events if n == "stdout" and "first" in d["text"]
+            )
+            assert stream.events[-1][2] - first_at > 1.0
+            # ... and resumable from another router, with Last-Event-ID.
+            answer = c1.post(
+                f"/sessions/{ids[0]}/execute",
+                json={"code": "print('a'); print('b', flush=True)"},
+                headers={"Accept": "text/event-stream"},
+            )
+            location = answer.headers["content-location"]
+            first_id = next(
+                line.split(":", 1)[1].strip()
+                for line in answer.text.splitlines()
+                if line.startswith("id:")
+            )
+            resumed = c2.get(location, headers={"Last-Event-ID": first_id})
+            assert resumed.status_code == 200
+            assert "event: done" in resumed.text
+            assert f"id: {first_id}\n" not in resumed.text
+            unknown = c1.get("/sessions/n9.0123abcd")
+            assert unknown.status_code == 404
+            assert unknown.json()["error"]["type"] == "session_not_found"
+            assert c1.get("/sessions/nodot").status_code == 404
+            assert c1.get("/sessions", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_a_dead_node_loses_only_its_sessions(tmp_path: Path) -> None:
+    with (
+        nodes(tmp_path, "n1", "n2") as gws,
+        router(tmp_path, [g.url.removeprefix("http://") for g in gws], *FAST, token=TOKEN) as r,
+        r.client() as c,
+    ):
+        ids = {_node_of(i): i for i in (c.post("/sessions").json()["id"] for _ in range(2))}
+        for sid in ids.values():
+            execute(c, sid, "y = 7")
+        gws[1].proc.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        while True:
+            answer = c.get(f"/sessions/{ids['n2']}")
+            if answer.status_code == 410:
+                break
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["type"] == "node_unavailable"
+            assert time.monotonic() - killed_at < 30
+        assert answer.json()["error"]["type"] == "node_lost"
+        assert "n2" in answer.json()["error"]["message"]
+        assert execute(c, ids["n1"], "print(y)").stdout == "7\n"
+        for _ in range(2):  # new sessions go to the live node (n1 has room for one)
+            made = c.post("/sessions")
+            if made.status_code == 201:
+                assert _node_of(made.json()["id"]) == "n1"
+            else:
+                assert made.json()["error"]["type"] == "too_many_sessions"
+        health = c.get("/health").json()
+        assert health["status"] == "degraded"
+        assert {n["name"]: n["state"] for n in health["nodes"]} == {"n1": "up", "n2": "lost"}
+        metrics = c.get("/metrics").text
+        assert 'kernel_gateway_router_nodes{state="lost"} 1.0' in metrics
+        with Client(r.url, token=TOKEN) as client, pytest.raises(NodeLostError):
+            client.session(ids["n2"]).info()
+
+
+def test_the_client_fails_over_between_routers_even_mid_stream(tmp_path: Path) -> None:
+    with nodes(tmp_path, "n1") as gws:
+        addresses = [gws[0].url.removeprefix("http://")]
+        with (
+            router(tmp_path, addresses, token=TOKEN, name="r1") as r1,
+            router(tmp_path, addresses, token=TOKEN, name="r2") as r2,
+        ):
+            with Client([r1.url, r2.url], token=TOKEN) as client:
+                session = client.create_session()
+                session.run("z = 5")
+                code = (
+                    "import time\n"
+                    "for i in range(8):\n"
+                    "    print(i, flush=True)\n"
+                    "    time.sleep(0.25)\n"
+                )
+                seen: list[str] = []
+
+                def kill_r1() -> None:
+                    while not seen:
+                        time.sleep(0.01)
+                    r1.proc.send_signal(signal.SIGKILL)
+
+                killer = threading.Thread(target=kill_r1)
+                killer.start()
+                for event in session.stream(code):
+                    if isinstance(event, Stdout):
+                        seen.append(event.text)
+                killer.join()
+                assert r1.proc.wait(5) == -signal.SIGKILL
+                assert "".join(seen).split() == [str(i) for i in range(8)]
+                assert session.run("print(z)").stdout == "5\n"
+                assert client.replicas is not None and client.replicas.current == 1
+
+
+def test_paths_only_nodes_serve_are_clear_404s(tmp_path: Path) -> None:
+    with (
+        nodes(tmp_path, "n1") as gws,
+        router(tmp_path, [gws[0].url.removeprefix("http://")], token=TOKEN) as r,
+        r.client() as c,
+    ):
+        for path in ("/mcp", "/api/kernels"):
+            answer = c.get(path)
+            assert answer.status_code == 404
+            assert "node gateway" in answer.json()["error"]["message"]
+        assert c.get("/openapi.json").json()["openapi"].startswith("3.1")
+
+
+# -- units ----------------------------------------------------------------------------------
+
+
+def test_node_targets_parse() -> None:
+    assert NodeTarget.parse("tasks.kg_node:9000") == NodeTarget("tasks.kg_node", 9000)
+    assert NodeTarget.parse("http://10.0.0.2") == NodeTarget("10.0.0.2", 8888)
+    assert NodeTarget.parse("[::1]:7") == NodeTarget("::1", 7)
+    for bad in ("", "host:0", "host:x", "http://h/p", ":80"):
+        with pytest.raises(ValueError):
+            NodeTarget.parse(bad)
+
+
+def test_router_settings_are_checked_once() -> None:
+    with pytest.raises(ValueError, match="--nodes"):
+        RouterSettings()
+    with pytest.raises(ValueError, match="node-lost-after"):
+        RouterSettings(nodes="a", poll_interval=5, node_lost_after=6)
+    settings = from_env({"KG_NODES": "a:1,b", "KG_NODE_LOST_AFTER": "12"})
+    assert [t.port for t in settings.node_targets] == [1, 8888]
+    assert settings.node_lost_after == 12
+    with pytest.raises(ValueError, match="without a token"):
+        RouterSettings(nodes="a", host="0.0.0.0").check_exposure()
+
+
+def test_token_file(tmp_path: Path) -> None:
+    secret = tmp_path / "kg_token"
+    secret.write_text("s3cret\n")
+    assert serve_settings({"KG_TOKEN_FILE": str(secret)}).token == "s3cret"
+    assert from_env({"KG_NODES": "a", "KG_TOKEN_FILE": str(secret)}).token == "s3cret"
+    with pytest.raises(ValueError, match="both"):
+        serve_settings({"KG_TOKEN_FILE": str(secret), "KG_TOKEN": "x"})
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        serve_settings({"KG_TOKEN_FILE": str(tmp_path / "empty")})
+    with pytest.raises(ValueError, match="cannot read"):
+        serve_settings({"KG_TOKEN_FILE": str(tmp_path / "missing")})
+
+
+def test_node_names_are_checked() -> None:
+    assert Settings(node_name="abc-1_x").node_name == "abc-1_x"
+    for bad in ("", "a.b", "-a", "x" * 64, "a/b"):
+        with pytest.raises(ValueError, match="node-name"):
+            Settings(node_name=bad)
+
+
+def _node(name: str, sessions: int, max_sessions: int, stateless: int = 0) -> Node:
+    node = Node(name, f"http://{name}", 0.0)
+    node.health = {"pool": {"sessions": sessions, "max_sessions": max_sessions, "max_stateless": 4}}
+    node.stateless = stateless
+    return node
+
+
+def test_placement_prefers_free_capacity_and_skips_full_or_down_nodes() -> None:
+    a, b, c, d = _node("a", 3, 4), _node("b", 0, 2), _node("c", 4, 4), _node("d", 0, 9)
+    d.state = "unreachable"
+    assert [n.name for n in placement.for_session([a, b, c, d])][:2] == ["b", "a"]
+    assert "d" not in [n.name for n in placement.for_session([a, b, c, d])]
+    b.placed = 2  # placed since the last poll: b is full now, tried after a
+    assert [n.name for n in placement.for_session([a, b, c, d])][0] == "a"
+    busy, idle = _node("busy", 0, 1, stateless=3), _node("idle", 0, 1, stateless=1)
+    assert [n.name for n in placement.for_stateless([busy, idle, d])] == ["idle", "busy"]
+
+
+def test_replicas_retarget_keeps_the_path_under_each_base() -> None:
+    replicas = Replicas(["http://a:1/gw", "http://b:2"])
+    request = httpx.Request("GET", "http://a:1/gw/sessions/x?y=1")
+    replicas.retarget(request, 1)
+    assert str(request.url) == "http://b:2/sessions/x?y=1"
+    assert request.headers["Host"] == "b:2"
+    replicas.retarget(request, 0)
+    assert str(request.url) == "http://a:1/gw/sessions/x?y=1"
+    replicas.current = 1
+    assert replicas.order() == [1, 0]
+    with pytest.raises(ValueError):
+        Replicas([])
