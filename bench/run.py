@@ -500,8 +500,13 @@ LAG_CELL = (
 
 
 def streaming_lag(url: str, lines: int) -> dict[str, Any]:
+    return streaming_lag_with(url, lines)
+
+
+def streaming_lag_with(url: str, lines: int, token: str | None = None) -> dict[str, Any]:
+    """How late each line printed every 100 ms arrives (the kernel's clock is the host's)."""
     lags = []
-    with Client(url) as client, client.session() as session:
+    with Client(url, token=token) as client, client.session() as session:
         for event in session.stream(LAG_CELL.format(n=lines)):
             now = time.time()
             if isinstance(event, Stdout):

@@ -20,13 +20,17 @@ from kernel_gateway.client import (
     APIError,
     AsyncClient,
     BackendUnavailableError,
+    BadGatewayError,
     BadRequestError,
     Client,
     ConflictError,
     ConnectFailed,
     Done,
     Execution,
+    GoneError,
     KernelUnavailableError,
+    NodeLostError,
+    NodeUnavailableError,
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
@@ -112,7 +116,10 @@ DONE = Event("done", {"status": "ok", "execution_count": 1, "duration_ms": 1.0, 
         (503, "kernel_unavailable", KernelUnavailableError, UnavailableError),
         (409, "something_new", ConflictError, APIError),  # unknown type: by status
         (418, "teapot", APIError, APIError),  # unknown status: by family
-        (502, "bad_gateway", ServerError, APIError),
+        (502, "bad_gateway", BadGatewayError, ServerError),
+        (502, "proxy_error", ServerError, APIError),  # unknown 5xx type: by family
+        (410, "node_lost", NodeLostError, GoneError),
+        (503, "node_unavailable", NodeUnavailableError, ShuttingDownError),
     ],
 )
 def test_errors_are_chosen_by_type_then_status(

@@ -26,6 +26,7 @@
         │   └── SessionFailedError      409 session_failed   (its kernel kept dying: gave up)
         ├── RateLimitError              429 too_many_sessions (retry_after)
         └── ServerError                 500 internal_error (and any other 5xx)
+            ├── BadGatewayError         502 bad_gateway (a cluster router: a node's answer broke)
             └── UnavailableError        503 (retry_after)
                 ├── KernelUnavailableError   503 kernel_unavailable
                 ├── ShuttingDownError        503 shutting_down (the gateway is restarting)
@@ -169,6 +170,11 @@ class ServerError(APIError):
     """5xx: the gateway failed."""
 
 
+class BadGatewayError(ServerError):
+    """502: (through a cluster router) the node's answer broke off; a POST may or may not
+    have been carried out."""
+
+
 class UnavailableError(ServerError):
     """503: nothing can run the code now; retry after `retry_after` seconds."""
 
@@ -211,6 +217,7 @@ BY_TYPE: dict[str, type[APIError]] = {
     "session_failed": SessionFailedError,
     "too_many_sessions": RateLimitError,
     "internal_error": ServerError,
+    "bad_gateway": BadGatewayError,
     "kernel_unavailable": KernelUnavailableError,
     "backend_unavailable": BackendUnavailableError,
     "shutting_down": ShuttingDownError,

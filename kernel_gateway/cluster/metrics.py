@@ -30,8 +30,8 @@ class RouterMetrics:
         )
         self.placements = Counter(
             "kernel_gateway_router_placements",
-            "New sessions and stateless requests offered to a node, by outcome.",
-            ["node", "outcome"],
+            "New sessions and stateless requests offered to a node, by kind and outcome.",
+            ["kind", "node", "outcome"],
             registry=r,
         )
         self.lost_sessions = Counter(
@@ -48,8 +48,8 @@ class RouterMetrics:
     def request(self, method: str, route: str, status: int) -> None:
         self.http_requests.labels(method, route, str(status)).inc()
 
-    def placement(self, node: str, outcome: str) -> None:
-        self.placements.labels(node, outcome).inc()
+    def placement(self, kind: str, node: str, outcome: str) -> None:
+        self.placements.labels(kind, node, outcome).inc()
 
     def lost_session(self) -> None:
         self.lost_sessions.inc()

@@ -50,17 +50,17 @@ async def create_session(request: Request) -> Response:
         try:
             upstream = await proxy.send(node, request, "/sessions", body)
         except NodeUnreachable:
-            router_metrics.placement(node.name, "unreachable")
+            router_metrics.placement("session", node.name, "unreachable")
             continue
         if upstream.status_code in (429, 503):  # full, draining: nothing was made there
-            router_metrics.placement(node.name, "refused")
+            router_metrics.placement("session", node.name, "refused")
             await upstream.aread()
             await upstream.aclose()
             refused = upstream
             continue
         if upstream.status_code == 201:
             node.placed += 1
-            router_metrics.placement(node.name, "placed")
+            router_metrics.placement("session", node.name, "placed")
         return Relayed(upstream)
     if refused is not None and refused.status_code != 429:
         return _replay(refused)  # every node that answered is draining or cannot start kernels
@@ -82,15 +82,16 @@ async def execute_stateless(request: Request) -> Response:
         try:
             upstream = await proxy.send(node, request, "/execute", body)
         except NodeUnreachable:
-            router_metrics.placement(node.name, "unreachable")
+            router_metrics.placement("stateless", node.name, "unreachable")
             continue
         if upstream.status_code in (429, 503):
-            router_metrics.placement(node.name, "refused")
+            router_metrics.placement("stateless", node.name, "refused")
             await upstream.aread()
             await upstream.aclose()
             last_refusal = upstream
             continue
         node.stateless += 1
+        router_metrics.placement("stateless", node.name, "placed")
 
         def done(node: Node = node) -> None:
             node.stateless -= 1
