@@ -1,0 +1,299 @@
+"""Cluster mode on a real three-node Docker Swarm (the manager and two worker engines in
+network namespaces, tests/cluster/swarm.py), deployed from deploy/stack.yml.
+
+The tests share one cluster and run in order: the ones that break something (a router
+killed, a rolling update, a worker's engine killed) come last.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from kernel_gateway.client import Client
+
+from .deployment import NODE_SERVICE, OVERLAY, ROUTER_SERVICE, Deployment, deploy, remove
+from .swarm import Swarm, require_cluster
+
+pytestmark = pytest.mark.cluster
+
+KERNEL_IMAGE = "kernel-gateway-kernel:latest"
+GATEWAY_IMAGE = "kernel-gateway:latest"
+MAX_SESSIONS = 3
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Deployment]:
+    require_cluster()
+    from kernel_gateway.__main__ import default_cache_dir
+    from kernel_gateway.image import build_gateway_image
+
+    build_gateway_image(
+        GATEWAY_IMAGE, KERNEL_IMAGE, lambda _: None, cache_dir=default_cache_dir({})
+    )
+    swarm = Swarm.start(workers=2, images=[KERNEL_IMAGE, GATEWAY_IMAGE])
+    try:
+        deployment = deploy(swarm, max_sessions=MAX_SESSIONS)
+        try:
+            yield deployment
+        finally:
+            remove(deployment)
+    finally:
+        swarm.stop()
+    assert swarm.leftovers() == []
+
+
+@pytest.fixture(scope="module")
+def sessions(cluster: Deployment) -> dict[str, str]:
+    """Six sessions made through alternating routers, each holding `mark = <its index>`."""
+    made: dict[str, str] = {}
+    for i in range(6):
+        node = cluster.swarm.nodes[i % 3]
+        with cluster.client(node) as c:
+            answer = c.post("/sessions")
+            assert answer.status_code == 201, answer.text
+            sid = answer.json()["id"]
+            assert _run(c, sid, f"mark = {i}\nhistory = [{i}]")["status"] == "ok"
+            made[sid] = str(i)
+    return made
+
+
+def _events(text: str) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for block in text.split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in block.splitlines() if ": " in line and line[0] != ":"
+        )
+        if "event" in fields:
+            out.append((fields["event"], json.loads(fields["data"])))
+    return out
+
+
+def _run(c: httpx.Client, sid: str, code: str) -> dict[str, Any]:
+    """Run a cell; its stdout and done status."""
+    answer = c.post(f"/sessions/{sid}/execute", json={"code": code})
+    assert answer.status_code == 200, answer.text
+    events = _events(answer.text)
+    stdout = "".join(d["text"] for name, d in events if name == "stdout")
+    done = [d for name, d in events if name == "done"]
+    assert done, answer.text
+    return {"stdout": stdout, "status": done[0]["status"], "events": events}
+
+
+def test_sessions_land_on_several_nodes_and_keep_state_across_routers(
+    cluster: Deployment, sessions: dict[str, str]
+) -> None:
+    nodes = Counter(sid.partition(".")[0] for sid in sessions)
+    names = cluster.node_names()
+    assert set(nodes) <= set(names)
+    assert len(nodes) >= 2, nodes  # spread: in practice two on each of the three
+    for step, (sid, mark) in enumerate(sessions.items()):
+        # Each session is driven through every router in turn.
+        for k, node in enumerate(cluster.swarm.nodes):
+            with cluster.client(cluster.swarm.nodes[(step + k) % 3]) as c:
+                out = _run(c, sid, f"history.append({k})\nprint(mark, len(history))")
+                assert out["stdout"] == f"{mark} {k + 2}\n", (node.name, out)
+
+
+def test_router_health_shows_every_node_and_capacity(cluster: Deployment) -> None:
+    for node in cluster.swarm.nodes:
+        health = cluster.health(node)
+        assert health["role"] == "router" and health["status"] == "ok"
+        assert sorted(n["name"] for n in health["nodes"]) == sorted(cluster.node_names())
+        for n in health["nodes"]:
+            assert n["state"] == "up" and n["max_sessions"] == MAX_SESSIONS
+            assert n["backend"] == "docker"
+        assert health["capacity"]["max_sessions"] == 3 * MAX_SESSIONS
+
+
+def test_capacity_is_the_sum_of_the_nodes(cluster: Deployment, sessions: dict[str, str]) -> None:
+    extra: list[str] = []
+    with cluster.client(cluster.swarm.manager) as c:
+        try:
+            while True:
+                answer = c.post("/sessions")
+                if answer.status_code != 201:
+                    break
+                extra.append(answer.json()["id"])
+                assert len(extra) <= 3 * MAX_SESSIONS
+            assert answer.status_code == 429, answer.text
+            assert answer.json()["error"]["type"] == "too_many_sessions"
+            assert len(sessions) + len(extra) == 3 * MAX_SESSIONS
+            per_node = Counter(s.partition(".")[0] for s in [*sessions, *extra])
+            assert set(per_node.values()) == {MAX_SESSIONS}
+        finally:
+            for sid in extra:
+                assert c.delete(f"/sessions/{sid}").status_code == 204
+
+
+def test_stateless_requests_spread_over_nodes(cluster: Deployment) -> None:
+    with cluster.client(cluster.swarm.manager) as c:
+        for _ in range(9):
+            answer = c.post(
+                "/execute",
+                json={"code": "print(6 * 7)"},
+                headers={"Accept": "application/json"},
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["stdout"] == "42\n"
+        metrics = c.get("/metrics").text
+    placed = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("kernel_gateway_router_placements_total")
+        and 'kind="stateless"' in line
+        and 'outcome="placed"' in line
+        and not line.endswith(" 0.0")
+    ]
+    assert len(placed) >= 2, placed
+
+
+def test_streams_through_the_router_stay_live(
+    cluster: Deployment, sessions: dict[str, str]
+) -> None:
+    sid = next(iter(sessions))
+    code = "import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second')"
+    with cluster.client(cluster.swarm.workers[0]) as c:
+        arrived: list[float] = []
+        with c.stream("POST", f"/sessions/{sid}/execute", json={"code": code}) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("event: "):
+                    arrived.append(time.monotonic())
+        assert len(arrived) >= 3
+        assert arrived[-1] - arrived[0] > 1.0  # the first line came before the sleep ended
+
+
+def test_no_kernel_port_is_reachable_from_the_overlay(cluster: Deployment) -> None:
+    swarm = cluster.swarm
+    for node in swarm.nodes:
+        kernels = cluster.kernels(node)
+        assert kernels, f"no kernel containers on {node.name}"
+        for kernel in kernels:
+            assert kernel["HostConfig"]["NetworkMode"] == "none"
+            assert set(kernel["NetworkSettings"]["Networks"]) <= {"none"}
+            assert not kernel["NetworkSettings"]["Ports"]
+    # From a container on the cluster's overlay: every TCP port of every node gateway.
+    # Only the gateway's own API (8888) may answer.
+    scan = (
+        "import asyncio, json, socket\n"
+        "addrs = sorted({a[4][0] for a in socket.getaddrinfo('tasks.node', 8888)})\n"
+        "async def probe(host, port, sem, found):\n"
+        "    async with sem:\n"
+        "        try:\n"
+        "            _, w = await asyncio.wait_for(asyncio.open_connection(host, port), 2)\n"
+        "            found.append(f'{host}:{port}'); w.close()\n"
+        "        except (OSError, asyncio.TimeoutError):\n"
+        "            pass\n"
+        "async def main():\n"
+        "    sem, found = asyncio.Semaphore(500), []\n"
+        "    ports = [(h, p) for h in addrs for p in range(1, 65536)]\n"
+        "    await asyncio.gather(*(probe(h, p, sem, found) for h, p in ports))\n"
+        "    print(json.dumps({'addresses': len(addrs), 'open': sorted(found)}))\n"
+        "asyncio.run(main())\n"
+    )
+    out = swarm.cli(
+        swarm.manager,
+        "run",
+        "--rm",
+        "--network",
+        OVERLAY,
+        "--entrypoint",
+        "/opt/venv/bin/python",
+        "kernel-gateway-kernel:latest",
+        "-c",
+        scan,
+        timeout=600,
+    ).stdout.strip()
+    result = json.loads(out.splitlines()[-1])
+    assert result["addresses"] == 3, out
+    assert len(result["open"]) == 3 and all(p.endswith(":8888") for p in result["open"]), out
+
+
+def test_a_killed_router_leaves_every_session_served(
+    cluster: Deployment, sessions: dict[str, str]
+) -> None:
+    swarm = cluster.swarm
+    victim = swarm.workers[0]
+    (container,) = cluster.containers(victim, ROUTER_SERVICE)
+    swarm.cli(victim, "kill", container)
+    with Client(cluster.url(swarm.manager), token=cluster.token) as client:
+        for sid, mark in sessions.items():
+            assert client.session(sid).run("print(mark)").stdout == f"{mark}\n"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(cluster.url(victim) + "/health", timeout=2)
+    # The client fails over: the victim first in its list, the calls still go through.
+    with Client([cluster.url(victim), *cluster.urls], token=cluster.token) as client:
+        for sid, mark in sessions.items():
+            assert client.session(sid).run("print(mark)").stdout == f"{mark}\n"
+    cluster.wait_ready()  # Swarm restarts the router
+
+
+def test_a_rolling_update_of_the_node_gateways_keeps_every_session(
+    cluster: Deployment, sessions: dict[str, str]
+) -> None:
+    swarm = cluster.swarm
+    before = {n.name: cluster.containers(n, NODE_SERVICE) for n in swarm.nodes}
+    counts: dict[str, int] = {}
+    with cluster.client(swarm.manager) as c:
+        for sid in sessions:
+            counts[sid] = c.get(f"/sessions/{sid}").json()["execution_count"]
+    update = swarm.cli(
+        swarm.manager,
+        "service",
+        "update",
+        "--detach=false",
+        "--env-add",
+        "KG_ROLLED=1",
+        NODE_SERVICE,
+        timeout=300,
+    )
+    assert update.returncode == 0
+    after = {n.name: cluster.containers(n, NODE_SERVICE) for n in swarm.nodes}
+    for name in before:
+        assert after[name] and set(after[name]).isdisjoint(before[name]), (before, after)
+    # Calls made right after the update: the Python client retries node_unavailable.
+    with Client(cluster.urls, token=cluster.token) as client:
+        for sid, mark in sessions.items():
+            session = client.session(sid)
+            assert session.run("print(mark, len(history))").stdout.split()[0] == mark
+            assert session.info()["execution_count"] == counts[sid] + 1
+
+
+def test_a_dead_worker_loses_only_its_sessions(
+    cluster: Deployment, sessions: dict[str, str]
+) -> None:
+    swarm = cluster.swarm
+    victim = swarm.workers[1]
+    survivors = [n for n in swarm.nodes if n is not victim]
+    doomed = [sid for sid in sessions if sid.startswith(victim.node_id + ".")]
+    kept = [sid for sid in sessions if sid not in doomed]
+    assert doomed and kept
+    swarm.kill_node(victim)
+    killed_at = time.monotonic()
+    with cluster.client(survivors[0]) as c:
+        for sid in doomed:
+            while True:
+                answer = c.get(f"/sessions/{sid}")
+                if answer.status_code == 410:
+                    break
+                assert answer.status_code == 503, answer.text
+                assert time.monotonic() - killed_at < 30, "no clear error within 30 s"
+            assert answer.json()["error"]["type"] == "node_lost"
+        took = time.monotonic() - killed_at
+        assert took < 30
+        for sid in kept:
+            assert _run(c, sid, "print(mark)")["stdout"] == f"{sessions[sid]}\n"
+        made = c.post("/sessions")
+        assert made.status_code == 201
+        assert not made.json()["id"].startswith(victim.node_id + ".")
+        assert c.delete(f"/sessions/{made.json()['id']}").status_code == 204
+        health = c.get("/health").json()
+        states = {n["name"]: n["state"] for n in health["nodes"]}
+        assert states[victim.node_id] == "lost"
+        assert health["status"] == "degraded"
