@@ -36,7 +36,7 @@ logger = logging.getLogger("kernel_gateway.access")
 errors = logging.getLogger("kernel_gateway")
 
 SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-SANE_PATH_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+SANE_PATH_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 """A session or execution id from the path is logged only if it could be one."""
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 UNMATCHED = "unmatched"

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -87,6 +88,10 @@ class SessionRecord:
         )
 
 
+# A session id: hex, or `<node>.<hex>` in a cluster (`--node-name`); never a path.
+RECORD_NAME = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9_-]{0,62}\.)?[A-Za-z0-9]{1,64}")
+
+
 class SessionStore:
     """Session records in `folder`, written atomically and in order."""
 
@@ -113,10 +118,13 @@ class SessionStore:
         return records
 
     def save(self, record: SessionRecord) -> None:
-        """Write `record` (after every write asked for before it)."""
+        """Write `record` (after every write asked for before it); ValueError at once for
+        an id that cannot name a record file."""
+        self._path(record.id)
         self._submit(self._write, record)
 
     def delete(self, session_id: str) -> None:
+        self._path(session_id)
         self._submit(self._remove, session_id)
 
     async def flush(self) -> None:
@@ -134,7 +142,7 @@ class SessionStore:
         self._last = loop.run_in_executor(self._writer, fn, arg)
 
     def _path(self, session_id: str) -> Path:
-        if not session_id.isalnum():
+        if not RECORD_NAME.fullmatch(session_id):
             raise ValueError(f"not a session id: {session_id!r}")
         return self.folder / f"{session_id}.json"
 

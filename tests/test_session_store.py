@@ -125,3 +125,16 @@ def test_record_writes_do_not_block_the_event_loop(tmp_path: Path) -> None:
         await store.close()
 
     asyncio.run(main())
+
+
+async def test_cluster_session_ids_are_records_and_paths_are_not(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / "sessions")
+    store.open()
+    node_id = "rol2uva8nqfrmnvz5392k3aqo.b68b9d5242a946f5bb1e523b117e2ed2"
+    store.save(record(node_id))
+    await store.flush()
+    assert [r.id for r in store.load()] == [node_id]
+    for bad in ("../x", "a/b", ".hidden", "a..b", "a.b.c", ""):
+        with pytest.raises(ValueError):
+            store.save(record(bad))
+    await store.close()
