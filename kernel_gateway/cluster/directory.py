@@ -200,7 +200,9 @@ class NodeDirectory:
     async def _health(self, url: str) -> dict[str, Any] | None:
         try:
             response = await self._http.get(
-                f"{url}/health", timeout=min(self.settings.connect_timeout, 5.0)
+                # A dead node must not slow the round that notices it.
+                f"{url}/health",
+                timeout=min(self.settings.connect_timeout, 2 * self.settings.poll_interval),
             )
             document = response.json()
         except (httpx.HTTPError, ValueError):

@@ -56,7 +56,7 @@ class RouterSettings:
     token_file: Path | None = None
     no_auth: bool = False
     poll_interval: float = 1.0
-    node_lost_after: float = 25.0
+    node_lost_after: float = 20.0
     node_wait: float = 10.0
     connect_timeout: float = 3.0
     max_body_bytes: int = 32 * 1024 * 1024
@@ -157,7 +157,7 @@ def add_route_arguments(parser: argparse.ArgumentParser) -> None:
         "--node-lost-after",
         type=float,
         help="seconds without an answer before a node is presumed dead and its sessions "
-        "answer 410 node_lost (25); keep it above a node gateway's restart time",
+        "answer 410 node_lost (20); keep it above a node gateway's restart time",
     )
     add(
         "--node-wait",
