@@ -5,7 +5,7 @@
 It brings up the test swarm of tests/cluster (the manager engine and two worker engines
 in network namespaces on this machine), deploys deploy/stack.yml on it, and measures,
 through one router and against a single `kernel-gateway serve` on this host with the
-same limits, in one run:
+same limits and, like the nodes, `--persist-sessions`, in one run:
 
 - warm `1+1`: an SSE round trip on an existing session (httpx);
 - session create: `POST /sessions` with warm kernels waiting;
@@ -126,6 +126,7 @@ def single_gateway(args: argparse.Namespace, token: str) -> Any:
     cmd = [sys.executable, "-m", "kernel_gateway", "serve", "--backend", "docker"]
     cmd += ["--port", str(port), "--token", token, "--runtime-dir", str(runtime)]
     cmd += ["--pool-size", str(POOL), "--max-sessions", str(3 * PER_NODE), "--log-level", "warning"]
+    cmd += ["--persist-sessions", "--drain-timeout", "5"]  # as the nodes run
     env = {**os.environ, "KG_FORK_SERVERS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import zmq.asyncio
 from starlette.applications import Starlette
@@ -16,6 +16,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
+from starlette.types import ExceptionHandler
 
 from .auth import BearerAuth, LoopbackHostGuard
 from .backends import AUTO, load_backend
@@ -26,7 +27,7 @@ from .http import JSONResponse, error_response
 from .jupyter_kernels import JupyterKernels
 from .mcp_server import McpService
 from .metrics import Metrics
-from .observe import ObserveRequests
+from .observe import ObserveRequests, RequestCounter
 from .persistence import SessionStore
 from .protocols import protocol_state
 from .registry import Registry
@@ -178,23 +179,31 @@ def create_app(settings: Settings) -> Starlette:
 
     app = Starlette(
         routes=routes,
-        middleware=[
-            Middleware(ObserveRequests, metrics=metrics),
-            Middleware(
-                LoopbackHostGuard,
-                enabled=settings.token is None and is_loopback(settings.host),
-            ),
-            Middleware(BearerAuth, token=settings.token),
-        ],
-        exception_handlers={
-            GatewayError: _gateway_error,
-            HTTPException: _http_error,
-            Exception: _unexpected_error,
-        },
+        middleware=front_middleware(metrics, settings.token, settings.host),
+        exception_handlers=exception_handlers(),
         lifespan=lifespan,
     )
     app.state.lifecycle = lifecycle
     return app
+
+
+def front_middleware(metrics: RequestCounter, token: str | None, host: str) -> list[Middleware]:
+    """What every request passes first, on a gateway and on a router alike: request ids,
+    the access log and HTTP metrics; the Host guard (no token, loopback); the token."""
+    return [
+        Middleware(ObserveRequests, metrics=metrics),
+        Middleware(LoopbackHostGuard, enabled=token is None and is_loopback(host)),
+        Middleware(BearerAuth, token=token),
+    ]
+
+
+def exception_handlers() -> dict[Any, ExceptionHandler]:
+    """Errors as `{"error": {"type", "message"}}` with their status; never a bare 500 page."""
+    return {
+        GatewayError: _gateway_error,
+        HTTPException: _http_error,
+        Exception: _unexpected_error,
+    }
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:

@@ -288,14 +288,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _convert(name: str, raw: str) -> Any:
-    kind = {f.name: f.type for f in fields(Settings)}[name]
+def convert(kind: str, raw: str) -> Any:
+    """A `KG_*` variable's text as a value of a settings field's type (its annotation)."""
     if kind == "bool":
         if raw.lower() in ("1", "true", "yes", "on"):
             return True
         if raw.lower() in ("0", "false", "no", "off", ""):
             return False
-        raise ValueError(f"KG_{name.upper()} must be a boolean (got {raw!r})")
+        raise ValueError(f"must be a boolean (got {raw!r})")
     if kind == "int":
         return int(raw)
     if kind == "float":
@@ -307,6 +307,19 @@ def _convert(name: str, raw: str) -> Any:
     if kind == "Path | None":
         return Path(raw) if raw else None
     return raw
+
+
+def env_values(settings_class: Any, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The fields of a settings dataclass that `KG_*` variables set, converted."""
+    values: dict[str, Any] = {}
+    for f in fields(settings_class):
+        raw = environ.get(f"KG_{f.name.upper()}")
+        if raw is not None:
+            try:
+                values[f.name] = convert(str(f.type), raw)
+            except ValueError as exc:
+                raise ValueError(f"KG_{f.name.upper()}: {exc}") from None
+    return values
 
 
 def read_token_file(path: Path) -> str:
@@ -334,14 +347,7 @@ def resolve_token(values: dict[str, Any]) -> None:
 
 def from_env(environ: Mapping[str, str], **overrides: Any) -> Settings:
     """Settings from `KG_*` variables, with explicit overrides (CLI flags) on top."""
-    values: dict[str, Any] = {}
-    for f in fields(Settings):
-        raw = environ.get(f"KG_{f.name.upper()}")
-        if raw is not None:
-            try:
-                values[f.name] = _convert(f.name, raw)
-            except ValueError as exc:
-                raise ValueError(f"KG_{f.name.upper()}: {exc}") from exc
+    values = env_values(Settings, environ)
     values.update({k: v for k, v in overrides.items() if v is not None})
     resolve_token(values)
     if "runtime_dir" not in values:

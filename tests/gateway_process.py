@@ -128,16 +128,7 @@ def gateway(
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     gw = Gateway(proc, f"http://127.0.0.1:{port}", log, headers)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(gw.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the gateway did not come up"
-            time.sleep(0.1)
+        _wait_up(gw, 90)
         yield gw
     finally:
         gw.stop()
@@ -157,16 +148,21 @@ def router(
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     gw = Gateway(proc, f"http://127.0.0.1:{port}", log, headers)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(gw.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the router did not come up"
-            time.sleep(0.1)
+        _wait_up(gw, 30)
         yield gw
     finally:
         gw.stop()
+
+
+def _wait_up(gw: Gateway, seconds: float) -> None:
+    """Until the process answers `/health` with 200 (its log shown if it exits first)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert gw.proc.poll() is None, gw.log.read_text()
+        try:
+            if httpx.get(gw.url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"{gw.url} did not come up: {gw.log.read_text()}"
+        time.sleep(0.1)

@@ -8,14 +8,8 @@ from typing import TypedDict
 
 import httpx
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 
-from ..app import _gateway_error, _http_error, _unexpected_error
-from ..auth import BearerAuth, LoopbackHostGuard
-from ..errors import GatewayError
-from ..observe import ObserveRequests
-from ..settings import is_loopback
+from ..app import exception_handlers, front_middleware
 from .directory import NodeDirectory
 from .metrics import RouterMetrics
 from .proxy import Proxy
@@ -60,18 +54,7 @@ def create_router_app(settings: RouterSettings) -> Starlette:
 
     return Starlette(
         routes=routes,
-        middleware=[
-            Middleware(ObserveRequests, metrics=metrics),
-            Middleware(
-                LoopbackHostGuard,
-                enabled=settings.token is None and is_loopback(settings.host),
-            ),
-            Middleware(BearerAuth, token=settings.token),
-        ],
-        exception_handlers={
-            GatewayError: _gateway_error,
-            HTTPException: _http_error,
-            Exception: _unexpected_error,
-        },
+        middleware=front_middleware(metrics, settings.token, settings.host),
+        exception_handlers=exception_handlers(),
         lifespan=lifespan,
     )

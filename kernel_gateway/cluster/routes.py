@@ -11,7 +11,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import NodeLost, NodeUnavailable, NotFound, SessionNotFound, TooManySessions
+from ..errors import (
+    GatewayError,
+    NodeLost,
+    NodeUnavailable,
+    NotFound,
+    SessionNotFound,
+    TooManySessions,
+)
 from ..http import JSONResponse, check_declared_length, read_body
 from . import placement
 from .directory import Node, NodeDirectory
@@ -42,29 +49,42 @@ async def metrics(request: Request) -> Response:
     return Response(body, headers={"Content-Type": content_type, "Cache-Control": "no-store"})
 
 
-async def create_session(request: Request) -> Response:
-    settings, directory, proxy, router_metrics = _state(request)
+async def _offer(
+    request: Request, kind: str, path: str, nodes: list[Node]
+) -> tuple[Node, httpx.Response] | httpx.Response | None:
+    """New work offered to `nodes` in turn: the node that took it and its answer, else
+    the last refusal (429 full, 503 draining: nothing was done there), else None."""
+    settings, _, proxy, router_metrics = _state(request)
     body = await read_body(request, settings.max_body_bytes)
     refused: httpx.Response | None = None
-    for node in placement.for_session(directory.up()):
+    for node in nodes:
         try:
-            upstream = await proxy.send(node, request, "/sessions", body)
+            upstream = await proxy.send(node, request, path, body)
         except NodeUnreachable:
-            router_metrics.placement("session", node.name, "unreachable")
+            router_metrics.placement(kind, node.name, "unreachable")
             continue
-        if upstream.status_code in (429, 503):  # full, draining: nothing was made there
-            router_metrics.placement("session", node.name, "refused")
+        if upstream.status_code in (429, 503):
+            router_metrics.placement(kind, node.name, "refused")
             await upstream.aread()
             await upstream.aclose()
             refused = upstream
             continue
+        router_metrics.placement(kind, node.name, "placed")
+        return node, upstream
+    return refused
+
+
+async def create_session(request: Request) -> Response:
+    directory = request.state.directory
+    offered = await _offer(request, "session", "/sessions", placement.for_session(directory.up()))
+    if isinstance(offered, tuple):
+        node, upstream = offered
         if upstream.status_code == 201:
             node.placed += 1
-            router_metrics.placement("session", node.name, "placed")
         return Relayed(upstream)
-    if refused is not None and refused.status_code != 429:
-        return _replay(refused)  # every node that answered is draining or cannot start kernels
-    if refused is not None:
+    if offered is not None and offered.status_code != 429:
+        return _replay(offered)  # every node that answered is draining or cannot start kernels
+    if offered is not None:
         capacity = sum(n.max_sessions for n in directory.up())
         raise TooManySessions(
             f"every node of the cluster is full ({capacity} sessions in all); delete a "
@@ -75,30 +95,19 @@ async def create_session(request: Request) -> Response:
 
 
 async def execute_stateless(request: Request) -> Response:
-    settings, directory, proxy, router_metrics = _state(request)
-    body = await read_body(request, settings.max_body_bytes)
-    last_refusal: httpx.Response | None = None
-    for node in placement.for_stateless(directory.up()):
-        try:
-            upstream = await proxy.send(node, request, "/execute", body)
-        except NodeUnreachable:
-            router_metrics.placement("stateless", node.name, "unreachable")
-            continue
-        if upstream.status_code in (429, 503):
-            router_metrics.placement("stateless", node.name, "refused")
-            await upstream.aread()
-            await upstream.aclose()
-            last_refusal = upstream
-            continue
+    directory = request.state.directory
+    nodes = placement.for_stateless(directory.up())
+    offered = await _offer(request, "stateless", "/execute", nodes)
+    if isinstance(offered, tuple):
+        node, upstream = offered
         node.stateless += 1
-        router_metrics.placement("stateless", node.name, "placed")
 
-        def done(node: Node = node) -> None:
+        def done() -> None:
             node.stateless -= 1
 
         return Relayed(upstream, on_close=done)
-    if last_refusal is not None:
-        return _replay(last_refusal)
+    if offered is not None:
+        return _replay(offered)
     raise NodeUnavailable(_no_node(directory), retry_after=RETRY_AFTER)
 
 
@@ -109,7 +118,7 @@ async def list_sessions(request: Request) -> Response:
     async def ask(node: Node) -> list[Any] | None:
         try:
             upstream = await proxy.send(node, request, "/sessions", None)
-        except (NodeUnreachable, Exception):
+        except (NodeUnreachable, GatewayError):
             return None
         try:
             await upstream.aread()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from ..logs import LogFormat
-from ..settings import is_loopback, resolve_token
+from ..settings import env_values, is_loopback, resolve_token
 
 DEFAULT_NODE_PORT = 8888
 
@@ -103,33 +103,8 @@ def _flag(name: str) -> str:
     return f"--{name.replace('_', '-')} (KG_{name.upper()})"
 
 
-def _convert(kind: str, raw: str) -> Any:
-    if kind == "bool":
-        if raw.lower() in ("1", "true", "yes", "on"):
-            return True
-        if raw.lower() in ("0", "false", "no", "off", ""):
-            return False
-        raise ValueError(f"must be a boolean (got {raw!r})")
-    if kind == "int":
-        return int(raw)
-    if kind == "float":
-        return float(raw)
-    if kind == "Path | None":
-        return Path(raw) if raw else None
-    if kind == "str | None":
-        return raw or None
-    return raw
-
-
 def from_env(environ: Mapping[str, str], **overrides: Any) -> RouterSettings:
-    values: dict[str, Any] = {}
-    for f in fields(RouterSettings):
-        raw = environ.get(f"KG_{f.name.upper()}")
-        if raw is not None:
-            try:
-                values[f.name] = _convert(str(f.type), raw)
-            except ValueError as exc:
-                raise ValueError(f"KG_{f.name.upper()}: {exc}") from None
+    values = env_values(RouterSettings, environ)
     values.update({k: v for k, v in overrides.items() if v is not None})
     resolve_token(values)
     return RouterSettings(**values)
