@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from tests.cluster.swarm import Swarm
 
 from bench.run import (
     JSON_HEADERS,
@@ -45,6 +44,7 @@ from kernel_gateway.__main__ import default_cache_dir
 from kernel_gateway.image import build_gateway_image
 from kernel_gateway.settings import DEFAULT_GATEWAY_IMAGE, DEFAULT_IMAGE
 from tests.cluster.deployment import Deployment, deploy, remove
+from tests.cluster.swarm import Swarm
 
 ROOT = Path(__file__).resolve().parent
 PER_NODE = 6
