@@ -130,6 +130,15 @@ def test_state_and_streams_through_alternating_routers(tmp_path: Path) -> None:
             assert resumed.status_code == 200
             assert "event: done" in resumed.text
             assert f"id: {first_id}\n" not in resumed.text
+            # Files, with a name that must stay percent-encoded on its way through.
+            put = c1.put(f"/sessions/{ids[1]}/files/d%C3%A9j%C3%A0/a%20b.txt", content=b"x" * 70000)
+            assert put.status_code == 201, put.text
+            assert put.json()["path"] == "déjà/a b.txt"
+            got = c2.get(f"/sessions/{ids[1]}/files/d%C3%A9j%C3%A0/a%20b.txt")
+            assert got.content == b"x" * 70000
+            assert (
+                execute(c2, ids[1], "print(len(open('déjà/a b.txt').read()))").stdout == "70000\n"
+            )
             unknown = c1.get("/sessions/n9.0123abcd")
             assert unknown.status_code == 404
             assert unknown.json()["error"]["type"] == "session_not_found"

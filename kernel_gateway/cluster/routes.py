@@ -172,7 +172,7 @@ async def session_request(request: Request) -> Response:
             )
         if node.state == "up":
             try:
-                upstream = await proxy.send(node, request, request.url.path, body)
+                upstream = await proxy.send(node, request, _raw_path(request), body)
             except NodeUnreachable:
                 if not resend:
                     break
@@ -195,7 +195,7 @@ async def any_node(request: Request) -> Response:
     _, directory, proxy, _ = _state(request)
     for node in sorted(directory.up(), key=lambda n: n.sessions):
         try:
-            return Relayed(await proxy.send(node, request, request.url.path, None))
+            return Relayed(await proxy.send(node, request, _raw_path(request), None))
         except NodeUnreachable:
             continue
     raise NodeUnavailable(_no_node(directory), retry_after=RETRY_AFTER)
@@ -207,6 +207,12 @@ async def not_routed(request: Request) -> Response:
         "Jupyter's kernel API are served by each node gateway (see the README's Cluster "
         "section)"
     )
+
+
+def _raw_path(request: Request) -> str:
+    """The path as the client sent it, still percent-encoded: `files/a%2Fb` stays one name."""
+    raw = request.scope.get("raw_path")
+    return raw.decode("latin-1") if isinstance(raw, bytes) else request.url.path
 
 
 def _no_node(directory: NodeDirectory) -> str:
