@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -56,20 +57,44 @@ def nodes(tmp_path: Path, *names: str, max_sessions: int = 2) -> Iterator[list[G
         yield gws
 
 
+def _raw_get(gw: Gateway, path: str) -> bytes:
+    """A GET sent byte for byte (no client library resolves its dot segments)."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        return sock.recv(65536)
+
+
+def _wait_up(r: Gateway, count: int) -> None:
+    """Until the router sees `count` nodes up (a busy node may miss its first poll)."""
+    deadline = time.monotonic() + 30
+    while True:
+        nodes = httpx.get(r.url + "/health").json()["nodes"]
+        if sum(n["state"] == "up" for n in nodes) == count:
+            return
+        assert time.monotonic() < deadline, nodes
+        time.sleep(0.1)
+
+
 def _node_of(session_id: str) -> str:
     return session_id.partition(".")[0]
 
 
 def test_sessions_spread_and_capacity_is_the_sum(tmp_path: Path) -> None:
     with (
-        nodes(tmp_path, "n1", "n2") as gws,
+        nodes(tmp_path, "n1", "n2", max_sessions=3) as gws,
         router(tmp_path, [g.url.removeprefix("http://") for g in gws], *FAST, token=TOKEN) as r,
         r.client() as c,
     ):
         made = [c.post("/sessions") for _ in range(4)]
         assert [m.status_code for m in made] == [201] * 4
         ids = [m.json()["id"] for m in made]
+        # The emptiest node first: two each, though either node had room for three.
         assert sorted(_node_of(i) for i in ids) == ["n1", "n1", "n2", "n2"]
+        ids += [c.post("/sessions").json()["id"] for _ in range(2)]
         full = c.post("/sessions")
         assert full.status_code == 429
         assert full.json()["error"]["type"] == "too_many_sessions"
@@ -80,10 +105,10 @@ def test_sessions_spread_and_capacity_is_the_sum(tmp_path: Path) -> None:
         health = httpx.get(r.url + "/health").json()  # public, like a node's
         assert health["status"] == "ok" and health["role"] == "router"
         assert [(n["name"], n["state"], n["sessions"]) for n in health["nodes"]] == [
-            ("n1", "up", 2),
-            ("n2", "up", 2),
+            ("n1", "up", 3),
+            ("n2", "up", 3),
         ]
-        assert health["capacity"]["max_sessions"] == 4
+        assert health["capacity"]["max_sessions"] == 6
         for i in ids:
             assert c.delete(f"/sessions/{i}").status_code == 204
         assert c.post("/sessions").status_code == 201
@@ -93,11 +118,12 @@ def test_state_and_streams_through_alternating_routers(tmp_path: Path) -> None:
     with nodes(tmp_path, "n1", "n2") as gws:
         addresses = [g.url.removeprefix("http://") for g in gws]
         with (
-            router(tmp_path, addresses, token=TOKEN, name="r1") as r1,
-            router(tmp_path, addresses, token=TOKEN, name="r2") as r2,
+            router(tmp_path, addresses, *FAST, token=TOKEN, name="r1") as r1,
+            router(tmp_path, addresses, *FAST, token=TOKEN, name="r2") as r2,
             r1.client() as c1,
             r2.client() as c2,
         ):
+            _wait_up(r1, 2)
             ids = [c1.post("/sessions").json()["id"] for _ in range(2)]
             assert {_node_of(i) for i in ids} == {"n1", "n2"}
             for sid in ids:
@@ -131,18 +157,37 @@ def test_state_and_streams_through_alternating_routers(tmp_path: Path) -> None:
             assert "event: done" in resumed.text
             assert f"id: {first_id}\n" not in resumed.text
             # Files, with a name that must stay percent-encoded on its way through.
-            put = c1.put(f"/sessions/{ids[1]}/files/d%C3%A9j%C3%A0/a%20b.txt", content=b"x" * 70000)
+            name = "d%C3%A9j%C3%A0/a%20b%25.txt"
+            put = c1.put(f"/sessions/{ids[1]}/files/{name}", content=b"x" * 70000)
             assert put.status_code == 201, put.text
-            assert put.json()["path"] == "déjà/a b.txt"
-            got = c2.get(f"/sessions/{ids[1]}/files/d%C3%A9j%C3%A0/a%20b.txt")
+            assert put.json()["path"] == "déjà/a b%.txt"
+            got = c2.get(f"/sessions/{ids[1]}/files/{name}")
             assert got.content == b"x" * 70000
-            assert (
-                execute(c2, ids[1], "print(len(open('déjà/a b.txt').read()))").stdout == "70000\n"
-            )
+            code = "print(len(open('déjà/a b%.txt').read()))"
+            assert execute(c2, ids[1], code).stdout == "70000\n"
+            # A big upload streams through (not kept for a retry), chunked or not.
+            big = b"y" * (3 * 1024 * 1024)
+            assert c1.put(f"/sessions/{ids[1]}/files/big.bin", content=big).status_code == 201
+            chunks = iter([big[:1000], big[1000:]])
+            assert c2.put(f"/sessions/{ids[1]}/files/big2.bin", content=chunks).status_code == 201
+            assert c1.get(f"/sessions/{ids[1]}/files/big2.bin").content == big
+            # %2F is part of one name, never a folder: the router answers as the node does.
+            holder = {"n1": gws[0], "n2": gws[1]}[_node_of(ids[1])]
+            encoded = f"/sessions/{ids[1]}/files/d%C3%A9j%C3%A0%2Fa%20b%25.txt"
+            with holder.client() as direct:
+                assert c1.get(encoded).status_code == direct.get(encoded).status_code
+            # Dot segments would become another route on the way: refused.
+            for path in (f"/sessions/{ids[0]}/../../metrics", f"/sessions/{ids[0]}/%2e%2e/x"):
+                assert _raw_get(r1, path).startswith(b"HTTP/1.1 400"), path
+            # A GET with a stray body is no 500.
+            assert c1.request("GET", f"/sessions/{ids[0]}", content=b"{}").status_code == 200
+            time.sleep(3)  # past --node-lost-after: a node never met is no node of ours
             unknown = c1.get("/sessions/n9.0123abcd")
             assert unknown.status_code == 404
             assert unknown.json()["error"]["type"] == "session_not_found"
             assert c1.get("/sessions/nodot").status_code == 404
+            assert c1.get("/sessions/a.b.c" + "d" * 300).status_code == 404
+            assert c1.get("/sessions/a.b.c" + "d" * 300).status_code == 404
             assert c1.get("/sessions", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
 
@@ -305,3 +350,17 @@ def test_replicas_retarget_keeps_the_path_under_each_base() -> None:
     assert replicas.order() == [1, 0]
     with pytest.raises(ValueError):
         Replicas([])
+
+
+def test_a_fresh_router_waits_for_nodes_it_has_not_met(tmp_path: Path) -> None:
+    """A router that just started may not have met a restarting node: no final 404."""
+    with (
+        nodes(tmp_path, "n1") as gws,
+        router(tmp_path, [gws[0].url.removeprefix("http://")], *FAST, token=TOKEN) as r,
+        r.client() as c,
+    ):
+        young = c.get("/sessions/n7.0123abcd")
+        assert young.status_code == 503, young.text
+        assert young.json()["error"]["type"] == "node_unavailable"
+        time.sleep(3)
+        assert c.get("/sessions/n7.0123abcd").status_code == 404

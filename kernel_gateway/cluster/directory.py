@@ -33,6 +33,9 @@ from .settings import NodeTarget, RouterSettings
 logger = logging.getLogger("kernel_gateway.cluster")
 
 NodeStateName = Literal["up", "unreachable", "lost"]
+# A node lost this long (a machine removed, or one that re-joined under a new id) is
+# dropped: its sessions then answer 404 rather than 410.
+FORGET_AFTER = 3600.0
 NODE_STATES: tuple[NodeStateName, ...] = ("up", "unreachable", "lost")
 
 
@@ -47,6 +50,10 @@ class Node:
     state: NodeStateName = "up"
     placed: int = 0
     """Sessions this router made (+) and deleted (-) here since the node last reported."""
+    placed_before_poll: int = 0
+    """`placed` when the current poll round began: what the node's answer accounts for."""
+    creating: int = 0
+    """Sessions this router has asked the node for and not yet heard back about."""
     stateless: int = 0
     """Stateless requests this router has running here now."""
 
@@ -54,7 +61,10 @@ class Node:
         if self.state != "up":
             logger.info("node %s answers again at %s", self.name, url)
         self.url, self.health, self.last_seen, self.state = url, health, now, "up"
-        self.placed = 0
+        # Placements made while the round was under way may be missing from its answer:
+        # they stay counted until the next round.
+        self.placed -= self.placed_before_poll
+        self.placed_before_poll = 0
 
     def missed(self, now: float, lost_after: float) -> None:
         state: NodeStateName = "lost" if now - self.last_seen >= lost_after else "unreachable"
@@ -69,12 +79,13 @@ class Node:
         self.state = state
 
     def _pool(self, key: str) -> int:
-        value = self.health.get("pool", {}).get(key, 0)
+        pool = self.health.get("pool")
+        value = pool.get(key, 0) if isinstance(pool, dict) else 0
         return value if isinstance(value, int) else 0
 
     @property
     def sessions(self) -> int:
-        return self._pool("sessions") + self.placed
+        return self._pool("sessions") + self.placed + self.creating
 
     @property
     def max_sessions(self) -> int:
@@ -104,13 +115,22 @@ class Node:
         }
 
 
+class ResolverFailed(Exception):
+    """The name could not be looked up now (not: it has no address)."""
+
+
 async def resolve(target: NodeTarget) -> list[str]:
-    """Every address `target.host` has now (none when the name does not resolve)."""
+    """Every address `target.host` has now: none when the name has none (no node gateway
+    runs), ResolverFailed when the lookup itself failed (the resolver is down or slow)."""
     loop = asyncio.get_running_loop()
     try:
         infos = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, OSError):
-        return []
+    except socket.gaierror as exc:
+        if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            return []
+        raise ResolverFailed(f"{target.host}: {exc}") from exc
+    except OSError as exc:
+        raise ResolverFailed(f"{target.host}: {exc}") from exc
     addresses: list[str] = []
     for _family, _type, _proto, _name, sockaddr in infos:
         host = str(sockaddr[0])
@@ -135,6 +155,8 @@ class NodeDirectory:
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self.polls = 0
+        self.started_at = clock()
+        self._resolved: dict[NodeTarget, list[str]] = {}
         self.unnamed: set[str] = set()
         """Addresses whose gateway reports no node name (started without --node-name)."""
 
@@ -160,33 +182,58 @@ class NodeDirectory:
                 logger.exception("node poll failed")
             await asyncio.sleep(max(0.0, self.settings.poll_interval - (self._clock() - started)))
 
+    async def _addresses(self) -> list[str]:
+        """Every target's addresses now (the last ones found for a target whose lookup
+        failed: a resolver hiccup must not look like every node dying), and every known
+        node's last address (a node is found even while DNS lags behind)."""
+        targets = self.settings.node_targets
+        found = await asyncio.gather(*(resolve(t) for t in targets), return_exceptions=True)
+        urls: list[str] = []
+        for target, result in zip(targets, found, strict=True):
+            if isinstance(result, ResolverFailed):
+                logger.warning(
+                    "cannot resolve %s (%s); using its last addresses", target.host, result
+                )
+                result = self._resolved.get(target, [])
+            elif isinstance(result, BaseException):
+                raise result
+            self._resolved[target] = result
+            urls += [u for u in result if u not in urls]
+        return urls + [n.url for n in self.nodes.values() if n.url not in urls]
+
     async def poll(self) -> None:
         """One round: resolve every target, ask every address, update every node."""
-        found = await asyncio.gather(*(resolve(t) for t in self.settings.node_targets))
-        urls = [url for group in found for url in group]
+        for known in self.nodes.values():
+            known.placed_before_poll = known.placed
+        urls = await self._addresses()
         answers = await asyncio.gather(*(self._health(url) for url in urls))
         now = self._clock()
-        answered: set[str] = set()
+        claims: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         unnamed: set[str] = set()
         for url, health in zip(urls, answers, strict=True):
             if health is None:
                 continue
             name = health.get("node")
-            if not isinstance(name, str) or not name:
+            if isinstance(name, str) and name:
+                claims.setdefault(name, []).append((url, health))
+            else:
                 unnamed.add(url)
-                continue
+        for name, answering in claims.items():
             node = self.nodes.get(name)
             if node is None:
-                logger.info("node %s found at %s", name, url)
-                node = self.nodes[name] = Node(name, url, now)
-            if name in answered and node.url != url:
-                # Two gateways claim one node (a start-first update): keep the first.
-                continue
+                logger.info("node %s found at %s", name, answering[0][0])
+                node = self.nodes[name] = Node(name, answering[0][0], now)
+            if len(answering) > 1:
+                # Two gateways answer for one node: keep the address already in use.
+                logger.warning("node %s answers at %s", name, ", ".join(u for u, _ in answering))
+            url, health = next((a for a in answering if a[0] == node.url), answering[0])
             node.seen(url, health, now)
-            answered.add(name)
-        for name, node in self.nodes.items():
-            if name not in answered:
+        for name, node in list(self.nodes.items()):
+            if name not in claims:
                 node.missed(now, self.settings.node_lost_after)
+                if now - node.last_seen > FORGET_AFTER:
+                    logger.info("node %s forgotten: no answer for %.0f s", name, FORGET_AFTER)
+                    del self.nodes[name]
         if unnamed != self.unnamed and unnamed:
             logger.warning(
                 "gateways at %s report no node name (start them with --node-name): not used",
@@ -218,6 +265,11 @@ class NodeDirectory:
 
     def get(self, name: str) -> Node | None:
         return self.nodes.get(name)
+
+    def young(self) -> bool:
+        """Whether this router may not have met every node yet: it started less than
+        `--node-lost-after` ago (a node restarting as the router started is not lost)."""
+        return self._clock() - self.started_at < self.settings.node_lost_after
 
     async def next_poll(self, deadline: float) -> bool:
         """Wait for the next poll round to end; False if `deadline` passes first."""

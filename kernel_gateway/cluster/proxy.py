@@ -8,8 +8,10 @@ they come. The client's token stays at the router; nodes get the cluster's token
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 
+import h11
 import httpx
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -18,6 +20,8 @@ from starlette.types import Receive, Scope, Send
 from .. import logs
 from ..errors import BadGateway
 from .directory import Node
+
+logger = logging.getLogger("kernel_gateway.cluster")
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and what the router sets itself.
 DROPPED_REQUEST = frozenset(
@@ -33,6 +37,9 @@ DROPPED_REQUEST = frozenset(
         "host",
         "authorization",
         "x-request-id",
+        # httpx sets these for the body it sends (a GET's stray body is not forwarded)
+        "content-length",
+        "expect",
     }
 )
 DROPPED_RESPONSE = frozenset(
@@ -64,26 +71,42 @@ class Proxy:
         self._http = http
         self._token = token
 
-    async def send(self, node: Node, request: Request, path: str, body: Body) -> httpx.Response:
+    async def send(
+        self,
+        node: Node,
+        request: Request,
+        path: str,
+        body: Body,
+        *,
+        answer_within: float | None = None,
+    ) -> httpx.Response:
         """The node's answer to `request` sent to `path`, its body not yet read.
 
-        Raises `NodeUnreachable` when no connection could be made, `BadGateway` when
-        the node did not answer with HTTP.
+        `answer_within` bounds the wait for the answer to start (None: no bound, for streams
+        and cells that may run for an hour). Raises `NodeUnreachable` when no connection
+        could be made, `BadGateway` when the node did not answer with HTTP (or refused the
+        cluster's token: a misconfiguration, not the client's fault), or not within
+        `answer_within`.
         """
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROPPED_REQUEST]
+        if body is not None and not isinstance(body, bytes):
+            # A streamed body keeps its declared length (else httpx would send it chunked).
+            if declared := request.headers.get("content-length"):
+                headers.append(("content-length", declared))
         if self._token:
             headers.append(("authorization", f"Bearer {self._token}"))
         if rid := logs.current().get("request_id"):
             headers.append(("x-request-id", rid))
+        query = request.scope.get("query_string", b"")
         upstream = self._http.build_request(
             request.method,
-            f"{node.url}{path}",
-            params=str(request.query_params),
+            f"{node.url}{path}" + (f"?{query.decode('latin-1')}" if query else ""),
             headers=headers,
             content=body,
+            timeout=httpx.Timeout(answer_within, connect=self._http.timeout.connect),
         )
         try:
-            return await self._http.send(upstream, stream=True)
+            response = await self._http.send(upstream, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise NodeUnreachable(f"node {node.name} at {node.url}: {exc}") from exc
         except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
@@ -96,11 +119,21 @@ class Proxy:
                 f"node {node.name} did not answer the request ({type(exc).__name__}); "
                 "it may or may not have been carried out"
             ) from exc
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, h11.LocalProtocolError) as exc:
             raise BadGateway(
                 f"node {node.name} did not answer the request ({type(exc).__name__}: {exc}); "
                 "it may or may not have been carried out"
             ) from exc
+        if response.status_code in (401, 403) and self._token:
+            await response.aclose()
+            logger.error(
+                "node %s refused the cluster's token (%d)", node.name, response.status_code
+            )
+            raise BadGateway(
+                f"node {node.name} refused the router's token: the router and the node "
+                "gateways must share one token"
+            )
+        return response
 
 
 class Relayed(StreamingResponse):
@@ -127,10 +160,9 @@ class Relayed(StreamingResponse):
 
 
 async def _chunks(upstream: httpx.Response) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in upstream.aiter_raw():
-            yield chunk
-    except httpx.HTTPError:
-        # The node went away mid-answer: end this stream too. An execution stream
-        # carries `Content-Location`, and clients resume it from their last event id.
-        return
+    # A node that goes away mid-answer breaks this answer too (the error reaches the
+    # server, which aborts the connection rather than end it cleanly): a cut body must
+    # not look complete. An execution stream carries `Content-Location`, and clients
+    # resume it from their last event id.
+    async for chunk in upstream.aiter_raw():
+        yield chunk

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import (
+    BadRequest,
     GatewayError,
     NodeLost,
     NodeUnavailable,
@@ -20,6 +22,7 @@ from ..errors import (
     TooManySessions,
 )
 from ..http import JSONResponse, check_declared_length, read_body
+from ..settings import NODE_NAME
 from . import placement
 from .directory import Node, NodeDirectory
 from .metrics import RouterMetrics
@@ -30,6 +33,10 @@ from .settings import RouterSettings
 # could not be reached; larger ones (file uploads) stream through once.
 KEPT_BODY_BYTES = 2 * 1024 * 1024
 RETRY_AFTER = 2.0
+# A create waits for a warm kernel, or for one to start (--kernel-start-timeout, 30 s).
+CREATE_ANSWER_SECONDS = 60.0
+# Lists and pages answer at once; a node that takes longer is skipped (lists) or failed.
+QUICK_ANSWER_SECONDS = 10.0
 
 
 def _state(request: Request) -> tuple[RouterSettings, NodeDirectory, Proxy, RouterMetrics]:
@@ -50,19 +57,27 @@ async def metrics(request: Request) -> Response:
 
 
 async def _offer(
-    request: Request, kind: str, path: str, nodes: list[Node]
+    request: Request, kind: str, path: str, nodes: list[Node], answer_within: float | None
 ) -> tuple[Node, httpx.Response] | httpx.Response | None:
     """New work offered to `nodes` in turn: the node that took it and its answer, else
     the last refusal (429 full, 503 draining: nothing was done there), else None."""
     settings, _, proxy, router_metrics = _state(request)
-    body = await read_body(request, settings.max_body_bytes)
+    body = await _read(request, settings.max_body_bytes)
     refused: httpx.Response | None = None
     for node in nodes:
+        # A session is counted on its node from the moment it is asked for, so that a
+        # burst of creates spreads before any of them is answered.
+        creating = 1 if kind == "session" else 0
+        node.creating += creating
         try:
-            upstream = await proxy.send(node, request, path, body)
+            upstream = await proxy.send(node, request, path, body, answer_within=answer_within)
         except NodeUnreachable:
             router_metrics.placement(kind, node.name, "unreachable")
             continue
+        finally:
+            node.creating -= creating
+        if creating and upstream.status_code == 201:
+            node.placed += 1  # until the node's next answer counts it
         if upstream.status_code in (429, 503):
             router_metrics.placement(kind, node.name, "refused")
             await upstream.aread()
@@ -76,12 +91,10 @@ async def _offer(
 
 async def create_session(request: Request) -> Response:
     directory = request.state.directory
-    offered = await _offer(request, "session", "/sessions", placement.for_session(directory.up()))
+    nodes = placement.for_session(directory.up())
+    offered = await _offer(request, "session", "/sessions", nodes, CREATE_ANSWER_SECONDS)
     if isinstance(offered, tuple):
-        node, upstream = offered
-        if upstream.status_code == 201:
-            node.placed += 1
-        return Relayed(upstream)
+        return Relayed(offered[1])
     if offered is not None and offered.status_code != 429:
         return _replay(offered)  # every node that answered is draining or cannot start kernels
     if offered is not None:
@@ -97,7 +110,7 @@ async def create_session(request: Request) -> Response:
 async def execute_stateless(request: Request) -> Response:
     directory = request.state.directory
     nodes = placement.for_stateless(directory.up())
-    offered = await _offer(request, "stateless", "/execute", nodes)
+    offered = await _offer(request, "stateless", "/execute", nodes, None)
     if isinstance(offered, tuple):
         node, upstream = offered
         node.stateless += 1
@@ -117,7 +130,9 @@ async def list_sessions(request: Request) -> Response:
 
     async def ask(node: Node) -> list[Any] | None:
         try:
-            upstream = await proxy.send(node, request, "/sessions", None)
+            upstream = await proxy.send(
+                node, request, "/sessions", None, answer_within=QUICK_ANSWER_SECONDS
+            )
         except (NodeUnreachable, GatewayError):
             return None
         try:
@@ -147,10 +162,10 @@ async def list_sessions(request: Request) -> Response:
 async def session_request(request: Request) -> Response:
     """Any request on `/sessions/{id}...`: sent to the node named in the id."""
     settings, directory, proxy, router_metrics = _state(request)
+    path = _raw_path(request)
     session_id = request.path_params["session_id"]
     name, dot, rest = session_id.partition(".")
-    node = directory.get(name) if dot and rest else None
-    if node is None:
+    if not (dot and rest and NODE_NAME.fullmatch(name)):
         raise SessionNotFound(f"no session with id {session_id!r}")
     check_declared_length(request, 1 << 62)  # a bad Content-Length is refused here
     body: Body = None
@@ -158,27 +173,33 @@ async def session_request(request: Request) -> Response:
     if request.method in ("POST", "PUT", "PATCH", "DELETE"):
         declared = request.headers.get("content-length")
         if declared is not None and int(declared) <= KEPT_BODY_BYTES:
-            body = await read_body(request, KEPT_BODY_BYTES)
-        else:
+            body = await _read(request, KEPT_BODY_BYTES)
+        elif declared is not None or "chunked" in request.headers.get("transfer-encoding", ""):
             body, resend = request.stream(), False
     deadline = time.monotonic() + settings.node_wait
     while True:
-        if node.state == "lost":
+        node = directory.get(name)
+        if node is None and not directory.young():
+            # A node this router has polled for long enough without meeting: not ours.
+            raise SessionNotFound(f"no session with id {session_id!r} (no node {name!r})")
+        if node is not None and node.state == "lost":
             router_metrics.lost_session()
             raise NodeLost(
                 f"session {session_id}'s node {name} has not answered for "
                 f"{time.monotonic() - node.last_seen:.0f} s and is presumed lost, with its "
                 "sessions; create a new session"
             )
-        if node.state == "up":
+        if node is not None and node.state == "up":
             try:
-                upstream = await proxy.send(node, request, _raw_path(request), body)
+                upstream = await proxy.send(node, request, path, body)
             except NodeUnreachable:
                 if not resend:
                     break
+            except ClientDisconnect:
+                raise BadRequest("the client went away before its request body was read") from None
             else:
                 if request.method == "DELETE" and upstream.status_code == 204:
-                    if request.url.path.rstrip("/") == f"/sessions/{session_id}":
+                    if path.rstrip("/") == f"/sessions/{session_id}":
                         node.placed -= 1  # counted until the node's next report
                 return Relayed(upstream)
         if not await directory.next_poll(deadline):
@@ -193,9 +214,13 @@ async def session_request(request: Request) -> Response:
 async def any_node(request: Request) -> Response:
     """Public pages every node serves alike (the web UI, the OpenAPI document)."""
     _, directory, proxy, _ = _state(request)
+    path = _raw_path(request)
     for node in sorted(directory.up(), key=lambda n: n.sessions):
         try:
-            return Relayed(await proxy.send(node, request, _raw_path(request), None))
+            upstream = await proxy.send(
+                node, request, path, None, answer_within=QUICK_ANSWER_SECONDS
+            )
+            return Relayed(upstream)
         except NodeUnreachable:
             continue
     raise NodeUnavailable(_no_node(directory), retry_after=RETRY_AFTER)
@@ -210,9 +235,21 @@ async def not_routed(request: Request) -> Response:
 
 
 def _raw_path(request: Request) -> str:
-    """The path as the client sent it, still percent-encoded: `files/a%2Fb` stays one name."""
+    """The path as the client sent it, still percent-encoded (`files/a%2Fb` stays one
+    name); one with `.` or `..` segments, which would be resolved on the way to the
+    node into another route, is refused."""
     raw = request.scope.get("raw_path")
-    return raw.decode("latin-1") if isinstance(raw, bytes) else request.url.path
+    path = raw.decode("latin-1") if isinstance(raw, bytes) else request.url.path
+    if any(unquote(segment) in (".", "..") for segment in path.split("/")):
+        raise BadRequest("a path with '.' or '..' segments is not routed")
+    return path
+
+
+async def _read(request: Request, limit: int) -> bytes:
+    try:
+        return await read_body(request, limit)
+    except ClientDisconnect:
+        raise BadRequest("the client went away before its request body was read") from None
 
 
 def _no_node(directory: NodeDirectory) -> str:
