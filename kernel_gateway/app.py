@@ -114,7 +114,11 @@ def create_app(settings: Settings) -> Starlette:
         runtime = RuntimeDir(settings.runtime_dir)
         # A predecessor's persisted sessions live in docker containers: only a backend
         # that may be docker takes its folder over.
-        await asyncio.to_thread(runtime.open, adopt=settings.backend != "local")
+        await asyncio.to_thread(
+            runtime.open,
+            adopt=settings.backend != "local",
+            wait_for_predecessor=settings.adopt_wait if settings.persist_sessions else 0.0,
+        )
         context = zmq.asyncio.Context()
         backend: Backend | None = None
         registry: Registry | None = None

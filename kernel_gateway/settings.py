@@ -139,6 +139,7 @@ class Settings:
     replay_bytes: int = 16 * 1024 * 1024
     persist_sessions: bool = False
     drain_timeout: float = 30.0
+    adopt_wait: float = 0.0
     runtime_dir: Path = field(default_factory=default_runtime_dir)
     log_level: str = "info"
     log_format: LogFormat = "text"
@@ -179,6 +180,8 @@ class Settings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{_origin(name)}: must be a finite number > 0 (got {value})")
+        if not (math.isfinite(self.adopt_wait) and self.adopt_wait >= 0):
+            raise ValueError(f"{_origin('adopt_wait')}: must be a finite number >= 0")
         if not (math.isfinite(self.reconnect_grace) and self.reconnect_grace >= 0):
             raise ValueError(f"{_origin('reconnect_grace')}: must be a finite number >= 0")
         if self.persist_sessions and self.backend == "local":
@@ -444,6 +447,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="with --persist-sessions: seconds a stopping gateway lets running cells finish "
         "before it exits, leaving them to run on (default 30)",
+    )
+    add(
+        "--adopt-wait",
+        type=float,
+        help="with --persist-sessions: at startup, wait up to this many seconds for a gateway "
+        "still running on the same runtime dir to stop, then adopt its sessions (start-first "
+        "rolling updates; default 0: start beside it)",
     )
     add("--figure-formats", help="inline chart formats, e.g. png or png,svg (default png)")
     add("--figure-dpi", type=int, help="inline chart resolution (default 100)")

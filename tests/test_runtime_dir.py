@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,34 @@ def test_a_parent_anyone_may_write_needs_the_sticky_bit(tmp_path: Path) -> None:
         open_runtime(shared / "rt")
     shared.chmod(0o1777)  # like /tmp: others cannot rename or remove our folder
     open_runtime(shared / "rt").close()
+
+
+def test_a_successor_waits_for_its_predecessor_and_adopts(tmp_path: Path) -> None:
+    """Start-first rolling updates: the new gateway starts while the old one still runs."""
+    old = RuntimeDir(tmp_path / "rt")
+    old.open()
+    old.sessions_path.mkdir()
+    (old.sessions_path / "n1.abc.json").write_text("{}")
+    new = RuntimeDir(tmp_path / "rt")
+    opened = threading.Thread(target=new.open, kwargs={"adopt": True, "wait_for_predecessor": 10})
+    started = time.monotonic()
+    opened.start()
+    time.sleep(0.5)
+    assert opened.is_alive()  # still waiting: the predecessor holds its lock
+    old.close(keep=True)  # it drained and left its sessions
+    opened.join(10)
+    assert not opened.is_alive()
+    assert new.adopted and new.instance == old.instance
+    assert 0.5 <= time.monotonic() - started < 5
+    new.close()
+
+
+def test_without_a_wait_a_second_gateway_starts_beside_a_live_one(tmp_path: Path) -> None:
+    first = RuntimeDir(tmp_path / "rt")
+    first.open()
+    second = RuntimeDir(tmp_path / "rt")
+    second.open(adopt=True, wait_for_predecessor=0.3)  # gives up waiting: starts beside it
+    assert not second.adopted and second.instance != first.instance
+    assert first.live_instances() == [second.instance]
+    second.close()
+    first.close()

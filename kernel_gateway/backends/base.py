@@ -18,6 +18,7 @@ import secrets
 import shutil
 import socket
 import stat
+import time
 from collections.abc import Awaitable, Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,14 +264,19 @@ class RuntimeDir:
         self._lock_fd: int | None = None
         self.adopted = False
 
-    def open(self, *, adopt: bool = False) -> None:
+    def open(self, *, adopt: bool = False, wait_for_predecessor: float = 0.0) -> None:
         """Make or check the root folder (RuntimeDirError if unsafe), then this instance's.
 
         With `adopt`, an instance that a stopped gateway left with persisted sessions
         (see `sessions_path`) becomes this one: same id, so its kernels' labels and
-        folders are ours. `adopted` says whether that happened.
+        folders are ours. `adopted` says whether that happened. With
+        `wait_for_predecessor`, a gateway still running on this folder is given that
+        many seconds to stop first (a start-first rolling update: the successor starts,
+        then its predecessor drains and leaves its sessions to it).
         """
         secure_runtime_root(self.root)
+        if adopt and wait_for_predecessor > 0:
+            self._wait_for_live_instances(wait_for_predecessor)
         if adopt and self._take_over():
             return
         # 0700 throughout: containers see only the folders bind-mounted into them, and
@@ -291,6 +297,36 @@ class RuntimeDir:
             os.close(fd)
             return None
         return fd
+
+    def live_instances(self) -> list[str]:
+        """Instance ids whose gateway runs now (its lock is held), other than this one."""
+        return [
+            lock.name.removesuffix(".lock")
+            for lock in self.root.glob("*.lock")
+            if lock.name.removesuffix(".lock") != self.instance and lock_is_held(lock)
+        ]
+
+    def _wait_for_live_instances(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        live = self.live_instances()
+        if live:
+            logger.info(
+                "waiting up to %.0f s for the gateway running on %s (instance %s) to stop, "
+                "to adopt its sessions",
+                seconds,
+                self.root,
+                ", ".join(live),
+            )
+        while live and time.monotonic() < deadline:
+            time.sleep(0.1)
+            live = self.live_instances()
+        if live:
+            logger.warning(
+                "the gateway on %s (instance %s) still runs after %.0f s: starting beside it",
+                self.root,
+                ", ".join(live),
+                seconds,
+            )
 
     def _take_over(self) -> bool:
         """Become the newest stopped instance that persisted sessions, if there is one."""
