@@ -239,13 +239,19 @@ class Settings:
         return self.token is not None
 
     def check_exposure(self) -> None:
-        """Refuse to serve code execution to a network without a token, unless told to."""
-        if self.token or self.no_auth or is_loopback(self.host):
-            return
-        raise ValueError(
-            f"refusing to listen on {self.host} without a token: code execution would be open "
-            "to the network. Pass --token (or KG_TOKEN), or --no-auth if you really mean it."
-        )
+        check_exposure(self.host, self.token, self.no_auth)
+
+
+def check_exposure(host: str, token: str | None, no_auth: bool) -> None:
+    """Refuse to serve code execution (a gateway, or a router in front of gateways) to a
+    network without a token, unless told to."""
+    if token or no_auth or is_loopback(host):
+        return
+    raise ValueError(
+        f"refusing to listen on {host} without a token: code execution would be open to the "
+        "network. Pass --token or --token-file (KG_TOKEN, KG_TOKEN_FILE), or --no-auth if "
+        "you really mean it."
+    )
 
 
 def parse_size(text: str) -> int:

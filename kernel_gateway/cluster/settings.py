@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from ..logs import LogFormat
-from ..settings import env_values, is_loopback, resolve_token
+from ..settings import check_exposure, env_values, resolve_token
 
 DEFAULT_NODE_PORT = 8888
 
@@ -91,12 +91,7 @@ class RouterSettings:
         return [NodeTarget.parse(part) for part in self.nodes.split(",") if part.strip()]
 
     def check_exposure(self) -> None:
-        if self.token or self.no_auth or is_loopback(self.host):
-            return
-        raise ValueError(
-            f"refusing to listen on {self.host} without a token: the router passes code to "
-            "the nodes. Pass --token or --token-file, or --no-auth if you really mean it."
-        )
+        check_exposure(self.host, self.token, self.no_auth)
 
 
 def _flag(name: str) -> str:
