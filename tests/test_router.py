@@ -6,6 +6,7 @@ is in tests/cluster/.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import threading
@@ -23,6 +24,7 @@ from kernel_gateway.cluster.directory import Node
 from kernel_gateway.cluster.settings import NodeTarget, RouterSettings, from_env
 from kernel_gateway.settings import Settings
 from kernel_gateway.settings import from_env as serve_settings
+from kernel_gateway.storage import reclaim
 
 from .gateway_process import Gateway, gateway, router
 from .helpers import execute
@@ -202,29 +204,49 @@ def test_a_dead_node_loses_only_its_sessions(tmp_path: Path) -> None:
             execute(c, sid, "y = 7")
         gws[1].proc.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
-        while True:
-            answer = c.get(f"/sessions/{ids['n2']}")
-            if answer.status_code == 410:
-                break
-            assert answer.status_code == 503, answer.text
-            assert answer.json()["error"]["type"] == "node_unavailable"
-            assert time.monotonic() - killed_at < 30
-        assert answer.json()["error"]["type"] == "node_lost"
-        assert "n2" in answer.json()["error"]["message"]
-        assert execute(c, ids["n1"], "print(y)").stdout == "7\n"
-        for _ in range(2):  # new sessions go to the live node (n1 has room for one)
-            made = c.post("/sessions")
-            if made.status_code == 201:
-                assert _node_of(made.json()["id"]) == "n1"
-            else:
-                assert made.json()["error"]["type"] == "too_many_sessions"
-        health = c.get("/health").json()
-        assert health["status"] == "degraded"
-        assert {n["name"]: n["state"] for n in health["nodes"]} == {"n1": "up", "n2": "lost"}
-        metrics = c.get("/metrics").text
-        assert 'kernel_gateway_router_nodes{state="lost"} 1.0' in metrics
-        with Client(r.url, token=TOKEN) as client, pytest.raises(NodeLostError):
-            client.session(ids["n2"]).info()
+        try:
+            _lost_node_answers(c, r, ids, killed_at)
+        finally:
+            _bury(tmp_path / "n2")
+
+
+def _bury(folder: Path) -> None:
+    """What a SIGKILLed local gateway leaves: its kernels' processes and its mounted
+    session disks (a successor on the same runtime dir would reclaim them)."""
+    marker = str(folder).encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker in (entry / "cmdline").read_bytes():
+                    os.kill(int(entry.name), signal.SIGKILL)
+    time.sleep(0.5)
+    reclaim(folder)
+
+
+def _lost_node_answers(c: httpx.Client, r: Gateway, ids: dict[str, str], killed_at: float) -> None:
+    while True:
+        answer = c.get(f"/sessions/{ids['n2']}")
+        if answer.status_code == 410:
+            break
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["type"] == "node_unavailable"
+        assert time.monotonic() - killed_at < 30
+    assert answer.json()["error"]["type"] == "node_lost"
+    assert "n2" in answer.json()["error"]["message"]
+    assert execute(c, ids["n1"], "print(y)").stdout == "7\n"
+    for _ in range(2):  # new sessions go to the live node (n1 has room for one)
+        made = c.post("/sessions")
+        if made.status_code == 201:
+            assert _node_of(made.json()["id"]) == "n1"
+        else:
+            assert made.json()["error"]["type"] == "too_many_sessions"
+    health = c.get("/health").json()
+    assert health["status"] == "degraded"
+    assert {n["name"]: n["state"] for n in health["nodes"]} == {"n1": "up", "n2": "lost"}
+    metrics = c.get("/metrics").text
+    assert 'kernel_gateway_router_nodes{state="lost"} 1.0' in metrics
+    with Client(r.url, token=TOKEN) as client, pytest.raises(NodeLostError):
+        client.session(ids["n2"]).info()
 
 
 def test_the_client_fails_over_between_routers_even_mid_stream(tmp_path: Path) -> None:
