@@ -121,17 +121,8 @@ def gateway(
         *(["--token", token] if token else []),
         *args,
     ]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    gw = Gateway(proc, f"http://127.0.0.1:{port}", log, headers)
-    try:
-        _wait_up(gw, 90)
+    with _running(cmd, log, port, token, env, up_within=90) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 @contextmanager
@@ -143,12 +134,29 @@ def router(
     log = tmp_path / f"{name}.log"
     cmd = [sys.executable, "-m", "kernel_gateway", "route", "--port", str(port)]
     cmd += ["--nodes", ",".join(nodes), *(["--token", token] if token else []), *args]
+    with _running(cmd, log, port, token, None, up_within=30) as gw:
+        yield gw
+
+
+@contextmanager
+def _running(
+    cmd: list[str],
+    log: Path,
+    port: int,
+    token: str | None,
+    env: dict[str, str] | None,
+    *,
+    up_within: float,
+) -> Iterator[Gateway]:
+    """`cmd` started with its output in `log`; yielded once it answers `/health`, stopped after."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     gw = Gateway(proc, f"http://127.0.0.1:{port}", log, headers)
     try:
-        _wait_up(gw, 30)
+        _wait_up(gw, up_within)
         yield gw
     finally:
         gw.stop()
