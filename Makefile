@@ -35,6 +35,7 @@ lint: setup
 	$(BIN)/ruff check kernel_gateway tests bench
 	$(BIN)/ruff format --check kernel_gateway tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: image lint
 	$(BIN)/python -m pytest $(ARGS)

@@ -34,11 +34,11 @@ import docker
 import httpx
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from kernel_gateway.backends.base import RuntimeDir
-from kernel_gateway.backends.docker import DockerBackend
 from kernel_gateway.client import Client, Display, Done, Stdout
 from kernel_gateway.client.sse import iter_events
-from kernel_gateway.kernel import Kernel
+from kernel_gateway.kernels.backends.base import RuntimeDir
+from kernel_gateway.kernels.backends.docker import DockerBackend
+from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.settings import DEFAULT_IMAGE, Settings
 
 ROOT = Path(__file__).resolve().parent

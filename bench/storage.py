@@ -4,7 +4,7 @@
     python bench/storage.py --runs 100 --size 1g --dir /var/tmp --fill
 
 Needs root (mount, loop devices). Candidates:
-  loop          the chosen design: kernel_gateway.storage.LoopStorage (sparse image,
+  loop          the chosen design: kernel_gateway.kernels.storage.LoopStorage (sparse image,
                 mkfs.ext4 without journal, mount -o loop, direct I/O, 3 folders)
   loop+journal  the same with mkfs's default journal (lazily initialised)
   loop+template one mkfs'd image copied per session (cp --sparse=always), then mounted
@@ -34,8 +34,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kernel_gateway.settings import DEFAULT_IMAGE, parse_size
-from kernel_gateway.storage import (
+from kernel_gateway.kernels.storage import (
     MKFS_OPTIONS,
     MOUNT_OPTIONS,
     LoopStorage,
@@ -50,6 +49,7 @@ from kernel_gateway.storage import (
     set_direct_io,
     unmount,
 )
+from kernel_gateway.settings import DEFAULT_IMAGE, parse_size
 
 OWNER = (1000, 1000)
 

@@ -5,8 +5,9 @@ one), created with the app and handed explicitly to whoever counts: the warm
 pool (kernel starts), each session's kernel slot (deaths, restarts), each
 session (executions), the streaming routes (events and bytes sent) and the
 HTTP middleware (requests by route template). Gauges that describe the present
-(sessions open, the warm pool, queued cells) are read from the `Registry` when
-Prometheus scrapes, so they can never drift from the truth.
+(sessions open, the warm pool, queued cells) are computed when Prometheus scrapes
+by a collector their owner registers (`sessions/gauges.py`, in the app's lifespan),
+so they can never drift from the truth and this module knows nothing above it.
 
 Every label has a bounded set of values: route templates, never raw paths;
 event names, statuses and reasons from fixed lists. Label values known in
@@ -15,28 +16,34 @@ advance are created at zero, so a series exists before its first event.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from . import __version__
+from kernel_gateway.types import DONE_STATUSES, EVENT_NAMES
 
-if TYPE_CHECKING:
-    from .execution import Execution
-    from .registry import Registry
-
-DONE_STATUSES = ("ok", "error", "timeout", "interrupted", "died")
 DEATH_REASONS = ("exited", "signal", "killed", "out_of_memory")
-EVENT_NAMES = ("stdout", "stderr", "display", "result", "clear", "error", "file", "done")
 KINDS = ("session", "stateless")
 
 # Kernel starts take 0.5-3 s (runc to gVisor); cells from milliseconds to an hour.
 START_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 EXECUTION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+
+
+class EndedCell(Protocol):
+    """What `Metrics.execution_ended` reads of a cell (`sessions.execution.Execution`)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def started(self) -> float | None: ...
+    @property
+    def duration_ms(self) -> float: ...
+    @property
+    def first_output(self) -> float | None: ...
 
 
 class Metrics:
@@ -141,12 +148,13 @@ class Metrics:
         for reason in ("capacity", "kernel_unavailable"):
             self.stateless_rejections.labels(reason)
             self.session_rejections.labels(reason)
-        self._state = _StateCollector()
-        r.register(self._state)
 
-    def watch(self, registry: Registry | None) -> None:
-        """Read the gauges (sessions, pool, queues) from `registry`; None stops it."""
-        self._state.source = registry
+    def register(self, collector: Collector) -> None:
+        """Add gauges computed at scrape time (the owner of what they describe calls this)."""
+        self.registry.register(collector)
+
+    def unregister(self, collector: Collector) -> None:
+        self.registry.unregister(collector)
 
     # -- what the domain reports -------------------------------------------------------------
 
@@ -163,7 +171,7 @@ class Metrics:
     def kernel_restarted(self) -> None:
         self.kernel_restarts.inc()
 
-    def execution_ended(self, execution: Execution, *, stateless: bool) -> None:
+    def execution_ended(self, execution: EndedCell, *, stateless: bool) -> None:
         kind = "stateless" if stateless else "session"
         self.executions.labels(kind, execution.status).inc()
         started = execution.started
@@ -189,61 +197,3 @@ class Metrics:
         """The exposition in the format `accept` asks for (text, or OpenMetrics)."""
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
-
-
-class _StateCollector(Collector):
-    """Gauges computed from the registry at scrape time."""
-
-    def __init__(self) -> None:
-        self.source: Registry | None = None
-
-    def describe(self) -> Iterable[Metric]:
-        return []  # the families are only known once a registry is watched
-
-    def collect(self) -> Iterator[Metric]:
-        registry = self.source
-        if registry is None:
-            return
-        info = GaugeMetricFamily(
-            "kernel_gateway_info", "Version and backend.", labels=["version", "backend"]
-        )
-        info.add_metric([__version__, registry.backend.name], 1)
-        yield info
-        pool = registry.warm.stats()
-        sessions = registry.sessions()
-        stats = registry.stats()
-        for name, value, text in (
-            ("sessions", len(sessions), "Sessions open (stateless ones not included)."),
-            ("sessions_limit", stats["max_sessions"], "--max-sessions."),
-            ("stateless_executions", stats["stateless"], "Stateless executions under way."),
-            ("stateless_limit", stats["max_stateless"], "--max-stateless."),
-            ("pool_warm_kernels", pool["warm"], "Warm kernels ready to hand out."),
-            ("pool_starting_kernels", pool["starting"], "Kernels starting for the warm pool."),
-            ("pool_target_kernels", pool["target"], "Warm kernels the pool keeps (--pool-size)."),
-            (
-                "queued_executions",
-                sum(s.queued for s in sessions),
-                "Cells waiting for their session's kernel.",
-            ),
-            (
-                "running_executions",
-                sum(1 for s in sessions if s.current is not None),
-                "Session cells running now (stateless ones are stateless_executions).",
-            ),
-        ):
-            yield GaugeMetricFamily(f"kernel_gateway_{name}", text, value=value)
-        if registry.forks is not None:
-            forks = registry.forks.stats()
-            servers = GaugeMetricFamily(
-                "kernel_gateway_fork_servers",
-                "Fork-server containers for stateless requests, by state.",
-                labels=["state"],
-            )
-            for state in ("idle", "busy", "starting"):
-                servers.add_metric([state], forks[state])
-            yield servers
-            yield CounterMetricFamily(
-                "kernel_gateway_fork_server_requests",
-                "Stateless requests forked from a fork server.",
-                value=forks["requests_served"],
-            )

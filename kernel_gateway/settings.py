@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from .logs import LogFormat
+from kernel_gateway.logs import LogFormat
 
 BackendName = Literal["auto", "docker", "local"]
 McpMode = Literal["sessions", "stateless", "off"]

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple, TypedDict
+from typing import Any, Literal, NamedTuple, TypedDict, get_args
 
 JSON = dict[str, Any]
 Message = dict[str, Any]
 """A deserialized Jupyter message: header, parent_header, metadata, content."""
 
 DoneStatus = Literal["ok", "error", "timeout", "interrupted", "died"]
+"""How a cell ended: the `status` of its `done` event (one stop reason each)."""
+DONE_STATUSES: tuple[DoneStatus, ...] = get_args(DoneStatus)
+
+EventName = Literal["stdout", "stderr", "display", "result", "clear", "error", "file", "done"]
+"""The events a cell's stream carries (SSE `event:` names), in the API's documented order."""
+EVENT_NAMES: tuple[EventName, ...] = get_args(EventName)
 
 
 class ConnectionInfo(TypedDict):

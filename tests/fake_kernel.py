@@ -35,14 +35,14 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import Session as JupyterSession
 
-from kernel_gateway.backends.base import (
+from kernel_gateway.errors import KernelUnavailable
+from kernel_gateway.kernels.backends.base import (
     Backend,
     ExitInfo,
     KernelProcess,
     SessionStorage,
     ipc_connection,
 )
-from kernel_gateway.errors import KernelUnavailable
 
 
 class FakeKernelProcess(KernelProcess):

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from kernel_gateway.app import create_app
 from kernel_gateway.client.sse import SSEDecoder
+from kernel_gateway.server.app import create_app
 from kernel_gateway.settings import Settings
 
 

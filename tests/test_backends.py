@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from kernel_gateway.backends import AUTO, BACKENDS, load_backend
-from kernel_gateway.backends.base import Backend, RuntimeDir
+from kernel_gateway.kernels.backends import AUTO, BACKENDS, load_backend
+from kernel_gateway.kernels.backends.base import Backend, RuntimeDir
 from kernel_gateway.settings import BackendName, Settings
 
 # Build the app, run its lifespan on the local backend, and list what got imported.
 SERVE_LOCAL = """
 import asyncio, sys
 from pathlib import Path
-from kernel_gateway.app import create_app
+from kernel_gateway.server.app import create_app
 from kernel_gateway.settings import Settings
 
 async def main() -> None:

@@ -11,9 +11,9 @@ import docker
 import httpx
 import pytest
 
-from kernel_gateway.backends.base import RuntimeDir
-from kernel_gateway.backends.docker import DockerBackend
 from kernel_gateway.errors import KernelUnavailable
+from kernel_gateway.kernels.backends.base import RuntimeDir
+from kernel_gateway.kernels.backends.docker import DockerBackend
 
 from .conftest import require_docker, settings_for
 from .helpers import ServerThread, execute

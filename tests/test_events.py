@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kernel_gateway.events import (
+from kernel_gateway.kernels.events import (
     MalformedMessage,
     OutputLimiter,
     error_event,

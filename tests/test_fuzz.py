@@ -33,8 +33,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kernel_gateway.app import create_app
-from kernel_gateway.observe import template
+from kernel_gateway.server.app import create_app
+from kernel_gateway.server.middleware import template
 
 from .conftest import require_backend, settings_for
 from .gateway_process import Gateway, gateway

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernel_gateway import storage
-from kernel_gateway.workspace import MAX_NAME_BYTES
+from kernel_gateway.kernels import storage
+from kernel_gateway.kernels.workspace import MAX_NAME_BYTES
 
 from .conftest import settings_for
 from .helpers import ServerThread, execute

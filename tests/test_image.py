@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_gateway import image
+from kernel_gateway.cli import image
 
 CONTEXT = Path(__file__).resolve().parent.parent / "kernel-image"
 # Debian suite -> the Python its python3 package is (the lock must be compiled for it).

@@ -557,7 +557,7 @@ def test_a_running_cell_keeps_its_kernel_from_idle_reaping(tmp_path: Path) -> No
 
 
 def test_connections_per_kernel_are_capped(gateway: ServerThread) -> None:
-    from kernel_gateway.jupyter_kernels import MAX_CONNECTIONS
+    from kernel_gateway.protocols.jupyter.kernels import MAX_CONNECTIONS
 
     async def scenario(kernel_id: str) -> int:
         headers = {"Authorization": f"token {TOKEN}"}

@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 import zmq.asyncio
 
-from kernel_gateway.backends.base import RuntimeDir, SessionStorage
 from kernel_gateway.errors import KernelUnavailable, SessionBusy, SessionFailed
-from kernel_gateway.events import OutputLimiter
-from kernel_gateway.execution import Execution, State, StopReason
-from kernel_gateway.registry import Registry
-from kernel_gateway.restart_policy import RestartPolicy
-from kernel_gateway.session import Session
+from kernel_gateway.kernels.backends.base import RuntimeDir, SessionStorage
+from kernel_gateway.kernels.events import OutputLimiter
+from kernel_gateway.kernels.pools.warm import WarmPool
+from kernel_gateway.sessions.execution import Execution, State, StopReason
+from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.sessions.restart_policy import RestartPolicy
+from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
 from kernel_gateway.types import Event
-from kernel_gateway.warm_pool import WarmPool
 
 from .fake_kernel import FakeBackend, FakeKernelProcess
 
@@ -435,7 +435,7 @@ async def test_a_stateless_response_torn_down_before_its_first_step_abandons_the
 ) -> None:
     from starlette.requests import Request
 
-    from kernel_gateway.routes.streaming import respond
+    from kernel_gateway.server.routes.streaming import respond
 
     session, execution = await gw.registry.run_stateless("sleep 30", None, [])
     scope = {"type": "http", "method": "POST", "path": "/execute", "headers": []}

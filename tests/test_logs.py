@@ -105,7 +105,7 @@ def test_json_logs_carry_ids_and_never_code_output_or_tokens(tmp_path: Path) -> 
         session_id=sid,
         execution_id="1",
     )
-    death = one(request_id="death-req", logger="kernel_gateway.kernel_slot")
+    death = one(request_id="death-req", logger="kernel_gateway.sessions.kernel_slot")
     assert (death["session_id"], death["execution_id"]) == (sid, "2")
     assert "exited" in str(death["message"])
     one(logger="kernel_gateway.access", route="/sessions", status=401)

@@ -23,11 +23,12 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kernel_gateway import __version__
-from kernel_gateway.backends.base import RuntimeDir
+from kernel_gateway.kernels.backends.base import RuntimeDir
+from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.metrics import Metrics
-from kernel_gateway.registry import Registry
+from kernel_gateway.sessions.gauges import RegistryGauges
+from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
-from kernel_gateway.warm_pool import WarmPool
 
 from .conftest import settings_for
 from .fake_kernel import FakeBackend
@@ -76,7 +77,7 @@ async def lifecycle(tmp_path: Path) -> AsyncIterator[tuple[Registry, FakeBackend
     metrics = Metrics()
     registry = Registry(settings, WarmPool(settings, backend, runtime, context, metrics), "i")
     registry.start()
-    metrics.watch(registry)
+    metrics.register(RegistryGauges(registry))
     try:
         yield registry, backend, metrics
     finally:

@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from kernel_gateway.app import create_app
-from kernel_gateway.openapi import UNDOCUMENTED, build
+from kernel_gateway.server.app import create_app
+from kernel_gateway.server.openapi import UNDOCUMENTED, build
 
 from .conftest import settings_for
 from .helpers import ServerThread

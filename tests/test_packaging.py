@@ -97,7 +97,7 @@ def test_installed_copy_builds_from_its_own_context(installed: Path) -> None:
     result = bare_python(
         installed,
         "-c",
-        "from kernel_gateway.image import default_context; print(default_context())",
+        "from kernel_gateway.cli.image import default_context; print(default_context())",
     )
     assert result.returncode == 0, result.stderr
     context = Path(result.stdout.strip())

@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from kernel_gateway.client import Client
-from kernel_gateway.storage import loop_devices_of, mounts_under
+from kernel_gateway.kernels.storage import loop_devices_of, mounts_under
 
 from .conftest import IMAGE, require_docker
 from .helpers import parse_sse

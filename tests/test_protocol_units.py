@@ -16,8 +16,8 @@ from jupyter_server.services.kernels.connection.base import (
     serialize_msg_to_ws_v1,
 )
 
-from kernel_gateway.jupyter_kernels import kernel_id, session_id
-from kernel_gateway.jupyter_wire import (
+from kernel_gateway.protocols.jupyter.kernels import kernel_id, session_id
+from kernel_gateway.protocols.jupyter.wire import (
     V1_PROTOCOL,
     BadFrame,
     WireMessage,
@@ -26,7 +26,7 @@ from kernel_gateway.jupyter_wire import (
     pack,
     to_client,
 )
-from kernel_gateway.mcp_tools import (
+from kernel_gateway.protocols.mcp.tools import (
     MAX_IMAGES,
     CellReport,
     ToolInputError,

@@ -22,9 +22,9 @@ from kernel_gateway.client._failover import Replicas
 from kernel_gateway.cluster import placement
 from kernel_gateway.cluster.directory import Node
 from kernel_gateway.cluster.settings import NodeTarget, RouterSettings, from_env
+from kernel_gateway.kernels.storage import reclaim
 from kernel_gateway.settings import Settings
 from kernel_gateway.settings import from_env as serve_settings
-from kernel_gateway.storage import reclaim
 
 from .gateway_process import Gateway, gateway, router
 from .helpers import execute

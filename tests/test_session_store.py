@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kernel_gateway.backends.base import RuntimeDir, persisted
-from kernel_gateway.persistence import RunningCell, SessionRecord, SessionStore
+from kernel_gateway.kernels.backends.base import RuntimeDir, persisted
+from kernel_gateway.sessions.persistence import RunningCell, SessionRecord, SessionStore
 
 
 def record(sid: str = "abc123", running: RunningCell | None = None, n: int = 1) -> SessionRecord:

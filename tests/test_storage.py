@@ -22,10 +22,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernel_gateway.backends.base import RuntimeDir
-from kernel_gateway.backends.local import LocalBackend
 from kernel_gateway.errors import KernelUnavailable
-from kernel_gateway.storage import (
+from kernel_gateway.kernels.backends.base import RuntimeDir
+from kernel_gateway.kernels.backends.local import LocalBackend
+from kernel_gateway.kernels.storage import (
     LoopStorage,
     PlainStorage,
     SessionStorage,
@@ -112,7 +112,7 @@ def test_a_failed_setup_is_a_clear_error_that_leaves_nothing(
     with pytest.raises(KernelUnavailable, match="could not prepare a session's disk: mkfs"):
         LoopStorage(4096).prepare(root, None)  # too small for ext4
     assert leftovers(tmp_path) == ([], [], [])
-    monkeypatch.setattr("kernel_gateway.storage.MOUNT_OPTIONS", "loop,no_such_option")
+    monkeypatch.setattr("kernel_gateway.kernels.storage.MOUNT_OPTIONS", "loop,no_such_option")
     with pytest.raises(KernelUnavailable, match="could not prepare a session's disk: mount"):
         LoopStorage(16 * MiB).prepare(root, None)
     assert leftovers(tmp_path) == ([], [], [])
@@ -156,7 +156,7 @@ def test_images_in_memory_are_called_out(tmp_path: Path, caplog: pytest.LogCaptu
     """A runtime dir on a tmpfs (as XDG_RUNTIME_DIR is) would make every disk memory again."""
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "kg-test", str(tmp_path)], check=True)
     try:
-        with caplog.at_level(logging.WARNING, logger="kernel_gateway.storage"):
+        with caplog.at_level(logging.WARNING, logger="kernel_gateway.kernels.storage"):
             provider = choose_provider(16 * MiB, tmp_path)
         assert isinstance(provider, LoopStorage)
         assert "the runtime dir is on tmpfs" in caplog.text
@@ -169,7 +169,7 @@ def test_without_root_storage_is_plain_and_the_log_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with caplog.at_level(logging.WARNING, logger="kernel_gateway.storage"):
+    with caplog.at_level(logging.WARNING, logger="kernel_gateway.kernels.storage"):
         provider = choose_provider(64 * MiB, tmp_path)
     assert isinstance(provider, PlainStorage) and not provider.capped
     assert "NOT size-capped: the gateway is not root" in caplog.text

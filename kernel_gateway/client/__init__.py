@@ -23,10 +23,10 @@ This package needs only httpx: it installs without the server's libraries.
 
 from __future__ import annotations
 
-from ._async import AsyncClient, AsyncSession
-from ._base import DEFAULT_URL
-from ._sync import Client, Session
-from .errors import (
+from kernel_gateway.client._async import AsyncClient, AsyncSession
+from kernel_gateway.client._base import DEFAULT_URL
+from kernel_gateway.client._sync import Client, Session
+from kernel_gateway.client.errors import (
     APIError,
     AuthenticationError,
     BackendUnavailableError,
@@ -60,7 +60,7 @@ from .errors import (
     UnavailableError,
     UnsupportedMediaTypeError,
 )
-from .models import (
+from kernel_gateway.client.models import (
     Callbacks,
     Clear,
     Display,
@@ -74,7 +74,7 @@ from .models import (
     Stdout,
     event_from,
 )
-from .sse import ServerSentEvent, SSEDecoder
+from kernel_gateway.client.sse import ServerSentEvent, SSEDecoder
 
 __all__ = [
     "DEFAULT_URL",

@@ -16,10 +16,16 @@ from urllib.parse import quote
 
 import httpx
 
-from ._failover import Replicas
-from .errors import ConnectFailed, ProtocolError, ShuttingDownError, StreamEnded, from_response
-from .models import Callbacks, Done, Event, Execution, event_from
-from .sse import SSEDecoder
+from kernel_gateway.client._failover import Replicas
+from kernel_gateway.client.errors import (
+    ConnectFailed,
+    ProtocolError,
+    ShuttingDownError,
+    StreamEnded,
+    from_response,
+)
+from kernel_gateway.client.models import Callbacks, Done, Event, Execution, event_from
+from kernel_gateway.client.sse import SSEDecoder
 
 DEFAULT_URL = "http://127.0.0.1:8888"
 STREAM_HEADERS = {"Accept": "text/event-stream"}

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from ._base import (
+from kernel_gateway.client._base import (
     DEFAULT_URL,
     STREAM_HEADERS,
     BaseClient,
@@ -20,8 +20,8 @@ from ._base import (
     execute_body,
     read,
 )
-from ._failover import FailoverTransport
-from .errors import (
+from kernel_gateway.client._failover import FailoverTransport
+from kernel_gateway.client.errors import (
     ConnectFailed,
     NotFoundError,
     ShuttingDownError,
@@ -29,7 +29,7 @@ from .errors import (
     from_response,
     map_exceptions,
 )
-from .models import Event, Execution
+from kernel_gateway.client.models import Event, Execution
 
 T = TypeVar("T")
 

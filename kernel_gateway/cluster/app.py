@@ -9,12 +9,13 @@ from typing import TypedDict
 import httpx
 from starlette.applications import Starlette
 
-from ..app import exception_handlers, front_middleware
-from .directory import NodeDirectory
-from .metrics import RouterMetrics
-from .proxy import Proxy
-from .routes import routes
-from .settings import RouterSettings
+from kernel_gateway.cluster.directory import NodeDirectory
+from kernel_gateway.cluster.metrics import RouterMetrics
+from kernel_gateway.cluster.proxy import Proxy
+from kernel_gateway.cluster.routes import routes
+from kernel_gateway.cluster.settings import RouterSettings
+from kernel_gateway.server.error_handlers import exception_handlers
+from kernel_gateway.server.middleware import front_middleware
 
 
 class RouterState(TypedDict):

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import httpx
 
-from .settings import NodeTarget, RouterSettings
+from kernel_gateway.cluster.settings import NodeTarget, RouterSettings
 
 logger = logging.getLogger("kernel_gateway.cluster")
 

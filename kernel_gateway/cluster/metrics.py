@@ -13,7 +13,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from .directory import NODE_STATES, NodeDirectory
+from kernel_gateway.cluster.directory import NODE_STATES, NodeDirectory
 
 PLACEMENT_OUTCOMES = ("placed", "refused", "unreachable")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from .directory import Node
+from kernel_gateway.cluster.directory import Node
 
 
 def for_session(nodes: list[Node], rng: random.Random | None = None) -> list[Node]:

@@ -17,9 +17,9 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from .. import logs
-from ..errors import BadGateway
-from .directory import Node
+from kernel_gateway import logs
+from kernel_gateway.cluster.directory import Node
+from kernel_gateway.errors import BadGateway
 
 logger = logging.getLogger("kernel_gateway.cluster")
 

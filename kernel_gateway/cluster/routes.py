@@ -12,7 +12,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import (
+from kernel_gateway.cluster import placement
+from kernel_gateway.cluster.directory import Node, NodeDirectory
+from kernel_gateway.cluster.metrics import RouterMetrics
+from kernel_gateway.cluster.proxy import Body, NodeUnreachable, Proxy, Relayed
+from kernel_gateway.cluster.settings import RouterSettings
+from kernel_gateway.errors import (
     BadRequest,
     GatewayError,
     NodeLost,
@@ -21,13 +26,8 @@ from ..errors import (
     SessionNotFound,
     TooManySessions,
 )
-from ..http import JSONResponse, check_declared_length, read_body
-from ..settings import NODE_NAME
-from . import placement
-from .directory import Node, NodeDirectory
-from .metrics import RouterMetrics
-from .proxy import Body, NodeUnreachable, Proxy, Relayed
-from .settings import RouterSettings
+from kernel_gateway.server.http import JSONResponse, check_declared_length, read_body
+from kernel_gateway.settings import NODE_NAME
 
 # Bodies up to this size are kept, so that a request can be sent again when its node
 # could not be reached; larger ones (file uploads) stream through once.

@@ -9,8 +9,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, get_args
 
-from ..logs import LogFormat
-from ..settings import check_exposure, env_values, resolve_token
+from kernel_gateway.logs import LogFormat
+from kernel_gateway.settings import check_exposure, env_values, resolve_token
 
 DEFAULT_NODE_PORT = 8888
 

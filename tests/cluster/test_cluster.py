@@ -31,8 +31,8 @@ MAX_SESSIONS = 3
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Deployment]:
     require_cluster()
-    from kernel_gateway.__main__ import default_cache_dir
-    from kernel_gateway.image import build_gateway_image
+    from kernel_gateway.cli.image import build_gateway_image
+    from kernel_gateway.cli.main import default_cache_dir
 
     build_gateway_image(
         GATEWAY_IMAGE, KERNEL_IMAGE, lambda _: None, cache_dir=default_cache_dir({})

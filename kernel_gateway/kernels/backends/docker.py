@@ -1,0 +1,588 @@
+"""Kernels in Docker containers: one container per kernel, no network, no ports.
+
+The gateway reaches each kernel over ZMQ ipc sockets in a bind-mounted folder,
+so nothing is published and the container needs no network at all. Deaths
+(exit, kill from outside, out of memory) are learnt from one Docker events
+stream rather than by polling each container. The Docker SDK is synchronous:
+every call runs on this backend's own thread pool, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Collection, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+import docker.types
+
+from kernel_gateway.errors import BackendUnavailable, KernelUnavailable
+from kernel_gateway.kernels.backends.base import (
+    Backend,
+    ExitInfo,
+    ForkServerHost,
+    KernelProcess,
+    RuntimeDir,
+    in_kernel_source,
+    ipc_connection,
+    lock_is_held,
+    persisted,
+    to_the_end,
+    write_connection_file,
+    write_startup_file,
+)
+from kernel_gateway.kernels.storage import (
+    PlainStorage,
+    SessionStorage,
+    StorageProvider,
+    choose_provider,
+)
+from kernel_gateway.settings import Settings
+from kernel_gateway.types import JSON, ConnectionInfo
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+LABEL_MANAGED = "io.kernel-gateway.managed"
+LABEL_INSTANCE = "io.kernel-gateway.instance"
+LABEL_HOST = "io.kernel-gateway.host"
+LABEL_LOCK = "io.kernel-gateway.lock"  # the owner's instance lock: held while it lives
+LABEL_ROLE = "io.kernel-gateway.role"  # "kernel", or "fork-server" (stateless requests)
+CONTAINER_UID = 1000  # the image's `sandbox` user
+FORK_SERVER_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
+"""What a fork server (root in its container, never running user code) keeps: enough to
+give each request a uid of its own, and to kill and clean up after it."""
+HOME_TMPFS_SIZE = "64m"  # home as a tmpfs, only when sessions have no disk of their own
+
+
+def _exit_info(code: int, oom: bool) -> ExitInfo:
+    if oom:
+        return ExitInfo(code, "out_of_memory")
+    if code == 128 + signal.SIGKILL:
+        return ExitInfo(code, "killed")
+    if code > 128:
+        return ExitInfo(code, "signal")
+    return ExitInfo(code, "exited")
+
+
+class DockerKernel(KernelProcess):
+    def __init__(
+        self,
+        backend: DockerBackend,
+        kernel_id: str,
+        name: str,
+        conn_dir: Path,
+        info: ConnectionInfo,
+    ) -> None:
+        self.id = kernel_id
+        self.name = name
+        self.connection = info
+        self._backend = backend
+        self._conn_dir = conn_dir
+        self._exit: asyncio.Future[ExitInfo] = asyncio.get_running_loop().create_future()
+        self._oom = False
+        self._removed = False
+
+    def _on_oom(self) -> None:
+        self._oom = True
+
+    def _on_die(self, code: int) -> None:
+        if not self._exit.done():
+            self._exit.set_result(_exit_info(code, self._oom))
+
+    def poll(self) -> ExitInfo | None:
+        return self._exit.result() if self._exit.done() else None
+
+    async def wait(self) -> ExitInfo:
+        return await asyncio.shield(self._exit)
+
+    async def send_signal(self, signum: int) -> None:
+        # Docker delivers it to the init process, which forwards it to the kernel.
+        await self._backend.call(self._backend.signal_container, self.name, signum)
+
+    async def kill(self) -> None:
+        await self.send_signal(signal.SIGKILL)
+
+    async def last_output(self) -> str:
+        return await self._backend.call(self._backend.container_log, self.name)
+
+    async def cleanup(self) -> None:
+        if self._removed:
+            return
+        await self._backend.call(self._backend.remove_container, self.name)
+        self._removed = True
+        if not self._exit.done():
+            self._exit.set_result(ExitInfo(None, "killed"))
+        self._backend.forget(self)
+        await asyncio.to_thread(shutil.rmtree, self._conn_dir, True)
+
+
+class DockerBackend(Backend):
+    name = "docker"
+
+    def __init__(self, settings: Settings, runtime: RuntimeDir) -> None:
+        self._settings = settings
+        self._runtime = runtime
+        self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="docker")
+        self._client: docker.DockerClient | None = None
+        self._kernels: dict[str, DockerKernel] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._events: Any = None
+        self._watcher: threading.Thread | None = None
+        self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Chosen in start(): a capped disk per session when it works here.
+        self._storage: StorageProvider = PlainStorage(settings.workspace_size_bytes)
+        if os.getuid() == 0:
+            self._user = f"{CONTAINER_UID}:{CONTAINER_UID}"
+            self._owner: tuple[int, int] | None = (CONTAINER_UID, CONTAINER_UID)
+        else:
+            # Run as the gateway's own (non-root) user so both sides can use the sockets.
+            self._user = f"{os.getuid()}:{os.getgid()}"
+            self._owner = None
+
+    @property
+    def isolation(self) -> str:
+        s = self._settings
+        network = "no network" if s.network == "none" else f"network {s.network!r}"
+        runtime = f"runtime {s.runtime}" if s.runtime else "runtime runc (shares the host kernel)"
+        return (
+            f"docker containers from {s.image}, {runtime}: {network}, user {self._user}, all "
+            "capabilities "
+            f"dropped, no-new-privileges, read-only root, memory {s.memory_limit} (no swap), "
+            f"{s.cpu_limit} CPU, {s.pids_limit} pids; storage: " + self._storage_description
+        )
+
+    @property
+    def _storage_description(self) -> str:
+        size = self._settings.workspace_size
+        if self._storage.capped:
+            return (
+                f"/workspace, /tmp and home on the session's own ext4 disk, capped at {size} "
+                "in all (disk, not memory)"
+            )
+        return (
+            "/workspace a plain folder on the host's disk (UNCAPPED); /tmp and home tmpfs "
+            f"capped at {size} and {HOME_TMPFS_SIZE} (they count as memory)"
+        )
+
+    @property
+    def workspace_owner(self) -> tuple[int, int] | None:
+        return self._owner
+
+    async def prepare_storage(self, root: Path) -> SessionStorage:
+        """Make `root` the session's storage with the provider chosen at startup."""
+        return await to_the_end(self.call(self._storage.prepare, root, self._owner))
+
+    async def release_storage(self, storage: SessionStorage) -> None:
+        try:
+            await asyncio.shield(self.call(self._storage.release, storage.root))
+        except Exception:
+            logger.exception("releasing the storage at %s failed", storage.root)
+
+    @property
+    def client(self) -> docker.DockerClient:
+        assert self._client is not None, "DockerBackend.start() was not awaited"
+        return self._client
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            self._client = await self.call(docker.from_env, timeout=30, max_pool_size=32)
+            await self.call(self.client.ping)
+        except docker.errors.DockerException as exc:
+            raise BackendUnavailable(f"no Docker engine answers: {exc}") from exc
+        try:
+            await self.call(self.client.api.inspect_image, self._settings.image)
+        except docker.errors.ImageNotFound as exc:
+            raise BackendUnavailable(
+                f"kernel image {self._settings.image} not found; run `kernel-gateway build-image`"
+            ) from exc
+        # Independent: done at once (both take a while on a busy host).
+        _, self._storage = await asyncio.gather(
+            self.reclaim_orphans(),
+            self.call(choose_provider, self._storage.size, self._runtime.path / "w"),
+        )
+        # Open the stream before any launch, so no death can be missed.
+        self._events = await self.call(
+            self.client.events, decode=True, filters=self._event_filters()
+        )
+        self._watcher = threading.Thread(target=self._watch, name="docker-events", daemon=True)
+        self._watcher.start()
+
+    async def reclaim_orphans(self) -> None:
+        """Remove containers left by gateways on this host that are no longer running."""
+        containers = await self.call(
+            self.client.api.containers, all=True, filters={"label": LABEL_MANAGED}
+        )
+        stale = [
+            c["Id"]
+            for c in containers
+            if c["Labels"].get(LABEL_HOST) == self._runtime.hostname
+            and c["Labels"].get(LABEL_INSTANCE) != self._runtime.instance
+            and LABEL_LOCK in c["Labels"]
+            and not lock_is_held(Path(c["Labels"][LABEL_LOCK]))
+            and not persisted(Path(c["Labels"][LABEL_LOCK]))
+        ]
+        await asyncio.gather(*(self.call(self.remove_container, cid) for cid in stale))
+        if stale:
+            logger.info("removed %d orphaned kernel containers", len(stale))
+        for instance in await self.call(self._runtime.orphaned_instances):
+            # Its session disks too: unmounted, loop devices detached, images deleted.
+            await self.call(self._runtime.remove_instance, instance)
+
+    async def close(self) -> None:
+        await self._stop(remove=True)
+
+    persists = True
+
+    async def detach(self) -> None:
+        await self._stop(remove=False)
+
+    async def _stop(self, *, remove: bool) -> None:
+        self._closing = True
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._client is not None:
+            if remove:
+                containers = await self._containers()
+                await asyncio.gather(
+                    *(self.call(self.remove_container, c["Id"]) for c in containers)
+                )
+            for kernel in list(self._kernels.values()):
+                kernel._on_die(-1)
+            if self._events is not None:
+                with contextlib.suppress(Exception):
+                    self._events.close()
+            await self.call(self.client.close)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _containers(self) -> list[dict[str, Any]]:
+        """This instance's containers, running or not."""
+        filters = {"label": f"{LABEL_INSTANCE}={self._runtime.instance}"}
+        result: list[dict[str, Any]] = await self.call(
+            self.client.api.containers, all=True, filters=filters
+        )
+        return result
+
+    async def adopt(self, kernel_ids: Collection[str]) -> dict[str, KernelProcess]:
+        """Take over the running containers of `kernel_ids`; remove this instance's others.
+
+        A kernel is adopted only with its container running and its connection files in
+        place. Each is registered before it is checked again, so a death in between is
+        seen either by the check or by the events stream (open since `start`).
+        """
+        wanted = set(kernel_ids)
+        prefix = f"kg-{self._runtime.instance}-"
+        adopted: dict[str, DockerKernel] = {}
+        unwanted: list[str] = []
+        for container in await self._containers():
+            name = container["Names"][0].lstrip("/") if container.get("Names") else ""
+            kernel_id = name.removeprefix(prefix)
+            conn_dir = self._runtime.path / "k" / kernel_id
+            info = None
+            if name.startswith(prefix) and kernel_id in wanted and container["State"] == "running":
+                info = await self.call(_read_connection, conn_dir)
+            if info is None:
+                unwanted.append(container["Id"])
+                continue
+            kernel = DockerKernel(self, kernel_id, name, conn_dir, info)
+            self._kernels[name] = kernel
+            adopted[kernel_id] = kernel
+        # Removed while the gateway serves (stopping a container can take a while).
+        self._spawn(self._remove_containers(unwanted))
+        # Listed again now that all are registered: one that died in between is seen here.
+        running = {
+            c["Names"][0].lstrip("/")
+            for c in await self._containers()
+            if c.get("Names") and c["State"] == "running"
+        }
+        for kernel in adopted.values():
+            if kernel.name not in running:
+                kernel._on_die(await self.call(self._exit_code, kernel.name))
+        keep = {k.id for k in adopted.values()}
+        await self.call(self._remove_conn_dirs_but, keep)
+        if unwanted:
+            logger.info("removed %d kernel containers no session claimed", len(unwanted))
+        return dict(adopted)
+
+    async def _remove_containers(self, ids: list[str]) -> None:
+        results = await asyncio.gather(
+            *(self.call(self.remove_container, c) for c in ids), return_exceptions=True
+        )
+        for failure in (r for r in results if isinstance(r, BaseException)):
+            logger.warning("could not remove an unclaimed kernel container: %s", failure)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _exit_code(self, name: str) -> int:
+        try:
+            return int(self.client.api.inspect_container(name)["State"].get("ExitCode", -1))
+        except docker.errors.NotFound:
+            return -1
+
+    def _remove_conn_dirs_but(self, keep: set[str]) -> None:
+        for path in (self._runtime.path / "k").iterdir():
+            if path.name not in keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    # -- kernels -----------------------------------------------------------------------------
+
+    async def launch(self, storage: SessionStorage) -> KernelProcess:
+        """Start a kernel container on `storage`; raises only `KernelUnavailable`."""
+        try:
+            return await self._launch(storage)
+        except (docker.errors.DockerException, OSError, TimeoutError) as exc:
+            raise KernelUnavailable(
+                f"could not start a kernel container: {exc}", retry_after=5
+            ) from exc
+
+    @property
+    def fork_servers(self) -> str | None:
+        if os.getuid() != 0:
+            return (
+                "fork servers need a root gateway (each request runs under a uid of its own, "
+                "and the gateway must reach its sockets)"
+            )
+        return None
+
+    @property
+    def fork_servers_by_default(self) -> str | None:
+        if self._settings.runtime not in (None, "runc"):
+            return (
+                f"under --runtime {self._settings.runtime} a fork server was seen to end "
+                "unexpectedly now and then (it is replaced, but a request can fail): "
+                "--stateless-mode fork to use them anyway"
+            )
+        return self.fork_servers
+
+    async def launch_fork_server(self, storage: SessionStorage, config: JSON) -> ForkServerHost:
+        """A container running `zygote.py` as root with only the capabilities it needs to
+        give each request a uid of its own and clean up after it (see zygote.py)."""
+        try:
+            kernel_id, conn_dir = await self.call(self._make_fork_server_dir, config)
+            process = await self._launch(storage, fork_server=(kernel_id, conn_dir))
+        except (docker.errors.DockerException, OSError, TimeoutError) as exc:
+            raise KernelUnavailable(
+                f"could not start a fork-server container: {exc}", retry_after=5
+            ) from exc
+        return ForkServerHost(process, conn_dir)
+
+    def _make_fork_server_dir(self, config: JSON) -> tuple[str, Path]:
+        kernel_id, conn_dir = self._runtime.new_kernel_dir()
+        try:
+            conn_dir.chmod(0o755)  # request uids traverse it to reach their own r<N>/
+            (conn_dir / "zygote.py").write_bytes(in_kernel_source("zygote.py"))
+            write_startup_file(conn_dir, self._settings, offline=self._settings.network == "none")
+            (conn_dir / "zygote.json").write_text(json.dumps(config))
+        except BaseException:
+            shutil.rmtree(conn_dir, ignore_errors=True)
+            raise
+        return kernel_id, conn_dir
+
+    async def _launch(
+        self, storage: SessionStorage, fork_server: tuple[str, Path] | None = None
+    ) -> KernelProcess:
+        s = self._settings
+        if fork_server is None:
+            kernel_id, conn_dir, info = await self.call(self._make_conn_dir)
+        else:
+            kernel_id, conn_dir = fork_server
+            info = ipc_connection(str(conn_dir / "unused"))
+        name = f"kg-{self._runtime.instance}-{kernel_id}"
+        kernel = DockerKernel(self, kernel_id, name, conn_dir, info)
+        self._kernels[name] = kernel  # before create: a death event may come at once
+        binds: dict[str, Mapping[str, str]] = {
+            str(conn_dir): {"bind": "/conn", "mode": "rw"},
+            str(storage.files): {"bind": "/workspace", "mode": "rw"},
+        }
+        tmpfs: dict[str, str] = {}
+        owner = "uid=0,gid=0" if fork_server else f"uid={self._uid},gid={self._uid}"
+        if self._storage.capped:  # one disk, one cap: files, /tmp and home
+            binds[str(storage.tmp)] = {"bind": "/tmp", "mode": "rw"}
+            binds[str(storage.home)] = {"bind": "/home/sandbox", "mode": "rw"}
+        else:  # no disk of its own: keep /tmp and home off the host's disk, as memory
+            tmpfs = {
+                "/tmp": f"rw,nosuid,nodev,size={s.workspace_size},mode=1777",
+                "/home/sandbox": f"rw,nosuid,nodev,size={HOME_TMPFS_SIZE},mode=700,{owner}",
+            }
+        extra: dict[str, Any] = {}
+        if fork_server:
+            extra = {
+                "user": "0:0",
+                "command": ["/opt/venv/bin/python", "/conn/zygote.py", "/conn/zygote.json"],
+            }
+        try:
+            host_config = self.client.api.create_host_config(
+                binds=binds,
+                network_mode=s.network,
+                cap_drop=["ALL"],
+                cap_add=FORK_SERVER_CAPABILITIES if fork_server else None,
+                security_opt=["no-new-privileges:true"],
+                # A fork server is init itself: it reaps every process (see zygote.py);
+                # under gVisor, Docker's init beside it ended the container now and then.
+                init=not fork_server,
+                read_only=True,
+                tmpfs=tmpfs,
+                mem_limit=s.memory_limit_bytes,
+                memswap_limit=s.memory_limit_bytes,
+                nano_cpus=int(s.cpu_limit * 1e9),
+                pids_limit=s.pids_limit,
+                ulimits=[docker.types.Ulimit(name="nofile", soft=1024, hard=1024)],
+                # ipykernel echoes fd-level output to the container's stdout: keep it bounded.
+                log_config=docker.types.LogConfig(
+                    type="json-file", config={"max-size": "1m", "max-file": "1"}
+                ),
+            )
+            if s.runtime:
+                host_config["Runtime"] = s.runtime
+            await self.call(
+                self._create_and_start,
+                name=name,
+                image=s.image,
+                **({"user": self._user} | extra),
+                labels={
+                    LABEL_MANAGED: "1",
+                    LABEL_INSTANCE: self._runtime.instance,
+                    LABEL_HOST: self._runtime.hostname,
+                    LABEL_LOCK: str(self._runtime.lock_path),
+                    LABEL_ROLE: "fork-server" if fork_server else "kernel",
+                },
+                host_config=host_config,
+                environment={"HOME": "/home/sandbox"},
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(kernel.cleanup())
+            raise
+        return kernel
+
+    def _make_conn_dir(self) -> tuple[str, Path, ConnectionInfo]:
+        """A kernel's connection folder with its files, owned by the kernel's user."""
+        kernel_id, conn_dir = self._runtime.new_kernel_dir()
+        try:
+            info = ipc_connection(str(conn_dir / "k"))
+            write_connection_file(conn_dir / "kernel.json", ipc_connection_inside(info))
+            write_startup_file(conn_dir, self._settings, offline=self._settings.network == "none")
+            if self._owner is not None:
+                for path in (conn_dir, *conn_dir.iterdir()):
+                    os.chown(path, *self._owner)
+        except BaseException:
+            shutil.rmtree(conn_dir, ignore_errors=True)
+            raise
+        return kernel_id, conn_dir, info
+
+    @property
+    def _uid(self) -> str:
+        return self._user.split(":")[0]
+
+    def forget(self, kernel: DockerKernel) -> None:
+        self._kernels.pop(kernel.name, None)
+
+    # -- runs on the thread pool -------------------------------------------------------------
+
+    def _create_and_start(self, **kwargs: Any) -> None:
+        container = self.client.api.create_container(**kwargs)
+        self.client.api.start(container["Id"])
+
+    def signal_container(self, name: str, signum: int) -> None:
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+            self.client.api.kill(name, signal=int(signum))
+
+    def container_log(self, ref: str, lines: int = 20) -> str:
+        """The last lines a container wrote (for the log when a fork server is lost)."""
+        try:
+            data = self.client.api.logs(ref, tail=lines)
+        except docker.errors.DockerException as exc:
+            return f"(no log: {exc})"
+        return bytes(data).decode("utf-8", "replace")
+
+    def remove_container(self, ref: str) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            try:
+                self.client.api.remove_container(ref, force=True, v=True)
+            except docker.errors.APIError as exc:
+                if "already in progress" not in str(exc):
+                    raise
+
+    def _watch(self) -> None:
+        """Turn the engine's die/oom events into calls on the event loop.
+
+        If the stream breaks (engine restart, socket error) it is reopened with
+        `since` set to the last event seen, so the engine replays what was missed.
+        """
+        assert self._loop is not None
+        since: int | None = None
+        while not self._closing:
+            try:
+                if self._events is None:
+                    self._events = self.client.events(
+                        decode=True, since=since, filters=self._event_filters()
+                    )
+                for event in self._events:
+                    since = event.get("time", since)
+                    self._dispatch(event)
+            except Exception as exc:
+                if self._closing:
+                    return
+                logger.warning("Docker events stream broke (%s); reopening", exc)
+            self._events = None
+            if not self._closing:
+                time.sleep(1.0)
+
+    def _event_filters(self) -> dict[str, Any]:
+        return {"type": "container", "label": f"{LABEL_INSTANCE}={self._runtime.instance}"}
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        assert self._loop is not None
+        action = event.get("Action") or event.get("status")
+        attrs = event.get("Actor", {}).get("Attributes", {})
+        kernel = self._kernels.get(attrs.get("name", ""))
+        if kernel is None:
+            return
+        if action == "oom":
+            self._loop.call_soon_threadsafe(kernel._on_oom)
+        elif action == "die":
+            code = int(attrs.get("exitCode", -1))
+            self._loop.call_soon_threadsafe(kernel._on_die, code)
+
+
+def _read_connection(conn_dir: Path) -> ConnectionInfo | None:
+    """A running kernel's connection as the gateway sees it, from the file the kernel reads."""
+    try:
+        inside = json.loads((conn_dir / "kernel.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(inside, dict) or not isinstance(inside.get("key"), str):
+        return None
+    info = ipc_connection(str(conn_dir / "k"))
+    info["key"] = inside["key"]
+    info["signature_scheme"] = str(inside.get("signature_scheme", info["signature_scheme"]))
+    return info
+
+
+def ipc_connection_inside(info: ConnectionInfo) -> ConnectionInfo:
+    """The same connection as the kernel sees it: the folder is mounted at /conn."""
+    inside = info.copy()
+    inside["ip"] = "/conn/" + Path(info["ip"]).name
+    return inside

@@ -1,0 +1,366 @@
+"""One connected kernel: Jupyter messages in and out over ZMQ.
+
+A reader task per channel routes every incoming message by its parent's
+msg_id to whoever sent the request, so each execution sees only its own
+output, and output that arrives late (a background thread printing after the
+cell ended) is dropped rather than leaking into the next execution. Routing is
+one dict lookup per message, whatever the number of kernels.
+
+Code in a kernel can read its own connection key and publish signed messages
+of any shape, so a message that does not parse or has the wrong shape is
+dropped and counted (`dropped_messages`); it never stops a reader.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import zmq
+import zmq.asyncio
+from jupyter_client.session import Session as JupyterSession
+
+from kernel_gateway.errors import KernelUnavailable
+from kernel_gateway.kernels.backends.base import ExitInfo, KernelProcess
+from kernel_gateway.kernels.events import ExecuteReply, input_count, is_idle, translate
+from kernel_gateway.types import ConnectionInfo, Event, Message
+
+logger = logging.getLogger(__name__)
+
+Listener = Callable[[Message], None]
+
+
+class OutputSink(Protocol):
+    """Receives what one execute_request caused on IOPub, already parsed."""
+
+    def on_input(self, execution_count: int) -> None: ...
+    def on_event(self, event: Event) -> None: ...
+    def on_idle(self) -> None: ...
+
+
+DELIM = b"<IDS|MSG>"
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+def _url(info: ConnectionInfo, port: str) -> str:
+    if info["transport"] == "ipc":
+        return f"ipc://{info['ip']}-{info[port]}"  # type: ignore[literal-required]
+    return f"tcp://{info['ip']}:{info[port]}"  # type: ignore[literal-required]
+
+
+class Kernel:
+    def __init__(self, process: KernelProcess, context: zmq.asyncio.Context) -> None:
+        info = process.connection
+        self.process = process
+        self.id = process.id
+        self._session = JupyterSession(
+            key=info["key"].encode(),
+            signature_scheme=info["signature_scheme"],
+            username="kernel-gateway",
+        )
+        scheme = info["signature_scheme"].removeprefix("hmac-")
+        self._mac = hmac.new(info["key"].encode(), digestmod=getattr(hashlib, scheme))
+        self._shell = self._socket(context, zmq.DEALER, _url(info, "shell_port"))
+        self._control = self._socket(context, zmq.DEALER, _url(info, "control_port"))
+        self._iopub = self._socket(context, zmq.SUB, _url(info, "iopub_port"))
+        self._iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._listeners: dict[str, Listener] = {}
+        self._replies: dict[str, asyncio.Future[Message]] = {}
+        self.exited: asyncio.Task[ExitInfo] = asyncio.ensure_future(process.wait())
+        self._readers = [
+            asyncio.create_task(self._read(self._iopub, self._on_iopub)),
+            asyncio.create_task(self._read(self._shell, self._on_reply)),
+            asyncio.create_task(self._read(self._control, self._on_reply)),
+        ]
+        self.language_info: dict[str, Any] = {}
+        self.closed = False
+        self.dropped_messages = 0
+        """Messages dropped because they did not verify, parse or have the right shape."""
+
+    @staticmethod
+    def _socket(context: zmq.asyncio.Context, kind: int, url: str) -> zmq.asyncio.Socket:
+        sock = context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        # The kernel binds its sockets a few hundred ms after start: retry quickly.
+        sock.setsockopt(zmq.RECONNECT_IVL, 10)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 100)
+        # A kernel cannot make the gateway buffer an absurd message: past this ZMQ drops it.
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        sock.connect(url)
+        return sock
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    async def _read(self, sock: zmq.asyncio.Socket, handle: Listener) -> None:
+        while True:
+            try:
+                frames = await sock.recv_multipart(copy=True)
+            except (zmq.ZMQError, asyncio.CancelledError):
+                return
+            try:
+                handle(self._deserialize(frames))
+            except Exception as exc:
+                self._drop(exc)
+
+    def _drop(self, exc: Exception) -> None:
+        self.dropped_messages += 1
+        if self.dropped_messages == 1 or self.dropped_messages % 1000 == 0:
+            logger.warning(
+                "kernel %s sent a malformed message (%s); dropped (%d so far)",
+                self.id,
+                exc,
+                self.dropped_messages,
+            )
+
+    def _deserialize(self, frames: list[bytes]) -> Message:
+        """Verify and decode one wire message.
+
+        Like jupyter_client's Session.deserialize, minus turning every ISO date in
+        the headers into a datetime, which the gateway never reads: that parsing
+        was the largest cost per message on the hot path.
+        """
+        delim = frames.index(DELIM)
+        signature, header, parent, metadata, content = frames[delim + 1 : delim + 6]
+        mac = self._mac.copy()
+        for part in (header, parent, metadata, content):
+            mac.update(part)
+        if not hmac.compare_digest(mac.hexdigest().encode(), signature):
+            raise ValueError("bad message signature")
+        msg: Message = {
+            "header": json.loads(header),
+            "parent_header": json.loads(parent),
+            "metadata": json.loads(metadata),
+            "content": json.loads(content),
+            "buffers": frames[delim + 6 :],
+        }
+        if not isinstance(msg["header"], dict) or not isinstance(msg["parent_header"], dict):
+            raise ValueError("header or parent_header is not an object")
+        if not isinstance(msg["header"].get("msg_type"), str):
+            raise ValueError("header has no msg_type")
+        return msg
+
+    def _on_iopub(self, msg: Message) -> None:
+        listener = self._listeners.get(msg["parent_header"].get("msg_id", ""))
+        if listener is not None:
+            listener(msg)
+
+    def _on_reply(self, msg: Message) -> None:
+        future = self._replies.pop(msg["parent_header"].get("msg_id", ""), None)
+        if future is not None and not future.done():
+            future.set_result(msg)
+
+    # -- sending -----------------------------------------------------------------------------
+
+    async def _send(
+        self,
+        sock: zmq.asyncio.Socket,
+        msg_type: str,
+        content: dict[str, Any],
+        listener: Listener | None = None,
+    ) -> tuple[str, asyncio.Future[Message]]:
+        msg = self._session.msg(msg_type, content)
+        frames = self._session.serialize(msg)
+        msg_id: str = msg["header"]["msg_id"]
+        reply: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._replies[msg_id] = reply
+        if listener is not None:
+            self._listeners[msg_id] = listener
+        await sock.send_multipart(frames)
+        return msg_id, reply
+
+    async def execute(self, code: str, sink: OutputSink) -> tuple[str, asyncio.Future[Message]]:
+        """Send an execute_request; what it causes on IOPub goes to `sink`, parsed.
+
+        Returns the request's msg_id and a future for its shell reply.
+        """
+        return await self._send(
+            self._shell,
+            "execute_request",
+            {
+                "code": code,
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": True,
+            },
+            _router(sink),
+        )
+
+    def follow(self, msg_id: str, sink: OutputSink) -> None:
+        """Route what an execute_request sent by an earlier gateway still causes to `sink`.
+
+        Its shell reply went to that gateway's socket and is lost; its IOPub output is not.
+        """
+        self._listeners[msg_id] = _router(sink)
+
+    async def outcome(self, msg_id: str, seconds: float) -> ExecuteReply | None:
+        """How the cell sent as `msg_id` ended, from the kernel's own log (see
+        kernel_startup's `_install_outcome_log`); None if the kernel does not know."""
+        if not all(c.isalnum() or c in "-_" for c in msg_id):
+            return None
+        content = {
+            "code": "",
+            "silent": True,
+            "store_history": False,
+            "user_expressions": {"o": f"get_ipython().kernel._kg_outcomes.get({msg_id!r})"},
+            "allow_stdin": False,
+            "stop_on_error": False,
+        }
+        sent, reply = await self._send(self._shell, "execute_request", content)
+        try:
+            waiting: set[asyncio.Future[Any]] = {reply, self.exited}
+            await asyncio.wait(waiting, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            if not reply.done() or reply.cancelled():
+                return None
+            found = reply.result()["content"]["user_expressions"]["o"]
+            text = ast.literal_eval(found["data"]["text/plain"])
+            if not isinstance(text, str):
+                return None
+            data = json.loads(text)
+            count = data.get("execution_count")
+            return ExecuteReply(
+                status=str(data["status"]),
+                execution_count=count if isinstance(count, int) else None,
+                exit_requested=False,
+            )
+        except (KeyError, TypeError, ValueError, SyntaxError):
+            return None
+        finally:
+            self.forget(sent)
+
+    async def probe(self, seconds: float) -> bool:
+        """Whether the kernel answers a kernel_info_request on its control channel in time.
+
+        The control channel is served even while a cell runs, so a busy kernel answers.
+        """
+        msg_id, reply = await self._send(self._control, "kernel_info_request", {})
+        try:
+            waiting: set[asyncio.Future[Any]] = {reply, self.exited}
+            await asyncio.wait(waiting, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            return reply.done() and not reply.cancelled()
+        finally:
+            self.forget(msg_id)
+
+    def forget(self, msg_id: str) -> None:
+        """Stop routing messages for a finished request (late output is dropped)."""
+        self._listeners.pop(msg_id, None)
+        future = self._replies.pop(msg_id, None)
+        if future is not None and not future.done():
+            future.cancel()
+
+    async def run_silent(self, code: str, seconds: float) -> bool:
+        """Run code the user never sees: no output, no history, no execution count."""
+        content = {
+            "code": code,
+            "silent": True,
+            "store_history": False,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": False,
+        }
+        msg_id, reply = await self._send(self._shell, "execute_request", content)
+        try:
+            waiting: set[asyncio.Future[Any]] = {reply, self.exited}
+            await asyncio.wait(waiting, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            return reply.done() and reply.result()["content"].get("status") == "ok"
+        finally:
+            self.forget(msg_id)
+
+    async def wait_ready(self, seconds: float) -> None:
+        """Wait until the kernel answers on shell and its IOPub output reaches us.
+
+        A SUB socket misses what is published before its subscription lands, so
+        readiness needs an IOPub message for our own kernel_info_request too.
+        """
+        deadline = time.monotonic() + seconds
+        while True:
+            if self.exited.done():
+                exit_info = self.exited.result().describe()
+                raise KernelUnavailable(f"kernel died while starting: {exit_info}")
+            seen = asyncio.Event()
+            msg_id, reply = await self._send(self._shell, "kernel_info_request", {}, _setter(seen))
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise KernelUnavailable(f"kernel did not become ready within {seconds:g} s")
+                waiting: set[asyncio.Future[Any]] = {reply, self.exited}
+                done, _ = await asyncio.wait(
+                    waiting,
+                    timeout=min(remaining, 1.0),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if reply in done:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(seen.wait(), 0.25)
+                    if seen.is_set():
+                        self.language_info = reply.result()["content"].get("language_info", {})
+                        return
+            finally:
+                self.forget(msg_id)
+
+    @property
+    def exit_info(self) -> ExitInfo | None:
+        """How the kernel ended, or None while it runs."""
+        task = self.exited
+        if not task.done():
+            return None
+        if task.cancelled() or task.exception() is not None:
+            return ExitInfo(None, "killed")
+        return task.result()
+
+    async def interrupt(self) -> None:
+        await self.process.send_signal(signal.SIGINT)
+
+    async def kill(self) -> None:
+        """End the kernel at once (its state is lost); `exited` resolves soon after."""
+        await self.process.kill()
+
+    async def close(self) -> None:
+        """Stop reading, close sockets, and kill and remove the kernel (idempotent)."""
+        self.disconnect()
+        # cleanup() guarantees the process has ended, so `exited` resolves on its own.
+        await self.process.cleanup()
+
+    def disconnect(self) -> None:
+        """Stop reading and close sockets, leaving the kernel running (for a successor)."""
+        if self.closed:
+            return
+        self.closed = True
+        for task in self._readers:
+            task.cancel()
+        for sock in (self._shell, self._control, self._iopub):
+            sock.close(linger=0)
+        for future in self._replies.values():
+            future.cancel()
+        self._replies.clear()
+        self._listeners.clear()
+
+
+def _router(sink: OutputSink) -> Listener:
+    def route(msg: Message) -> None:
+        if is_idle(msg):
+            sink.on_idle()
+            return
+        count = input_count(msg)
+        if count is not None:
+            sink.on_input(count)
+            return
+        event = translate(msg)
+        if event is not None:
+            sink.on_event(event)
+
+    return route
+
+
+def _setter(event: asyncio.Event) -> Listener:
+    return lambda _msg: event.set()

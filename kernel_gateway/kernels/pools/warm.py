@@ -1,0 +1,235 @@
+"""Warm kernels kept ready, each on its own prepared storage.
+
+Taking a kernel never waits on a start when a warm one is ready. Refills run
+in the background, several at once, and callers who found the pool empty are
+served first by whichever start finishes next, so a drained pool recovers as
+fast as the backend can start kernels. Storage is prepared here, off the path
+that hands kernels out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq.asyncio
+
+from kernel_gateway.errors import KernelUnavailable
+from kernel_gateway.kernels.backends.base import Backend, KernelProcess, RuntimeDir, SessionStorage
+from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.kernels.pools.refill import Refill
+from kernel_gateway.metrics import Metrics
+from kernel_gateway.settings import Settings
+from kernel_gateway.types import JSON
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WarmKernel:
+    kernel: Kernel
+    storage: SessionStorage
+
+
+class WarmPool:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        runtime: RuntimeDir,
+        context: zmq.asyncio.Context,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.backend = backend
+        self._runtime = runtime
+        self._context = context
+        self._refill: Refill[WarmKernel] = Refill(
+            "kernel",
+            self._start_one,
+            lambda: settings.pool_size + len(self._refill.waiters),
+            settings.max_concurrent_starts,
+            on_ready=self._watch_ready,
+        )
+        self.kernels_started = 0
+        self._preload_code = preload_code(settings.preload_list)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._refill.fill()
+
+    async def close(self) -> None:
+        # Cancelled starts finish their cleanup before the backend removes containers.
+        warm = await self._refill.close()
+        await asyncio.gather(*(self.discard(w) for w in warm), return_exceptions=True)
+
+    def stats(self) -> JSON:
+        return {
+            "warm": len(self._refill.ready),
+            "starting": self._refill.starting,
+            "target": self.settings.pool_size,
+            "kernels_started": self.kernels_started,
+        }
+
+    # -- kernels -----------------------------------------------------------------------------
+
+    async def remove_storage(self, storage: SessionStorage) -> None:
+        try:
+            await self.backend.release_storage(storage)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, storage.root, True)
+
+    @property
+    def workspaces(self) -> Path:
+        """The folder holding every session's storage root."""
+        return self._runtime.path / "w"
+
+    async def unclaimed_storage(self, keep: set[str]) -> list[SessionStorage]:
+        """Every storage root in `workspaces` whose name is not in `keep`.
+
+        For a gateway that adopted its predecessor's sessions: the disks of its warm
+        and stateless kernels, and of sessions that could not be adopted.
+        """
+
+        def names() -> set[str]:
+            return {p.name.removesuffix(".img") for p in self.workspaces.iterdir()}
+
+        return [
+            SessionStorage(self.workspaces / n)
+            for n in sorted(await asyncio.to_thread(names) - keep)
+        ]
+
+    async def remove_storages(self, storages: list[SessionStorage]) -> None:
+        await asyncio.gather(*(self.remove_storage(s) for s in storages))
+
+    def connect(self, process: KernelProcess) -> Kernel:
+        """A connection to a kernel that already runs (one a predecessor left)."""
+        return Kernel(process, self._context)
+
+    async def acquire(self) -> WarmKernel:
+        """A ready kernel: a warm one at once, else the next one to finish starting."""
+        ready = self._refill.ready
+        while ready:
+            warm = ready.popleft()
+            if not warm.kernel.exited.done():
+                self._refill.fill()
+                return warm
+            self._refill.spawn(self.discard(warm))
+        return await self._refill.wait(self.settings.kernel_start_timeout)
+
+    async def launch(self, storage: SessionStorage) -> Kernel:
+        """Start a kernel on `storage`, wait until it answers, and preload modules.
+
+        Raises only KernelUnavailable (the backend maps its own failures; anything
+        else that goes wrong while connecting is mapped here), so whoever replaces
+        kernels handles exactly one exception.
+        """
+        began = time.monotonic()
+        try:
+            kernel = await self._launch(storage)
+        except KernelUnavailable:
+            self.metrics.kernel_start_failed()
+            raise
+        self.metrics.kernel_started(time.monotonic() - began)
+        return kernel
+
+    async def _launch(self, storage: SessionStorage) -> Kernel:
+        process = await self.backend.launch(storage)
+        try:
+            kernel = Kernel(process, self._context)
+        except BaseException as exc:
+            await process.cleanup()
+            _raise_unavailable(exc)
+            raise
+        try:
+            await kernel.wait_ready(self.settings.kernel_start_timeout)
+            if self._preload_code and not await kernel.run_silent(
+                self._preload_code, self.settings.kernel_start_timeout
+            ):
+                logger.warning(
+                    "preloading %s failed in kernel %s", self.settings.preload, kernel.id
+                )
+        except BaseException as exc:
+            await kernel.close()
+            _raise_unavailable(exc)
+            raise
+        self.kernels_started += 1
+        return kernel
+
+    async def _start_one(self) -> WarmKernel | None:
+        storage: SessionStorage | None = None
+        try:
+            root = self._runtime.new_workspace()
+            storage = SessionStorage(root)
+            storage = await self.backend.prepare_storage(root)
+            kernel = await self.launch(storage)
+        except BaseException:
+            if storage is not None:
+                await asyncio.shield(self.remove_storage(storage))
+            raise
+        warm = WarmKernel(kernel, storage)
+        if self._refill.closed:
+            await self.discard(warm)
+            return None
+        return warm
+
+    def _watch_ready(self, warm: WarmKernel) -> None:
+        warm.kernel.exited.add_done_callback(lambda _: self._on_warm_exit(warm))
+
+    def _on_warm_exit(self, warm: WarmKernel) -> None:
+        if warm in self._refill.ready:
+            self._refill.ready.remove(warm)
+            logger.warning("a warm kernel died before use; replacing it")
+            exit_info = warm.kernel.exit_info
+            self.metrics.kernel_died(exit_info.reason if exit_info else "killed")
+            self._refill.spawn(self.discard(warm))
+            self._refill.fill()
+
+    async def discard(self, warm: WarmKernel) -> None:
+        try:
+            await warm.kernel.close()
+        finally:
+            await self.remove_storage(warm.storage)
+
+
+def _raise_unavailable(exc: BaseException) -> None:
+    """Raise KernelUnavailable for any failure to bring a kernel up; else return."""
+    if isinstance(exc, Exception) and not isinstance(exc, KernelUnavailable):
+        raise KernelUnavailable(f"the kernel did not start: {exc}", retry_after=5) from exc
+
+
+def preload_code(modules: list[str]) -> str:
+    """Import `modules` (and warm matplotlib's renderer) without leaving a name behind.
+
+    A first chart otherwise pays for importing pyplot, loading fonts and a first
+    render: half a second or more. Everything happens inside a function that is
+    deleted at once, so the user's namespace stays exactly as a fresh kernel's.
+    """
+    if not modules:
+        return ""
+    lines = [
+        "def __kg_preload():",
+        "    import importlib",
+        f"    for name in {modules!r}:",
+        "        try:",
+        "            importlib.import_module(name)",
+        "        except Exception:",
+        "            pass",
+    ]
+    if "matplotlib" in modules:
+        lines += [
+            "    import io",
+            "    import matplotlib.pyplot as plt",
+            "    fig = plt.figure()",
+            "    plt.plot([0, 1])",
+            "    fig.savefig(io.BytesIO(), format='png', bbox_inches='tight')",
+            "    plt.close(fig)",
+        ]
+    lines += ["try:", "    __kg_preload()", "finally:", "    del __kg_preload"]
+    return "\n".join(lines)

@@ -1,0 +1,301 @@
+"""A session's working directory: safe file access and change detection.
+
+The kernel's code controls this folder and may race us: swap a directory for a
+symlink between a check and an open. So no path string is ever resolved here.
+Every access walks from the workspace's own directory fd, one component at a
+time, with O_NOFOLLOW, so a symlink anywhere on the way is refused, never
+followed, and nothing outside the workspace is read or written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mimetypes
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import quote
+
+from kernel_gateway.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_PATH_LENGTH = 4096  # Linux PATH_MAX (paths are walked one name at a time, so only a cap)
+MAX_NAME_BYTES = 255  # NAME_MAX of Linux filesystems
+MAX_SCAN_ENTRIES = 10_000
+IGNORED_DIRS = frozenset({"__pycache__", ".ipynb_checkpoints"})
+INLINE_IMAGE_TYPES = frozenset(
+    {"image/png", "image/jpeg", "image/gif", "image/webp", "image/svg+xml"}
+)
+
+mimetypes.add_type("image/webp", ".webp")
+mimetypes.add_type("text/markdown", ".md")
+mimetypes.add_type("application/vnd.apache.parquet", ".parquet")
+
+# What a file looked like at a scan: (size, mtime_ns, ctime_ns, inode).
+FileState = tuple[int, int, int, int]
+Snapshot = dict[str, FileState]
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    path: str
+    size: int
+    modified: float
+
+    @property
+    def mime(self) -> str:
+        return guess_mime(self.path)
+
+
+def guess_mime(path: str) -> str:
+    return mimetypes.guess_type(path, strict=False)[0] or "application/octet-stream"
+
+
+def file_url(session_id: str, path: str) -> str:
+    return f"/sessions/{session_id}/files/{quote(path)}"
+
+
+def split_path(raw: str) -> list[str]:
+    """Validate a client-given relative path: 400 for anything that could escape."""
+    if not raw:
+        raise BadRequest("a file path is required")
+    if "\x00" in raw:
+        raise BadRequest("file paths may not contain NUL bytes")
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest("file paths must be valid Unicode (no lone surrogates)") from None
+    if len(raw) > MAX_PATH_LENGTH:
+        raise BadRequest(f"file paths are limited to {MAX_PATH_LENGTH} characters")
+    if raw.startswith("/"):
+        raise BadRequest("file paths must be relative to the session's working directory")
+    parts = [p for p in raw.split("/") if p not in ("", ".")]
+    if any(p == ".." for p in parts):
+        raise BadRequest("file paths may not contain '..'")
+    if not parts:
+        raise BadRequest("a file path is required")
+    if any(len(p.encode("utf-8")) > MAX_NAME_BYTES for p in parts):
+        raise BadRequest(f"file and folder names are limited to {MAX_NAME_BYTES} bytes")
+    return parts
+
+
+def _translate_oserror(exc: OSError, path: str) -> Exception:
+    if exc.errno == errno.ENOENT:
+        return NotFound(f"no file {path!r} in the session's workspace")
+    if exc.errno in (errno.ELOOP, errno.EMLINK):
+        return Forbidden(f"{path!r} is or passes through a symlink; symlinks are not followed")
+    if exc.errno == errno.ENOTDIR:
+        return NotFound(f"no file {path!r}: a folder on its way is a file")
+    if exc.errno == errno.EISDIR:
+        return Conflict(f"{path!r} is a folder, not a file")
+    if exc.errno == errno.ENAMETOOLONG:
+        return BadRequest("file name too long")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return PayloadTooLarge("the workspace is full")
+    return Forbidden(f"cannot access {path!r}: {exc.strerror}")
+
+
+class Workspace:
+    def __init__(self, root: Path, owner: tuple[int, int] | None = None) -> None:
+        self.root = root
+        self.owner = owner
+        """uid/gid that kernels run as, given to what the gateway writes (None: keep ours)."""
+
+    # -- safe access -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _parent_dir(self, parts: list[str], *, create: bool = False) -> Iterator[int]:
+        """An fd of the directory holding the last part, reached without following links."""
+        fd = os.open(self.root, DIR_FLAGS)
+        try:
+            for name in parts[:-1]:
+                try:
+                    next_fd = os.open(name, DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                    if self.owner is not None:
+                        os.chown(name, *self.owner, dir_fd=fd, follow_symlinks=False)
+                    next_fd = os.open(name, DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = next_fd
+            yield fd
+        finally:
+            os.close(fd)
+
+    def open_read(self, raw_path: str) -> tuple[int, os.stat_result]:
+        """An fd open for reading on a regular file, and its stat. The caller closes it."""
+        parts = split_path(raw_path)
+        try:
+            with self._parent_dir(parts) as dir_fd:
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError as exc:
+            raise _translate_oserror(exc, raw_path) from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            raise NotFound(f"{raw_path!r} is not a regular file")
+        return fd, info
+
+    def read_bytes(self, raw_path: str, limit: int) -> bytes | None:
+        """The file's bytes, or None if it is larger than `limit`."""
+        fd, info = self.open_read(raw_path)
+        with os.fdopen(fd, "rb") as f:
+            if info.st_size > limit:
+                return None
+            data = f.read(limit + 1)
+        return data if len(data) <= limit else None
+
+    def begin_upload(self, raw_path: str, limit: int) -> Upload:
+        """Start writing a file; bytes go to a temporary name until `commit()`."""
+        parts = split_path(raw_path)
+        try:
+            with self._parent_dir(parts, create=True) as parent_fd:
+                dir_fd = os.dup(parent_fd)
+        except OSError as exc:
+            raise _translate_oserror(exc, raw_path) from None
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    raise Conflict(f"{raw_path!r} is a folder, not a file")
+                if stat.S_ISLNK(info.st_mode):
+                    raise Forbidden(f"{raw_path!r} is a symlink; symlinks are not followed")
+            tmp = f".upload-{secrets.token_hex(8)}"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(tmp, flags, 0o644, dir_fd=dir_fd)
+        except BaseException as exc:
+            os.close(dir_fd)
+            if isinstance(exc, OSError):
+                raise _translate_oserror(exc, raw_path) from None
+            raise
+        return Upload(self, "/".join(parts), dir_fd, tmp, fd, limit)
+
+    def delete(self, raw_path: str) -> None:
+        parts = split_path(raw_path)
+        try:
+            with self._parent_dir(parts) as dir_fd:
+                info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    raise Conflict(f"{raw_path!r} is a folder, not a file")
+                os.unlink(parts[-1], dir_fd=dir_fd)
+        except OSError as exc:
+            raise _translate_oserror(exc, raw_path) from None
+
+    # -- listing and change detection --------------------------------------------------------
+
+    def scan(self) -> tuple[Snapshot, dict[str, float]]:
+        """Every regular file (not following links), with its state and mtime."""
+        snapshot: Snapshot = {}
+        mtimes: dict[str, float] = {}
+        stack = [("", self.root)]
+        seen = 0
+        while stack and seen < MAX_SCAN_ENTRIES:
+            prefix, path = stack.pop()
+            try:
+                with os.scandir(path) as iterator:
+                    entries = list(iterator)
+            except OSError:
+                continue
+            for entry in entries:
+                seen += 1
+                rel = prefix + entry.name
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(info.st_mode):
+                    if entry.name not in IGNORED_DIRS:
+                        stack.append((rel + "/", Path(entry.path)))
+                elif stat.S_ISREG(info.st_mode) and not entry.name.startswith(".upload-"):
+                    snapshot[rel] = (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+                    mtimes[rel] = info.st_mtime
+        return snapshot, mtimes
+
+    def list(self) -> list[FileInfo]:
+        snapshot, mtimes = self.scan()
+        return [FileInfo(p, s[0], mtimes[p]) for p, s in sorted(snapshot.items())]
+
+    def state_of(self, raw_path: str) -> FileState | None:
+        parts = split_path(raw_path)
+        try:
+            with self._parent_dir(parts) as dir_fd:
+                info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return None
+        return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+
+
+class Upload:
+    """A file being written: `write()` chunks, then `commit()` or `abort()`.
+
+    The parent directory stays pinned by its fd, so the final rename lands in
+    the directory that was checked even if the kernel moves things meanwhile.
+    Past the limit the temporary file is removed and nothing is left behind.
+    """
+
+    def __init__(
+        self, workspace: Workspace, path: str, dir_fd: int, tmp: str, fd: int, limit: int
+    ) -> None:
+        self.path = path
+        self._workspace = workspace
+        self._dir_fd = dir_fd
+        self._tmp = tmp
+        self._fd = fd
+        self._limit = limit
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self._limit:
+            self.abort()
+            raise PayloadTooLarge(f"uploads are limited to {self._limit} bytes")
+        view = memoryview(chunk)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            self.abort()
+            raise _translate_oserror(exc, self.path) from None
+
+    def commit(self) -> FileInfo:
+        name = self.path.rsplit("/", 1)[-1]
+        try:
+            os.close(self._fd)
+            self._fd = -1
+            owner = self._workspace.owner
+            if owner is not None:
+                os.chown(self._tmp, *owner, dir_fd=self._dir_fd, follow_symlinks=False)
+            os.rename(self._tmp, name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            info = os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False)
+        except OSError as exc:
+            self.abort()
+            raise _translate_oserror(exc, self.path) from None
+        os.close(self._dir_fd)
+        self._dir_fd = -1
+        return FileInfo(self.path, info.st_size, info.st_mtime)
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._dir_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp, dir_fd=self._dir_fd)
+            os.close(self._dir_fd)
+            self._dir_fd = -1
+
+
+def changed_files(before: Snapshot, after: Snapshot) -> list[str]:
+    """Paths created or modified between two scans, in a stable order."""
+    return sorted(p for p, state in after.items() if before.get(p) != state)
+
+
+def iso_time(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,437 @@
+"""The gateway as an MCP server: streamable HTTP at `/mcp`, on the official SDK.
+
+Tools run on the gateway's own sessions (see `mcp_tools` for what each does):
+
+- an MCP session (handshake-era clients: `initialize`, then `Mcp-Session-Id`) gets
+  one gateway session, made on its first tool call and deleted when the client
+  ends the MCP session (DELETE); an idle one ends with `--idle-timeout`, like any
+  session, and the SDK forgets the MCP session after the same time;
+- sessionless clients (protocol 2026-07-28) keep a sandbox by passing back the
+  `session` handle each result names (the gateway session id, so its files are
+  also at `/sessions/{id}/files`);
+- with `--mcp stateless`, every `run_python` call runs in a fresh kernel that is
+  destroyed afterwards (the gateway's `POST /execute`).
+
+A long cell reports progress (elapsed seconds and its latest output line) to
+clients that ask for it. Cancelling a call (`notifications/cancelled`, or closing
+the response stream) interrupts the cell, and restarts the kernel if it will not
+stop, as a disconnect does for the HTTP API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from kernel_gateway import __version__
+from kernel_gateway.errors import GatewayError, SessionNotFound
+from kernel_gateway.kernels.workspace import Workspace, file_url, guess_mime, iso_time
+from kernel_gateway.protocols.mcp.tools import (
+    IMAGE_TYPES,
+    LIST_FILES,
+    MAX_TEXT,
+    READ_FILE,
+    RESTART_KERNEL,
+    RUN_PYTHON,
+    UPLOAD_FILE,
+    CellReport,
+    ToolInputError,
+    as_text,
+    check_known,
+    clip,
+    decode_content,
+    error_result,
+    file_tools,
+    run_python_tool,
+    text_arg,
+    text_block,
+)
+from kernel_gateway.sessions.execution import Execution
+from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.sessions.session import Session
+from kernel_gateway.settings import Settings
+from kernel_gateway.types import JSON
+
+logger = logging.getLogger(__name__)
+
+MCP_SESSION_HEADER = "mcp-session-id"
+PROGRESS_SECONDS = 1.0
+INSTRUCTIONS = (
+    "A sandboxed Python interpreter. Use run_python to compute, analyse data and draw charts; "
+    "charts come back as images. Put input files in place with upload_file, and look at what "
+    "the code wrote with list_files and read_file. Keep passing back the `session` handle a "
+    "result names to stay in the same sandbox."
+)
+
+
+class McpService:
+    """The MCP server, its HTTP session manager, and which gateway session serves whom."""
+
+    def __init__(self, registry: Registry, settings: Settings) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.stateless = settings.mcp == "stateless"
+        self.server: Server[Any] = Server(
+            "kernel-gateway",
+            version=__version__,
+            title="kernel-gateway: sandboxed Python",
+            instructions=INSTRUCTIONS,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+        self.manager = StreamableHTTPSessionManager(
+            app=self.server,
+            stateless=self.stateless,
+            session_idle_timeout=settings.idle_timeout,
+            # Uploads travel in the body as base64: leave room for them.
+            max_request_body_size=settings.max_stateless_body_bytes,
+            max_sessions=max(64, 8 * settings.max_sessions),
+        )
+        self._bound: dict[str, str] = {}
+        """MCP session id -> the gateway session serving it."""
+        self._binding: dict[str, asyncio.Lock] = {}
+        """Held while an MCP session's sandbox is made, so two first calls make one."""
+        self._tools = [
+            run_python_tool(
+                settings.max_exec_timeout, settings.exec_timeout, stateless=self.stateless
+            )
+        ]
+        if not self.stateless:
+            self._tools += file_tools(settings.max_upload_bytes)
+
+    @asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        async with self.manager.run():
+            yield
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The `/mcp` endpoint (an ASGI app); auth has been checked by the middleware."""
+        await self.manager.handle_request(scope, receive, send)
+        if scope["type"] == "http" and scope["method"] == "DELETE":
+            mcp_session = Headers(scope=scope).get(MCP_SESSION_HEADER)
+            if mcp_session is not None:
+                await self.release(mcp_session)
+
+    async def release(self, mcp_session: str) -> None:
+        """The MCP session ended: delete the gateway session that served it."""
+        self._binding.pop(mcp_session, None)
+        session_id = self._bound.pop(mcp_session, None)
+        if session_id is None:
+            return
+        logger.info("MCP session ended; deleting its session %s", session_id)
+        try:
+            await self.registry.delete_session(session_id)
+        except SessionNotFound:
+            pass
+
+    # -- MCP handlers ------------------------------------------------------------------------
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=list(self._tools))
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        arguments: JSON = dict(params.arguments or {})
+        handlers = {RUN_PYTHON: self._run_python}
+        if not self.stateless:
+            handlers |= {
+                UPLOAD_FILE: self._upload_file,
+                LIST_FILES: self._list_files,
+                READ_FILE: self._read_file,
+                RESTART_KERNEL: self._restart_kernel,
+            }
+        handler = handlers.get(params.name)
+        if handler is None:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"unknown tool {params.name!r}; this server has {', '.join(handlers)}",
+            )
+        try:
+            return await handler(ctx, arguments)
+        except ToolInputError as exc:
+            return error_result(f"invalid arguments for {params.name}: {exc}")
+        except GatewayError as exc:
+            return error_result(exc.message)
+
+    # -- the tools ---------------------------------------------------------------------------
+
+    async def _run_python(
+        self, ctx: ServerRequestContext[Any], arguments: JSON
+    ) -> types.CallToolResult:
+        allowed = {"code", "timeout", "files" if self.stateless else "session"}
+        check_known(arguments, allowed)
+        code = text_arg(arguments, "code")
+        assert code is not None
+        timeout = self._timeout(arguments.get("timeout"))
+        report = CellReport(_base_url(ctx))
+        if self.stateless:
+            files = _input_files(arguments.get("files"), self.settings.max_upload_bytes)
+            session, execution = await self.registry.run_stateless(code, timeout, files)
+            await self._follow(ctx, session, execution, report)
+            return self._cell_result(report, None)
+        session, note = await self._session_for(ctx, arguments)
+        execution = session.submit(code, timeout)
+        await self._follow(ctx, session, execution, report)
+        result = self._cell_result(report, session.id)
+        if note:
+            result.content.insert(0, text_block(note))
+        return result
+
+    def _cell_result(self, report: CellReport, session_id: str | None) -> types.CallToolResult:
+        content: list[types.ContentBlock] = list(report.content(session_id))
+        if not report.done:  # the stream was let go: the gateway is stopping
+            note = (
+                "[the gateway stopped before the cell ended; with --persist-sessions it keeps "
+                "running in this sandbox for the next gateway: look at its files, or run "
+                "the next cell, in a moment]"
+            )
+            content.insert(0, text_block(note))
+        return types.CallToolResult(content=content, is_error=report.status != "ok")
+
+    def _timeout(self, value: object) -> float | None:
+        if value is None:
+            return None
+        limit = self.settings.max_exec_timeout
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or not 0 < value <= limit
+        ):
+            raise ToolInputError(
+                f"'timeout' must be a number of seconds above 0, at most {limit:g}"
+            )
+        return float(value)
+
+    async def _follow(
+        self,
+        ctx: ServerRequestContext[Any],
+        session: Session,
+        execution: Execution,
+        report: CellReport,
+    ) -> None:
+        """Collect the cell's events, reporting progress; a cancelled call stops the cell."""
+        started = time.monotonic()
+
+        async def tick() -> None:
+            while True:
+                await asyncio.sleep(PROGRESS_SECONDS)
+                elapsed = time.monotonic() - started
+                message = f"running for {elapsed:.0f} s"
+                if latest:
+                    message += f": {latest[-200:]}"
+                try:
+                    await ctx.session.report_progress(elapsed, execution.timeout, message)
+                except Exception:  # the client went away; the stream will say so
+                    return
+
+        latest = ""
+        ticker = asyncio.ensure_future(tick())
+        try:
+            async for event in execution.stream():
+                report.add(event)
+                if event.name in ("stdout", "stderr"):
+                    lines = [line for line in str(event.data["text"]).splitlines() if line]
+                    latest = lines[-1] if lines else latest
+        except BaseException:
+            # A draining gateway (--persist-sessions) leaves the cell to run for its successor.
+            if not execution.finished and not session.draining:
+                logger.info("MCP call cancelled; stopping execution %s", execution.id)
+                session.abandon(execution)
+            raise
+        finally:
+            ticker.cancel()
+
+    async def _upload_file(
+        self, ctx: ServerRequestContext[Any], arguments: JSON
+    ) -> types.CallToolResult:
+        check_known(arguments, {"path", "content", "encoding", "session"})
+        path = text_arg(arguments, "path")
+        assert path is not None
+        data = decode_content(arguments)
+        session, note = await self._session_for(ctx, arguments)
+        info = await session.files.write(path, data, self.settings.max_upload_bytes)
+        url = _base_url(ctx) + file_url(session.id, info.path)
+        text = (
+            f"{note}Wrote {info.path} ({info.size} bytes, {info.mime}); code run with run_python "
+            f"opens it as {info.path!r}.\nsession: {session.id}\n"
+        )
+        link = types.ResourceLink(
+            type="resource_link", name=info.path, uri=url, mime_type=info.mime, size=info.size
+        )
+        return types.CallToolResult(content=[text_block(text), link])
+
+    async def _list_files(
+        self, ctx: ServerRequestContext[Any], arguments: JSON
+    ) -> types.CallToolResult:
+        check_known(arguments, {"session"})
+        session, note = await self._session_for(ctx, arguments)
+        files = await session.files.listing()
+        base = _base_url(ctx)
+        lines = [note] if note else []
+        if not files:
+            lines.append("The working directory is empty.\n")
+        for info in files:
+            url = base + file_url(session.id, info.path)
+            lines.append(
+                f"{info.path}\t{info.size} bytes\t{info.mime}\t{iso_time(info.modified)}\t{url}\n"
+            )
+        lines.append(f"session: {session.id}\n")
+        return types.CallToolResult(content=[text_block(clip("".join(lines)))])
+
+    async def _read_file(
+        self, ctx: ServerRequestContext[Any], arguments: JSON
+    ) -> types.CallToolResult:
+        check_known(arguments, {"path", "session"})
+        path = text_arg(arguments, "path")
+        assert path is not None
+        session, _ = await self._session_for(ctx, arguments)
+        limit = self.settings.max_inline_file_bytes
+        raw, size = await asyncio.to_thread(_read_capped, session.files.workspace, path, limit)
+        url = _base_url(ctx) + file_url(session.id, path)
+        if raw is None:
+            return error_result(
+                f"{path} is {size} bytes, more than the {limit} bytes a tool result may carry; "
+                f"download it from {url}, or read parts of it with run_python"
+            )
+        mime = guess_mime(path)
+        content: types.TextContent | types.ImageContent | types.EmbeddedResource
+        if mime in IMAGE_TYPES:
+            content = types.ImageContent(
+                type="image", data=base64.b64encode(raw).decode(), mime_type=mime
+            )
+        elif (text := as_text(raw)) is not None:
+            if len(text) > MAX_TEXT:
+                text = clip(text) + f"\n[{path} is {size} bytes; read parts of it with run_python]"
+            content = text_block(text)
+        else:
+            content = types.EmbeddedResource(
+                type="resource",
+                resource=types.BlobResourceContents(
+                    uri=url, mime_type=mime, blob=base64.b64encode(raw).decode()
+                ),
+            )
+        return types.CallToolResult(content=[content])
+
+    async def _restart_kernel(
+        self, ctx: ServerRequestContext[Any], arguments: JSON
+    ) -> types.CallToolResult:
+        check_known(arguments, {"session"})
+        session, _ = await self._session_for(ctx, arguments)
+        await session.restart()
+        text = (
+            f"The kernel was restarted: variables are cleared, files kept.\nsession: {session.id}\n"
+        )
+        return types.CallToolResult(content=[text_block(text)])
+
+    # -- which gateway session ---------------------------------------------------------------
+
+    async def _session_for(
+        self, ctx: ServerRequestContext[Any], arguments: JSON
+    ) -> tuple[Session, str]:
+        """The session a call runs in, and a note for the model when it is a fresh one."""
+        handle = text_arg(arguments, "session", required=False)
+        if handle is not None:
+            try:
+                return self.registry.get(handle), ""
+            except SessionNotFound:
+                raise ToolInputError(
+                    f"there is no sandbox {handle!r} (any longer): idle sandboxes are removed "
+                    f"after {self.settings.idle_timeout:g} s. Call again without `session` to "
+                    "start a fresh one."
+                ) from None
+        mcp_session = _mcp_session(ctx)
+        if mcp_session is None:
+            return await self.registry.create_session(), ""
+        lock = self._binding.setdefault(mcp_session, asyncio.Lock())
+        async with lock:  # two first calls at once must not make two sessions
+            bound = self._bound.get(mcp_session)
+            if bound is not None:
+                try:
+                    return self.registry.get(bound), ""
+                except SessionNotFound:
+                    note = (
+                        "[the previous sandbox of this connection was removed after being idle; "
+                        "this is a fresh one: define variables and upload files again]\n"
+                    )
+            else:
+                note = ""
+            self._forget_gone()
+            session = await self.registry.create_session()
+            self._bound[mcp_session] = session.id
+            return session, note
+
+    def _forget_gone(self) -> None:
+        """Drop bindings whose gateway session was removed (idle, or deleted by hand)."""
+        alive = {s.id for s in self.registry.sessions()}
+        for key in [k for k, v in self._bound.items() if v not in alive]:
+            del self._bound[key]
+        for key in [k for k, lock in self._binding.items() if not lock.locked()]:
+            if key not in self._bound:
+                del self._binding[key]
+
+
+def _mcp_session(ctx: ServerRequestContext[Any]) -> str | None:
+    request = ctx.request
+    if isinstance(request, Request):
+        return request.headers.get(MCP_SESSION_HEADER)
+    return None
+
+
+def _base_url(ctx: ServerRequestContext[Any]) -> str:
+    """The gateway's URL as the client reached it, for download links."""
+    request = ctx.request
+    if isinstance(request, Request):
+        return str(request.base_url).rstrip("/")
+    return ""
+
+
+def _read_capped(workspace: Workspace, path: str, limit: int) -> tuple[bytes | None, int]:
+    """The file's bytes (None when over `limit`) and its size."""
+    fd, info = workspace.open_read(path)
+    with os.fdopen(fd, "rb") as f:
+        if info.st_size > limit:
+            return None, info.st_size
+        data = f.read(limit + 1)
+    return (data if len(data) <= limit else None), len(data)
+
+
+def _input_files(value: object, limit: int) -> list[tuple[str, bytes]]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ToolInputError("'files' must be a list of {path, content, encoding?} objects")
+    files = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise ToolInputError(f"'files[{i}]' must be an object with 'path' and 'content'")
+        try:
+            check_known(item, {"path", "content", "encoding"})
+            path = text_arg(item, "path")
+            data = decode_content(item)
+        except ToolInputError as exc:
+            raise ToolInputError(f"'files[{i}]': {exc}") from None
+        assert path is not None
+        if len(data) > limit:
+            raise ToolInputError(f"'files[{i}]' is over the {limit}-byte upload limit")
+        files.append((path, data))
+    return files

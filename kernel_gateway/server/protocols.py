@@ -1,0 +1,33 @@
+"""The protocols spoken besides the gateway's own API: MCP at `/mcp`, Jupyter's at `/api`.
+
+Both run on the registry's sessions; this is where their long-lived parts start
+and stop with the app (the MCP session manager's task group, the Jupyter
+channel proxies and their ZMQ context).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TypedDict
+
+from kernel_gateway.protocols.jupyter.kernels import JupyterKernels
+from kernel_gateway.protocols.mcp.server import McpService
+from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.settings import Settings
+
+
+class ProtocolState(TypedDict):
+    jupyter: JupyterKernels
+    mcp: McpService | None
+
+
+@asynccontextmanager
+async def protocol_state(settings: Settings, registry: Registry) -> AsyncIterator[ProtocolState]:
+    jupyter = JupyterKernels(registry)
+    mcp = McpService(registry, settings) if settings.mcp != "off" else None
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(jupyter.close)
+        if mcp is not None:
+            await stack.enter_async_context(mcp.run())
+        yield {"jupyter": jupyter, "mcp": mcp}

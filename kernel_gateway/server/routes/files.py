@@ -1,0 +1,93 @@
+"""The file API: list, download, upload and delete files in a session's workspace.
+
+Downloads carry `Content-Security-Policy: sandbox` and `nosniff`, and anything
+but an image is sent as an attachment, so an HTML file the code wrote can never
+run as a page on the gateway's own origin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from urllib.parse import quote
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from kernel_gateway.kernels.workspace import (
+    INLINE_IMAGE_TYPES,
+    FileInfo,
+    file_url,
+    guess_mime,
+    iso_time,
+)
+from kernel_gateway.server.http import JSONResponse, check_declared_length
+from kernel_gateway.server.routes.sessions import _registry, _session
+
+CHUNK = 256 * 1024
+
+
+async def list_files(request: Request) -> Response:
+    session = _session(request)
+    files = await session.files.listing()
+    return JSONResponse({"files": [_file_json(session.id, f) for f in files]})
+
+
+def _file_json(session_id: str, info: FileInfo) -> dict[str, object]:
+    return {
+        "path": info.path,
+        "size": info.size,
+        "modified": iso_time(info.modified),
+        "mime": info.mime,
+        "url": file_url(session_id, info.path),
+    }
+
+
+async def download(request: Request) -> Response:
+    session = _session(request)
+    path = request.path_params["path"]
+    fd, info = await session.files.open_read(path)
+    mime = guess_mime(path)
+    disposition = "inline" if mime in INLINE_IMAGE_TYPES else "attachment"
+    name = quote(path.rsplit("/", 1)[-1])
+    headers = {
+        "Content-Length": str(info.st_size),
+        "Content-Disposition": f"{disposition}; filename*=UTF-8''{name}",
+        "Content-Security-Policy": "sandbox; default-src 'none'; img-src 'self' data:; "
+        "style-src 'unsafe-inline'",
+        "X-Content-Type-Options": "nosniff",
+        "Cache-Control": "no-store",
+    }
+    return StreamingResponse(_read_chunks(fd, info.st_size), media_type=mime, headers=headers)
+
+
+async def _read_chunks(fd: int, size: int) -> AsyncIterator[bytes]:
+    """Exactly `size` bytes from an already opened fd (the file may change meanwhile)."""
+    remaining = size
+    try:
+        while remaining > 0:
+            chunk = await asyncio.to_thread(os.read, fd, min(CHUNK, remaining))
+            if not chunk:
+                break
+            remaining -= len(chunk)
+            yield chunk
+        if remaining:  # the file shrank under us: keep Content-Length honest
+            yield b"\0" * remaining
+    finally:
+        os.close(fd)
+
+
+async def upload(request: Request) -> Response:
+    session = _session(request)
+    path = request.path_params["path"]
+    limit = _registry(request).settings.max_upload_bytes
+    check_declared_length(request, limit)
+    info = await session.files.upload(path, request.stream(), limit)
+    return JSONResponse(_file_json(session.id, info), status_code=201)
+
+
+async def delete(request: Request) -> Response:
+    session = _session(request)
+    await session.files.delete(request.path_params["path"])
+    return Response(status_code=204)

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kernel_gateway.server.http import JSONResponse
+from kernel_gateway.sessions.registry import Registry
+
+
+async def health(request: Request) -> Response:
+    registry: Registry = request.state.registry
+    return JSONResponse(
+        {
+            "status": "ok",
+            "backend": registry.backend.name,
+            "instance": registry.instance,
+            "isolation": registry.backend.isolation,
+            **({"node": node} if (node := registry.settings.node_name) else {}),
+            "pool": registry.stats(),
+            **registry.stateless_stats(),
+        }
+    )

@@ -1,0 +1,192 @@
+"""Jupyter Server's kernel API, as Jupyter Kernel Gateway serves it to `--gateway-url` clients.
+
+    GET    /api                          {"version"}
+    GET    /api/kernelspecs              {"default": "python3", "kernelspecs": {...}}
+    GET    /api/kernelspecs/{name}       one kernelspec
+    GET    /api/kernels                  [kernel model, ...]
+    POST   /api/kernels                  {"name"?, "env"?} -> 201 kernel model
+    GET    /api/kernels/{id}             kernel model
+    DELETE /api/kernels/{id}             204
+    POST   /api/kernels/{id}/interrupt   204
+    POST   /api/kernels/{id}/restart     200 kernel model
+    WS     /api/kernels/{id}/channels    Jupyter messages (JSON, or the v1 binary subprotocol)
+
+A kernel is a gateway session with the same limits; its id is the session id's UUID
+spelt with dashes, as Jupyter Server's routes require (either spelling is accepted).
+Errors carry Jupyter's `message` and `reason` besides the gateway's own `error` object.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from kernel_gateway import __version__
+from kernel_gateway.errors import GatewayError, InvalidRequest, NotFound, TooManySessions
+from kernel_gateway.protocols.jupyter.kernels import (
+    KERNEL_NAME,
+    MAX_CONNECTIONS,
+    JupyterKernels,
+    session_id,
+)
+from kernel_gateway.protocols.jupyter.wire import V1_PROTOCOL
+from kernel_gateway.server.auth import refuse
+from kernel_gateway.server.http import JSONResponse, read_json, reject_unknown
+from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.types import JSON
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+KERNELSPEC: JSON = {
+    "name": KERNEL_NAME,
+    "spec": {
+        "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (sandboxed)",
+        "language": "python",
+        "interrupt_mode": "signal",
+        "env": {},
+        "metadata": {"debugger": False, "kernel_gateway": {"sandboxed": True}},
+    },
+    "resources": {},
+}
+
+
+def _hub(request: Request | WebSocket) -> JupyterKernels:
+    hub: JupyterKernels = request.state.jupyter
+    return hub
+
+
+def _registry(request: Request | WebSocket) -> Registry:
+    registry: Registry = request.state.registry
+    return registry
+
+
+def jupyter_errors(endpoint: Endpoint) -> Endpoint:
+    """Answer a GatewayError as Jupyter clients read it: `message` and `reason`, too."""
+
+    @functools.wraps(endpoint)
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except GatewayError as exc:
+            body = {
+                "message": exc.message,
+                "reason": HTTPStatus(exc.status_code).phrase,
+                **exc.to_json(),
+            }
+            headers = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after else {}
+            return JSONResponse(body, status_code=exc.status_code, headers=headers)
+
+    return wrapped
+
+
+@jupyter_errors
+async def api(request: Request) -> Response:
+    return JSONResponse({"version": __version__})
+
+
+@jupyter_errors
+async def kernelspecs(request: Request) -> Response:
+    return JSONResponse({"default": KERNEL_NAME, "kernelspecs": {KERNEL_NAME: KERNELSPEC}})
+
+
+@jupyter_errors
+async def kernelspec(request: Request) -> Response:
+    name = request.path_params["name"]
+    if name != KERNEL_NAME:
+        raise NotFound(f"no kernelspec named {name!r}; this gateway has {KERNEL_NAME!r}")
+    return JSONResponse(KERNELSPEC)
+
+
+@jupyter_errors
+async def list_kernels(request: Request) -> Response:
+    hub = _hub(request)
+    return JSONResponse([hub.model(s) for s in _registry(request).sessions()])
+
+
+@jupyter_errors
+async def start_kernel(request: Request) -> Response:
+    """Start a kernel: a new gateway session from the warm pool.
+
+    `env` (Jupyter Server sends its `KERNEL_*` variables) is accepted and not applied:
+    pooled kernels are started before anyone asks, with a fixed environment.
+    """
+    registry = _registry(request)
+    body = await read_json(request, registry.settings.max_body_bytes, optional=True)
+    reject_unknown(body, {"name", "env", "path"})
+    name = body.get("name") or KERNEL_NAME
+    if name != KERNEL_NAME:
+        raise NotFound(f"no kernelspec named {name!r}; this gateway has {KERNEL_NAME!r}")
+    env = body.get("env")
+    if env is not None and (
+        not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values())
+    ):
+        raise InvalidRequest("'env' must be an object of strings")
+    session = await registry.create_session()
+    model = _hub(request).model(session)
+    return JSONResponse(model, status_code=201, headers={"Location": f"/api/kernels/{model['id']}"})
+
+
+@jupyter_errors
+async def get_kernel(request: Request) -> Response:
+    session = _hub(request).session(request.path_params["kernel_id"])
+    return JSONResponse(_hub(request).model(session))
+
+
+@jupyter_errors
+async def delete_kernel(request: Request) -> Response:
+    session = session_id(request.path_params["kernel_id"])
+    await _registry(request).delete_session(session)
+    _hub(request).forget(session)
+    return Response(status_code=204)
+
+
+@jupyter_errors
+async def interrupt_kernel(request: Request) -> Response:
+    session = _hub(request).session(request.path_params["kernel_id"])
+    await _hub(request).interrupt(session)
+    return Response(status_code=204)
+
+
+@jupyter_errors
+async def restart_kernel(request: Request) -> Response:
+    session = _hub(request).session(request.path_params["kernel_id"])
+    await session.restart()
+    return JSONResponse(_hub(request).model(session))
+
+
+async def channels(websocket: WebSocket) -> None:
+    """The kernel's channels over a WebSocket (see `jupyter_kernels.ChannelProxy`)."""
+    hub = _hub(websocket)
+    try:
+        session = hub.session(websocket.path_params["kernel_id"])
+        if hub.state(session.id).connections >= MAX_CONNECTIONS:
+            raise TooManySessions(
+                f"kernel {session.id} already has {MAX_CONNECTIONS} open connections",
+                retry_after=5,
+            )
+    except GatewayError as exc:
+        await refuse(websocket.scope, websocket.receive, websocket.send, exc)
+        return
+    protocol = V1_PROTOCOL if V1_PROTOCOL in websocket.scope.get("subprotocols", []) else None
+    await hub.serve(websocket, session, protocol)
+
+
+routes: list[BaseRoute] = [
+    Route("/api", api, methods=["GET"]),
+    Route("/api/kernelspecs", kernelspecs, methods=["GET"]),
+    Route("/api/kernelspecs/{name}", kernelspec, methods=["GET"]),
+    Route("/api/kernels", list_kernels, methods=["GET"]),
+    Route("/api/kernels", start_kernel, methods=["POST"]),
+    Route("/api/kernels/{kernel_id}", get_kernel, methods=["GET"]),
+    Route("/api/kernels/{kernel_id}", delete_kernel, methods=["DELETE"]),
+    Route("/api/kernels/{kernel_id}/interrupt", interrupt_kernel, methods=["POST"]),
+    Route("/api/kernels/{kernel_id}/restart", restart_kernel, methods=["POST"]),
+    WebSocketRoute("/api/kernels/{kernel_id}/channels", channels),
+]

@@ -1,0 +1,24 @@
+"""`/mcp`: the MCP streamable-HTTP endpoint (see `mcp_server`)."""
+
+from __future__ import annotations
+
+from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
+
+from kernel_gateway.errors import NotFound
+from kernel_gateway.protocols.mcp.server import McpService
+from kernel_gateway.server.auth import refuse
+
+
+class McpEndpoint:
+    """An ASGI app, so the SDK's transport gets the raw request (it answers GET, POST, DELETE)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        service: McpService | None = scope["state"].get("mcp")
+        if service is None:
+            await refuse(scope, receive, send, NotFound("the MCP endpoint is off (--mcp off)"))
+            return
+        await service(scope, receive, send)
+
+
+routes: list[BaseRoute] = [Route("/mcp", McpEndpoint())]

@@ -1,0 +1,104 @@
+"""Sending an execution's events: live SSE, or one JSON document on request.
+
+Every response names its execution in an `Execution-Id` header. A client that
+goes away detaches from the execution; with no client left the session gives
+it `--reconnect-grace` seconds to come back (`GET .../events` with
+`Last-Event-ID`) before interrupting it. The detach happens around the whole
+response, not inside its body generator: a generator torn down before its
+first step never runs its `finally`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from kernel_gateway.metrics import Metrics
+from kernel_gateway.server.http import JSONResponse, wants_json
+from kernel_gateway.server.sse import collect, encode
+from kernel_gateway.sessions.execution import Execution
+from kernel_gateway.sessions.session import Session
+from kernel_gateway.types import Record
+
+PING_SECONDS = 10
+SEND_TIMEOUT_SECONDS = 60
+
+
+def _headers(session: Session, execution: Execution) -> dict[str, str]:
+    """The execution's id, and where to resume its stream (a stateless one cannot be)."""
+    headers = {"Execution-Id": execution.id}
+    if not session.ephemeral:
+        headers["Content-Location"] = f"/sessions/{session.id}/executions/{execution.id}/events"
+    return headers
+
+
+class _ExecutionStream(EventSourceResponse):
+    """SSE of one execution from after an event id; the client is attached to the
+    execution for exactly as long as the response lasts."""
+
+    def __init__(
+        self, session: Session, execution: Execution, after: int | None, metrics: Metrics
+    ) -> None:
+        super().__init__(
+            _frames(execution.records(after), metrics),
+            ping=PING_SECONDS,
+            send_timeout=SEND_TIMEOUT_SECONDS,
+            headers=_headers(session, execution),
+        )
+        self._session = session
+        self._execution = execution
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._session.attach(self._execution)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._session.detach(self._execution)
+
+
+async def _frames(records: AsyncIterator[Record], metrics: Metrics) -> AsyncIterator[bytes]:
+    """SSE frames of the records, each counted as it is handed to the server."""
+    async for record in records:
+        frame = encode(record.event, record.id)
+        metrics.sent(record.event.name, len(frame), "sse")
+        yield frame
+
+
+async def respond(
+    request: Request, session: Session, execution: Execution, after: int | None = None
+) -> Response:
+    """Send the execution's events from after event id `after`, live or collected."""
+    if wants_json(request):
+        return await _collected(request, session, execution, after)
+    return _ExecutionStream(session, execution, after, session.metrics)
+
+
+async def _collected(
+    request: Request, session: Session, execution: Execution, after: int | None
+) -> Response:
+    session.attach(execution)
+    collector = asyncio.ensure_future(collect(r.event async for r in execution.records(after)))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({collector, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not collector.done():
+            collector.cancel()
+        session.detach(execution)
+    if collector.done() and not collector.cancelled():
+        document = {"execution_id": execution.id, **collector.result()}
+        response = JSONResponse(document, headers=_headers(session, execution))
+        session.metrics.sent_document((e["event"] for e in document["events"]), len(response.body))
+        return response
+    return Response(status_code=499)
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

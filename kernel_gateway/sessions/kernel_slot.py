@@ -1,0 +1,181 @@
+"""A session's kernel: launched, watched, retired on purpose, revived after a death.
+
+The slot owns `lock`, held by whoever uses the kernel (a running cell) or
+replaces it, so cells and replacements never overlap and a cell queued behind
+a death waits for the new kernel.
+
+Two ways a kernel ends:
+- **retired**: the gateway killed it on purpose (timeout, restart, exit(), an
+  abandoned cell that ignored interrupts). Not a death: it costs no budget.
+- **died**: anything else. Counted once by the `RestartPolicy`; past the budget
+  the session fails and is not revived until an explicit restart.
+
+Either way the next user of the kernel is told (`take_restart_notice`), and a
+replacement starts in the background as soon as the lock is free, after the
+policy's backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from kernel_gateway.errors import KernelUnavailable, SessionFailed
+from kernel_gateway.kernels.backends.base import SessionStorage
+from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.metrics import Metrics
+from kernel_gateway.sessions.restart_policy import RestartPolicy
+
+logger = logging.getLogger(__name__)
+
+Launcher = Callable[[SessionStorage], Awaitable[Kernel]]
+
+
+class KernelSlot:
+    def __init__(
+        self,
+        session_id: str,
+        kernel: Kernel,
+        storage: SessionStorage,
+        launch: Launcher,
+        policy: RestartPolicy,
+        *,
+        revive: bool = True,
+        on_replace: Callable[[], None] | None = None,
+        metrics: Metrics,
+    ) -> None:
+        self._metrics = metrics
+        self._session_id = session_id
+        self.kernel: Kernel | None = kernel
+        self.kernel_id = kernel.id
+        """The id of the kernel last put in the slot (kept while a replacement starts)."""
+        self.storage = storage
+        self._launch = launch
+        self.policy = policy
+        self._revive_in_background = revive
+        self.on_replace = on_replace
+        """Called once a new kernel is in the slot (the session persists its id)."""
+        self.lock = asyncio.Lock()
+        self.restarts = 0
+        self.closed = False
+        self._retired: set[Kernel] = set()
+        self._counted: set[Kernel] = set()
+        self._notice = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._watch(kernel)
+
+    @property
+    def alive(self) -> bool:
+        """A kernel is in the slot, running, and not retired (its end may not be seen yet)."""
+        kernel = self.kernel
+        return kernel is not None and kernel.exit_info is None and kernel not in self._retired
+
+    def take_restart_notice(self) -> bool:
+        """Whether kernel state was lost (a death or a retirement) since last asked."""
+        notice, self._notice = self._notice, False
+        return notice
+
+    def was_retired(self, kernel: Kernel) -> bool:
+        return kernel in self._retired
+
+    async def retire(self, kernel: Kernel) -> None:
+        """Kill `kernel` on purpose: its state is lost, no death is counted."""
+        self._retired.add(kernel)
+        self._notice = True
+        await kernel.kill()
+
+    def note_death(self, kernel: Kernel) -> bool:
+        """Count `kernel`'s unexpected death once; False if that failed the session."""
+        if kernel in self._retired or kernel in self._counted:
+            return self.policy.failed is None
+        self._counted.add(kernel)
+        self._notice = True
+        exit_info = kernel.exit_info
+        self._metrics.kernel_died(exit_info.reason if exit_info else "killed")
+        logger.info(
+            "session %s: %s", self._session_id, exit_info.describe() if exit_info else "died"
+        )
+        if not self.policy.record_death(self._session_id):
+            logger.warning("session %s failed: %s", self._session_id, self.policy.failed)
+            return False
+        return True
+
+    async def revive(self) -> bool:
+        """Make sure a live kernel is in the slot (hold `lock`); True if one was started.
+
+        Raises SessionFailed past the restart budget and KernelUnavailable when no
+        kernel could be started (the next call tries again).
+        """
+        if self.alive:
+            return False
+        if self.kernel is not None:
+            self.note_death(self.kernel)
+        if self.policy.failed:
+            raise SessionFailed(self.policy.failed)
+        if self.kernel is not None and self.kernel not in self._retired:
+            await asyncio.sleep(self.policy.backoff())
+        await self.replace()
+        return True
+
+    async def replace(self) -> None:
+        """Close the current kernel (if any) and launch a new one (hold `lock`)."""
+        old, self.kernel = self.kernel, None
+        if old is not None:
+            await old.close()
+            self._retired.discard(old)
+            self._counted.discard(old)
+        if self.closed:
+            return
+        kernel = await self._launch(self.storage)
+        if self.closed:
+            await kernel.close()
+            return
+        self.kernel, self.kernel_id = kernel, kernel.id
+        self.restarts += 1
+        self._metrics.kernel_restarted()
+        self._watch(kernel)
+        if self.on_replace is not None:
+            self.on_replace()
+
+    async def close(self) -> None:
+        self.closed = True
+        kernel, self.kernel = self.kernel, None
+        if kernel is not None:
+            await kernel.close()
+        for task in list(self._tasks):  # a revival may be sleeping out a backoff
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def detach(self) -> None:
+        """Let go of the kernel, leaving it running (the gateway stops; the session persists)."""
+        self.closed = True
+        kernel, self.kernel = self.kernel, None
+        if kernel is not None:
+            kernel.disconnect()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _watch(self, kernel: Kernel) -> None:
+        """Notice a kernel that ends while nobody uses it, and revive the slot."""
+
+        def on_exit(_: object) -> None:
+            if not self.closed and self.kernel is kernel and self._revive_in_background:
+                self._spawn(self._recover(kernel))
+
+        kernel.exited.add_done_callback(on_exit)
+
+    async def _recover(self, kernel: Kernel) -> None:
+        async with self.lock:
+            if self.closed or self.kernel is not kernel:
+                return  # already replaced by whoever held the lock
+            with contextlib.suppress(KernelUnavailable, SessionFailed):
+                await self.revive()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
