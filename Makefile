@@ -1,6 +1,8 @@
 # The two commands a newcomer needs:
 #   make serve   set up, build the kernel image if Docker answers, and start the gateway
-#   make test    set up, build the kernel image if Docker answers, lint, type-check, run tests
+#   make test    set up, build the kernel image if Docker answers, lint, type-check, check the
+#                layers, build the docs, run every test
+# While working: make test-fast runs the unit tier (tests/unit/: no server, no Docker) in seconds.
 # Both create ./.venv on first use; nothing is installed outside it.
 
 PYTHON ?= python3
@@ -8,7 +10,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: serve test lint image setup clean bench lock
+.PHONY: serve test test-fast lint docs image setup clean bench lock
 
 setup: $(VENV)/.installed
 
@@ -37,8 +39,15 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: image lint
+test: image lint docs
 	$(BIN)/python -m pytest $(ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest tests/unit -q $(ARGS)
+
+# The reference in docs/, built with MkDocs (Material); --strict fails on a broken link.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # Speed figures (docker backend): prints a table, writes bench/results/latest.json.
 bench: image

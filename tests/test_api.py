@@ -7,8 +7,9 @@ import time
 import httpx
 import pytest
 
-from .conftest import BACKENDS, require_backend
-from .helpers import ServerThread, execute
+from tests.support.api import execute
+from tests.support.backends import BACKENDS, require_backend
+from tests.support.server import ServerThread
 
 
 @pytest.fixture(scope="session", params=["local", "docker", "gvisor"])

@@ -9,17 +9,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import settings_for
-from .helpers import ServerThread
+from tests.support.backends import settings_for
+from tests.support.server import ServerFactory, ServerThread
 
 TOKEN = "s3cret-token"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    settings = settings_for("local", tmp_path_factory.mktemp("auth"), token=TOKEN, pool_size=0)
-    with ServerThread(settings) as s:
-        yield s
+def server(servers: ServerFactory) -> ServerThread:
+    return servers("local", token=TOKEN, pool_size=0)
 
 
 @pytest.fixture

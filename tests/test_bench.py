@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .conftest import IMAGE, require_docker
+from tests.support.backends import IMAGE, require_docker
 
 ROOT = Path(__file__).resolve().parent.parent
 

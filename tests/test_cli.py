@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,11 @@ from pathlib import Path
 import docker
 import httpx
 
-from .conftest import IMAGE, require_docker
+from tests.support.backends import IMAGE, require_docker
+from tests.support.ports import free_port
 
 LABEL_INSTANCE = "io.kernel-gateway.instance"
 LABEL_ROLE = "io.kernel-gateway.role"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

@@ -19,9 +19,8 @@ from kernel_gateway.client import (
     TransportError,
     event_from,
 )
-
-from .conftest import settings_for
-from .helpers import ServerThread
+from tests.support.backends import settings_for
+from tests.support.server import ServerThread
 
 SLOW_CELL = (
     "import time\nfor i in range(3):\n    print(f'line {i}', flush=True)\n    time.sleep(0.4)\n"

@@ -13,8 +13,7 @@ import httpx
 import pytest
 
 from kernel_gateway.client import AsyncClient, Client, TransportError
-
-from .helpers import ServerThread
+from tests.support.server import ServerThread
 
 CELL = (
     "import time\n"

@@ -14,22 +14,17 @@ import pytest
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.backends.base import RuntimeDir
 from kernel_gateway.kernels.backends.docker import DockerBackend
-
-from .conftest import require_docker, settings_for
-from .helpers import ServerThread, execute
+from tests.support.api import execute
+from tests.support.backends import require_docker, settings_for
+from tests.support.server import ServerFactory, ServerThread
 
 LABEL_INSTANCE = "io.kernel-gateway.instance"
 LABEL_ROLE = "io.kernel-gateway.role"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    require_docker()
-    settings = settings_for(
-        "docker", tmp_path_factory.mktemp("dk"), pool_size=0, memory_limit="256m", token="tok"
-    )
-    with ServerThread(settings) as s:
-        yield s
+def server(servers: ServerFactory) -> ServerThread:
+    return servers("docker", pool_size=0, memory_limit="256m", token="tok")
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from .helpers import ServerThread, execute
+from tests.support.api import execute
+from tests.support.server import ServerThread
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -231,7 +232,7 @@ def test_files_are_gone_with_the_session(gateway: ServerThread, client: httpx.Cl
 def test_svg_and_dpi_are_configurable(
     backend_name: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    from .conftest import backend_settings
+    from tests.support.backends import backend_settings
 
     settings = backend_settings(
         backend_name,

@@ -35,9 +35,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kernel_gateway.server.app import create_app
 from kernel_gateway.server.middleware import template
+from tests.support.backends import require_backend, settings_for
+from tests.support.processes import Gateway, gateway
 
-from .conftest import require_backend, settings_for
-from .gateway_process import Gateway, gateway
 from .test_cli import containers_of
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")

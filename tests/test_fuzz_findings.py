@@ -15,16 +15,13 @@ import pytest
 
 from kernel_gateway.kernels import storage
 from kernel_gateway.kernels.workspace import MAX_NAME_BYTES
-
-from .conftest import settings_for
-from .helpers import ServerThread, execute
+from tests.support.api import execute
+from tests.support.server import ServerFactory, ServerThread
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    settings = settings_for("local", tmp_path_factory.mktemp("findings"), preload="")
-    with ServerThread(settings) as s:
-        yield s
+def server(servers: ServerFactory) -> ServerThread:
+    return servers("local", preload="")
 
 
 @pytest.fixture

@@ -21,8 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import IMAGE, require_docker, settings_for
-from .helpers import ServerThread, execute
+from tests.support.api import execute
+from tests.support.backends import IMAGE, require_docker, settings_for
+from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.adversarial
 

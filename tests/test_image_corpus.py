@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import require_docker, settings_for
-from .helpers import ServerThread
+from tests.support.backends import require_docker, settings_for
+from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.docker
 JSON = {"Content-Type": "application/json", "Accept": "application/json"}

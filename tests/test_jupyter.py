@@ -37,9 +37,9 @@ from nbclient import NotebookClient
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from .conftest import settings_for
-from .helpers import ServerThread
-from .jupyter_helpers import execute_content, jupyter_process
+from tests.support.backends import settings_for
+from tests.support.jupyter import execute_content, jupyter_process
+from tests.support.server import ServerThread
 
 TOKEN = "gateway-token"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -16,9 +16,9 @@ import httpx
 import nbformat
 import pytest
 
-from .conftest import settings_for
-from .helpers import ServerThread
-from .jupyter_helpers import jupyter_process
+from tests.support.backends import settings_for
+from tests.support.jupyter import jupyter_process
+from tests.support.server import ServerThread
 
 TOKEN = "lab-gateway-token"
 CHROMIUM = Path("/usr/bin/chromium")

@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from .helpers import execute
+from tests.support.api import execute
 
 
 def pngs(stream_displays: list[dict[str, object]]) -> list[bytes]:

@@ -9,9 +9,7 @@ any token appears anywhere.
 
 from __future__ import annotations
 
-import contextvars
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -19,39 +17,13 @@ from pathlib import Path
 
 import httpx
 
-from kernel_gateway import logs
-
-from .gateway_process import gateway
+from tests.support.processes import gateway
 
 TOKEN = "TOKEN_d41d8cd98f00"
 WRONG_TOKEN = "WRONG_TOKEN_9e107d9d"
 CODE_MARKER = "CODE_MARKER_0cc175b9"
 OUTPUT_MARKER = "OUTPUT_MARKER_92eb5ffe"
 FILE_MARKER = "FILE_MARKER_4a8a08f0"
-
-
-def test_a_record_is_one_json_line_with_the_bound_ids() -> None:
-    def emit() -> str:
-        logs.bind(request_id="r1", session_id="s1")
-        logs.bind(execution_id="3", session_id=None)  # None leaves a field as it is
-        record = logging.LogRecord(
-            "kernel_gateway.x", logging.INFO, __file__, 1, "a\nb %s", ("c\u2028\x85\x1c",), None
-        )
-        record.fields = {"status": 200}
-        return logs.JSONFormatter().format(record)
-
-    line = contextvars.copy_context().run(emit)
-    assert len(line.splitlines()) == 1 and line.isascii()  # no reader splits it
-    document = json.loads(line)
-    assert document["message"] == "a\nb c\u2028\x85\x1c"
-    assert document["level"] == "info" and document["logger"] == "kernel_gateway.x"
-    assert (document["request_id"], document["session_id"], document["execution_id"]) == (
-        "r1",
-        "s1",
-        "3",
-    )
-    assert document["status"] == 200
-    assert logs.current() == {}  # bound in the copied context only
 
 
 def test_json_logs_carry_ids_and_never_code_output_or_tokens(tmp_path: Path) -> None:

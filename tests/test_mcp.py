@@ -22,20 +22,16 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from .conftest import settings_for
-from .helpers import ServerThread
+from tests.support.backends import settings_for
+from tests.support.server import ServerFactory, ServerThread
 
 TOKEN = "mcp-test-token"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    settings = settings_for(
-        "local", tmp_path_factory.mktemp("rt-mcp"), token=TOKEN, pool_size=2, max_sessions=12
-    )
-    with ServerThread(settings) as server:
-        yield server
+def server(servers: ServerFactory) -> ServerThread:
+    return servers("local", token=TOKEN, pool_size=2, max_sessions=12)
 
 
 @asynccontextmanager

@@ -20,8 +20,8 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 
-from .conftest import settings_for
-from .helpers import ServerThread
+from tests.support.backends import settings_for
+from tests.support.server import ServerThread
 
 TOKEN = "stdio-token"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

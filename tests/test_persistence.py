@@ -13,7 +13,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,17 +28,11 @@ import pytest
 
 from kernel_gateway.client import Client
 from kernel_gateway.kernels.storage import loop_devices_of, mounts_under
-
-from .conftest import IMAGE, require_docker
-from .helpers import parse_sse
+from tests.support.api import parse_sse
+from tests.support.backends import IMAGE, require_docker
+from tests.support.ports import free_port
 
 LABEL_INSTANCE = "io.kernel-gateway.instance"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Gateway:

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from .conftest import settings_for
-from .helpers import ServerThread, execute
+from tests.support.api import execute
+from tests.support.backends import settings_for
+from tests.support.server import ServerThread
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from websockets.asyncio.client import connect
 
-from .helpers import ServerThread
-from .jupyter_helpers import execute_content
+from tests.support.jupyter import execute_content
+from tests.support.server import ServerThread
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CHART = "import matplotlib.pyplot as plt\nplt.plot([2, 1, 3])\nplt.savefig('c.png')\nplt.show()"

@@ -15,9 +15,8 @@ import httpx
 import pytest
 
 from kernel_gateway.client.sse import SSEDecoder
-
-from .conftest import backend_settings, require_backend
-from .helpers import ServerThread
+from tests.support.backends import backend_settings, require_backend
+from tests.support.server import ServerThread
 
 Seen = list[tuple[int, str, dict[str, Any]]]
 

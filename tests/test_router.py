@@ -25,9 +25,8 @@ from kernel_gateway.cluster.settings import NodeTarget, RouterSettings, from_env
 from kernel_gateway.kernels.storage import reclaim
 from kernel_gateway.settings import Settings
 from kernel_gateway.settings import from_env as serve_settings
-
-from .gateway_process import Gateway, gateway, router
-from .helpers import execute
+from tests.support.api import execute
+from tests.support.processes import Gateway, gateway, router
 
 TOKEN = "router-test-token"
 FAST = ["--poll-interval", "0.3", "--node-lost-after", "3", "--node-wait", "2"]

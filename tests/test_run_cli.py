@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from .helpers import ServerThread
+from tests.support.server import ServerThread
 
 
 def kg_run(

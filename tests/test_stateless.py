@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 from kernel_gateway.client import Client, RateLimitError
-
-from .conftest import settings_for
-from .helpers import ServerThread, parse_sse
+from tests.support.api import parse_sse
+from tests.support.backends import settings_for
+from tests.support.server import ServerThread
 
 
 def run(client: httpx.Client, body: dict[str, object]) -> dict[str, object]:

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import backend_settings, require_backend
-from .helpers import ServerThread
+from tests.support.backends import backend_settings, require_backend
+from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.docker
 

@@ -35,9 +35,10 @@ from kernel_gateway.kernels.storage import (
     mounts_under,
     reclaim,
 )
+from tests.support.api import execute
+from tests.support.backends import require_docker, require_gvisor, settings_for
+from tests.support.server import ServerThread
 
-from .conftest import require_docker, require_gvisor, settings_for
-from .helpers import ServerThread, execute
 from .test_cli import serve
 
 MiB = 1024 * 1024

@@ -8,12 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from kernel_gateway import tools
 from kernel_gateway.client import AsyncClient, Client
-
-from .helpers import ServerThread
+from tests.support.server import ServerThread
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -22,28 +19,6 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def fixture(name: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((FIXTURES / name).read_text())
     return data
-
-
-def test_tool_definitions_have_each_providers_shape() -> None:
-    chat = tools.openai_chat_tool()
-    assert chat["type"] == "function" and chat["function"]["name"] == "run_python"
-    assert chat["function"]["parameters"]["required"] == ["code"]
-    responses = tools.openai_responses_tool()
-    assert responses["type"] == "function" and responses["name"] == "run_python"
-    anthropic = tools.anthropic_tool()
-    assert set(anthropic) == {"name", "description", "input_schema"}
-
-
-@pytest.mark.parametrize(
-    ("name", "provider"),
-    [
-        ("openai_chat_completion.json", "openai-chat"),
-        ("openai_responses.json", "openai-responses"),
-        ("anthropic_message.json", "anthropic"),
-    ],
-)
-def test_provider_is_detected(name: str, provider: str) -> None:
-    assert tools.detect_provider(fixture(name)) == provider
 
 
 def png_of_data_url(url: str) -> bytes:
@@ -100,18 +75,6 @@ def test_errors_are_reported_as_errors(gateway: ServerThread) -> None:
     assert result["is_error"] is True
     assert "ZeroDivisionError: division by zero" in result["content"][0]["text"]
     assert "\x1b[" not in result["content"][0]["text"]  # no ANSI colour codes for the model
-
-
-def test_bad_arguments_reach_the_model_not_the_gateway() -> None:
-    response = fixture("openai_chat_completion.json")
-    response["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = "{not json"
-
-    class Unused:
-        def run(self, code: str) -> Any:
-            raise AssertionError("must not run")
-
-    (message,) = tools.run_tool_calls(response, Unused())  # type: ignore[arg-type]
-    assert message["role"] == "tool" and "not valid JSON" in message["content"]
 
 
 def test_async_helper(gateway: ServerThread) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import settings_for
-from .helpers import CuttableProxy, ServerThread
+from tests.support.backends import settings_for
+from tests.support.server import CuttableProxy, ServerFactory, ServerThread
 
 CHROMIUM = Path("/usr/bin/chromium")
 OUTPUT = Path(__file__).resolve().parent.parent / "test-output" / "web"
@@ -42,10 +42,8 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    settings = settings_for("local", tmp_path_factory.mktemp("web"), pool_size=2, max_sessions=16)
-    with ServerThread(settings) as s:
-        yield s
+def server(servers: ServerFactory) -> ServerThread:
+    return servers("local", pool_size=2, max_sessions=16)
 
 
 @pytest.fixture

@@ -229,8 +229,8 @@ async def any_node(request: Request) -> Response:
 async def not_routed(request: Request) -> Response:
     raise NotFound(
         f"{request.url.path} is not served through the router: the MCP endpoint and "
-        "Jupyter's kernel API are served by each node gateway (see the README's Cluster "
-        "section)"
+        "Jupyter's kernel API are served by each node gateway (see docs/cluster.md in "
+        "the gateway's documentation)"
     )
 
 

@@ -8,7 +8,7 @@ record or the new one, never half of one. Writes run in order on one thread of
 their own, off the event loop.
 
 Not kept across a restart: the events of past executions (their replay buffers).
-What a cell prints while no gateway is up is lost; the README says so.
+What a cell prints while no gateway is up is lost; docs/durable-sessions.md says so.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import httpx
 import pytest
 
 from kernel_gateway.settings import DEFAULT_IMAGE
+from tests.support.ports import free_port
 
 from . import swarm as swarm_module
 from .swarm import NODE_ROOT, REQUIRE_CLUSTER, Node, Swarm, leftovers, require_cluster, run
@@ -78,12 +78,6 @@ def probe_image() -> str:
     if REQUIRE_CLUSTER:
         pytest.fail(f"KG_REQUIRE_CLUSTER=1 but {reason}")
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return int(s.getsockname()[1])
 
 
 def get(node: Node, port: int, path: str) -> dict[str, list[str]]:

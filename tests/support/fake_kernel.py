@@ -28,8 +28,9 @@ import asyncio
 import shutil
 import signal
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
@@ -260,3 +261,21 @@ class FakeBackend(Backend):
         await asyncio.gather(*(k.cleanup() for k in self.kernels))
         self._context.destroy(linger=0)
         shutil.rmtree(self._root, ignore_errors=True)
+
+
+if TYPE_CHECKING:
+    from kernel_gateway.sessions.session import Session
+
+
+async def run(session: Session, code: str, limit: float | None = None) -> list[Any]:
+    """Submit a cell (with a time `limit`) and collect its events as (name, data) pairs."""
+    execution = session.submit(code, limit)
+    return [(e.name, e.data) for e in [e async for e in execution.stream()]]
+
+
+async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not met in time")

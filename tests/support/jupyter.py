@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.support.ports import free_port
 
 
 def execute_content(code: str) -> dict[str, Any]:
@@ -26,13 +27,6 @@ def execute_content(code: str) -> dict[str, Any]:
         "allow_stdin": False,
         "stop_on_error": True,
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextmanager

@@ -7,7 +7,7 @@ everything above the backend runs as in production, in milliseconds.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,7 @@ from kernel_gateway.sessions.restart_policy import RestartPolicy
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
 from kernel_gateway.types import Event
-
-from .fake_kernel import FakeBackend, FakeKernelProcess
+from tests.support.fake_kernel import FakeBackend, FakeKernelProcess, run, until
 
 
 @dataclass
@@ -47,20 +46,6 @@ class Harness:
         process = kernel.process
         assert isinstance(process, FakeKernelProcess)
         return process
-
-
-async def run(session: Session, code: str, limit: float | None = None) -> list[Any]:
-    """Submit a cell (with a time `limit`) and collect its events as (name, data) pairs."""
-    execution = session.submit(code, limit)
-    return [(e.name, e.data) for e in [e async for e in execution.stream()]]
-
-
-async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.005)):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition not met in time")
 
 
 async def empty_slot(gw: Harness, session: Session) -> None:

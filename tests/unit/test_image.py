@@ -15,7 +15,7 @@ import pytest
 
 from kernel_gateway.cli import image
 
-CONTEXT = Path(__file__).resolve().parent.parent / "kernel-image"
+CONTEXT = Path(__file__).resolve().parents[2] / "kernel-image"
 # Debian suite -> the Python its python3 package is (the lock must be compiled for it).
 DEBIAN_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}
 

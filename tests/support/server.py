@@ -1,4 +1,4 @@
-"""Test helpers: a real server in a thread, and an SSE reader that timestamps events."""
+"""The real app under uvicorn in a thread, and a proxy whose connections a test can cut."""
 
 from __future__ import annotations
 
@@ -7,16 +7,15 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
-import httpx
 import uvicorn
 
-from kernel_gateway.client.sse import SSEDecoder
 from kernel_gateway.server.app import create_app
 from kernel_gateway.settings import Settings
+
+ServerFactory = Callable[..., "ServerThread"]
+"""The `servers` fixture (tests/conftest.py): `servers(backend="local", **settings)`."""
 
 
 class ServerThread:
@@ -64,66 +63,6 @@ class ServerThread:
         sock = self.server.servers[0].sockets[0]
         host, port = sock.getsockname()[:2]
         return f"http://{host}:{port}"
-
-
-@dataclass
-class Stream:
-    """Events of one execution, each with the monotonic time it arrived."""
-
-    events: list[tuple[str, dict[str, Any], float]] = field(default_factory=list)
-    status_code: int = 0
-
-    def named(self, name: str) -> list[dict[str, Any]]:
-        return [data for n, data, _ in self.events if n == name]
-
-    @property
-    def done(self) -> dict[str, Any]:
-        assert self.events and self.events[-1][0] == "done", self.events
-        return self.events[-1][1]
-
-    @property
-    def stdout(self) -> str:
-        return "".join(d["text"] for d in self.named("stdout"))
-
-    @property
-    def names(self) -> list[str]:
-        return [n for n, _, _ in self.events]
-
-
-def parse_sse(chunks: Iterable[bytes] | Iterable[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(name, data) of each event, decoded by the client's own SSE decoder.
-
-    Pass raw body chunks (`response.iter_bytes()`): the decoder splits lines by the SSE
-    rules. Lines already split (`iter_lines()`) are accepted too, but httpx splits them
-    on U+2028 and the like as well, which breaks JSON holding those characters.
-    """
-    decoder = SSEDecoder()
-    for chunk in chunks:
-        if isinstance(chunk, bytes):
-            events = decoder.feed(chunk)
-        else:
-            event = decoder.decode(chunk)
-            events = [event] if event is not None else []
-        for event in events:
-            yield event.event, event.json()
-
-
-def execute(
-    client: httpx.Client, session_id: str, code: str, timeout: float | None = None
-) -> Stream:
-    body: dict[str, Any] = {"code": code}
-    if timeout is not None:
-        body["timeout"] = timeout
-    stream = Stream()
-    with client.stream("POST", f"/sessions/{session_id}/execute", json=body) as response:
-        stream.status_code = response.status_code
-        if response.status_code != 200:
-            response.read()
-            raise AssertionError(f"{response.status_code}: {response.text}")
-        assert response.headers["content-type"].startswith("text/event-stream")
-        for name, data in parse_sse(response.iter_bytes()):
-            stream.events.append((name, data, time.monotonic()))
-    return stream
 
 
 class CuttableProxy:

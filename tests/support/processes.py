@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,13 +21,8 @@ from typing import Any
 
 import httpx
 
-from .conftest import IMAGE
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.backends import IMAGE
+from tests.support.ports import free_port
 
 
 @dataclass
