@@ -13,8 +13,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,63 +27,30 @@ import pytest
 from kernel_gateway.client import Client
 from kernel_gateway.kernels.storage import loop_devices_of, mounts_under
 from tests.support.api import parse_sse
-from tests.support.backends import IMAGE, require_docker
+from tests.support.backends import require_docker
 from tests.support.ports import free_port
+from tests.support.processes import Gateway as GatewayProcess
+from tests.support.processes import serve_command
 
 LABEL_INSTANCE = "io.kernel-gateway.instance"
 
 
-class Gateway:
-    """`kernel-gateway serve` as a process, restartable on the same port and runtime dir."""
+class Gateway(GatewayProcess):
+    """`kernel-gateway serve --backend docker` as a process, restarted on the same port and
+    runtime dir; `--persist-sessions` unless a start says otherwise."""
 
     def __init__(self, tmp: Path, *args: str) -> None:
         self.runtime = tmp / "rt"
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = args
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.logs: list[Path] = []
+        cmd = serve_command(self.runtime, self.port, "--backend", "docker", *args)
+        env = {"KG_PRELOAD": "", "KG_KERNEL_START_TIMEOUT": "120"}
+        super().__init__(cmd, self.port, tmp, env=env, up_within=60)
 
     def start(self, *extra: str, persist: bool = True) -> float:
-        """Start and wait until it answers; returns the seconds that took."""
-        log = self.runtime.parent / f"gateway-{len(self.logs)}.log"
-        self.logs.append(log)
-        cmd = [
-            sys.executable,
-            "-m",
-            "kernel_gateway",
-            "serve",
-            "--backend",
-            "docker",
-            "--image",
-            IMAGE,
-            "--port",
-            str(self.port),
-            "--runtime-dir",
-            str(self.runtime),
-            *(["--persist-sessions"] if persist else []),
-            *self.args,
-            *extra,
-        ]
-        env = {**os.environ, "KG_PRELOAD": "", "KG_KERNEL_START_TIMEOUT": "120"}
-        started = time.monotonic()
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        deadline = started + 60
-        while True:
-            assert self.proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return time.monotonic() - started
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "gateway did not come up:\n" + log.read_text()
-            time.sleep(0.02)
+        return super().start(*(["--persist-sessions"] if persist else []), *extra)
 
-    def stop(self, sig: int = signal.SIGTERM, wait: float = 60) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        self.proc.wait(wait)
+    def stop(self, sig: int = signal.SIGTERM, wait: float = 60, *, force: bool = False) -> int:
+        return super().stop(sig, wait, force=force)
 
     def wait_for_warm_kernels(self, count: int) -> None:
         deadline = time.monotonic() + 120
@@ -103,7 +68,7 @@ class Gateway:
         return data
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.running:
             self.stop(signal.SIGKILL)
 
 

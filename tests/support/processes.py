@@ -1,4 +1,4 @@
-"""A gateway as its own process (`python -m kernel_gateway serve`), its log in a file.
+"""A gateway (or router) as its own process, restartable, its log in a file per start.
 
 Writing the log to a file, not a pipe, keeps a chatty gateway (an access-log line
 per request) from blocking on a full pipe that nobody reads during a long test.
@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,82 @@ from tests.support.backends import IMAGE
 from tests.support.ports import free_port
 
 
-@dataclass
 class Gateway:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-    headers: dict[str, str]
+    """`kernel-gateway serve` (or `route`) as a process: started, stopped and restarted on the
+    same port and runtime dir. Each start writes its own log (`logs`; `log` is the latest)."""
+
+    def __init__(
+        self,
+        cmd: list[str],
+        port: int,
+        log_dir: Path,
+        *,
+        token: str | None = None,
+        env: dict[str, str] | None = None,
+        up_within: float = 90,
+        name: str = "gateway",
+    ) -> None:
+        self.cmd = cmd
+        self.url = f"http://127.0.0.1:{port}"
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.env = {**os.environ, **(env or {})}
+        self.log_dir = log_dir
+        self.up_within = up_within
+        self.name = name
+        self.logs: list[Path] = []
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        assert self._proc is not None, "the process was never started"
+        return self._proc
+
+    @property
+    def log(self) -> Path:
+        return self.logs[-1]
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, *extra: str) -> float:
+        """Start (with `extra` flags this time only) and wait until `/health` answers 200;
+        the seconds that took. The log is shown if the process exits first."""
+        log = self.log_dir / f"{self.name}-{len(self.logs)}.log"
+        self.logs.append(log)
+        started = time.monotonic()
+        with log.open("wb") as out:
+            self._proc = subprocess.Popen(
+                [*self.cmd, *extra], stdout=out, stderr=subprocess.STDOUT, env=self.env
+            )
+        deadline = started + self.up_within
+        while True:
+            assert self.proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"{self.url} did not come up: {log.read_text()}"
+            time.sleep(0.02)
+
+    def stop(self, sig: int = signal.SIGTERM, wait: float = 60, *, force: bool = True) -> int:
+        """Send `sig` and wait up to `wait` s; then SIGKILL (`force`) or raise TimeoutExpired."""
+        if self.running:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                if not force:
+                    raise
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def restart(self, *extra: str, sig: int = signal.SIGTERM) -> float:
+        """Stop with `sig`, start again on the same port and runtime dir; seconds to answer."""
+        self.stop(sig)
+        return self.start(*extra)
 
     def client(self, timeout: float = 60) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
@@ -81,15 +150,23 @@ class Gateway:
                 assert time.monotonic() < deadline, f"the gateway did not settle: {pool}"
                 time.sleep(0.2)
 
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+
+def serve_command(runtime_dir: Path, port: int, *args: str, token: str | None = None) -> list[str]:
+    """`python -m kernel_gateway serve` on `port` and `runtime_dir`, the test image, `args`."""
+    return [
+        sys.executable,
+        "-m",
+        "kernel_gateway",
+        "serve",
+        "--port",
+        str(port),
+        "--runtime-dir",
+        str(runtime_dir),
+        "--image",
+        IMAGE,
+        *(["--token", token] if token else []),
+        *args,
+    ]
 
 
 @contextmanager
@@ -99,23 +176,10 @@ def gateway(
     token: str | None = None,
     env: dict[str, str] | None = None,
 ) -> Iterator[Gateway]:
+    """A gateway process on `tmp_path/rt`, up for the block; stopped (SIGTERM) after."""
     port = free_port()
-    log = tmp_path / "gateway.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "kernel_gateway",
-        "serve",
-        "--port",
-        str(port),
-        "--runtime-dir",
-        str(tmp_path / "rt"),
-        "--image",
-        IMAGE,
-        *(["--token", token] if token else []),
-        *args,
-    ]
-    with _running(cmd, log, port, token, env, up_within=90) as gw:
+    cmd = serve_command(tmp_path / "rt", port, *args, token=token)
+    with _running(Gateway(cmd, port, tmp_path, token=token, env=env, up_within=90)) as gw:
         yield gw
 
 
@@ -125,46 +189,17 @@ def router(
 ) -> Iterator[Gateway]:
     """`kernel-gateway route` as a process, in front of the node gateways at `nodes`."""
     port = free_port()
-    log = tmp_path / f"{name}.log"
     cmd = [sys.executable, "-m", "kernel_gateway", "route", "--port", str(port)]
     cmd += ["--nodes", ",".join(nodes), *(["--token", token] if token else []), *args]
-    with _running(cmd, log, port, token, None, up_within=30) as gw:
+    with _running(Gateway(cmd, port, tmp_path, token=token, up_within=30, name=name)) as gw:
         yield gw
 
 
 @contextmanager
-def _running(
-    cmd: list[str],
-    log: Path,
-    port: int,
-    token: str | None,
-    env: dict[str, str] | None,
-    *,
-    up_within: float,
-) -> Iterator[Gateway]:
-    """`cmd` started with its output in `log`; yielded once it answers `/health`, stopped after."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    gw = Gateway(proc, f"http://127.0.0.1:{port}", log, headers)
+def _running(gw: Gateway) -> Iterator[Gateway]:
     try:
-        _wait_up(gw, up_within)
+        gw.start()
         yield gw
     finally:
-        gw.stop()
-
-
-def _wait_up(gw: Gateway, seconds: float) -> None:
-    """Until the process answers `/health` with 200 (its log shown if it exits first)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        assert gw.proc.poll() is None, gw.log.read_text()
-        try:
-            if httpx.get(gw.url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, f"{gw.url} did not come up: {gw.log.read_text()}"
-        time.sleep(0.1)
+        if gw._proc is not None:
+            gw.stop()
