@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -14,8 +13,9 @@ from pathlib import Path
 import docker
 import httpx
 
-from tests.support.backends import IMAGE, require_docker
+from tests.support.backends import require_docker
 from tests.support.ports import free_port
+from tests.support.processes import gateway
 
 LABEL_INSTANCE = "io.kernel-gateway.instance"
 LABEL_ROLE = "io.kernel-gateway.role"
@@ -24,51 +24,10 @@ LABEL_ROLE = "io.kernel-gateway.role"
 @contextmanager
 def serve(
     tmp_path: Path, *args: str, env: dict[str, str] | None = None
-) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "kernel_gateway",
-        "serve",
-        "--port",
-        str(port),
-        "--runtime-dir",
-        str(tmp_path / "rt"),
-        "--image",
-        IMAGE,
-        *args,
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.1)
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`kernel-gateway serve` as a process (tests/support/processes.py): (process, url)."""
+    with gateway(tmp_path, *args, env=env) as gw:
+        yield gw.proc, gw.url
 
 
 def containers_of(instance: str, role: str | None = None) -> list[str]:
@@ -200,10 +159,10 @@ def test_a_memory_limit_in_gib_reaches_the_container(tmp_path: Path) -> None:
 
 def test_auto_falls_back_to_local_and_warns(tmp_path: Path) -> None:
     env = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock", "KG_POOL_SIZE": "0"}
-    with serve(tmp_path, env=env) as (proc, url):
-        assert httpx.get(url + "/health").json()["backend"] == "local"
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=30)[0]
+    with gateway(tmp_path, env=env) as gw:
+        assert httpx.get(gw.url + "/health").json()["backend"] == "local"
+        gw.stop()
+        output = gw.log.read_text()
     assert "falling back to local" in output
     assert "backend: local; isolation:" in output
     assert (

@@ -9,20 +9,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.api import execute
-from tests.support.backends import IMAGE, require_docker, settings_for
+from tests.support.backends import require_docker, settings_for
+from tests.support.processes import gateway
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.adversarial
@@ -499,57 +499,16 @@ def rss_mib(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-class running_gateway:  # noqa: N801 - used as a context manager
-    """`kernel-gateway serve` as its own process, so its memory can be read."""
-
-    def __init__(self, tmp: Path, backend: str = "docker", token: str | None = None) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.cmd = [
-            sys.executable,
-            "-m",
-            "kernel_gateway",
-            "serve",
-            "--backend",
-            backend,
-            "--port",
-            str(self.port),
-            "--pool-size",
-            "1",
-            "--preload",
-            "",
-            "--runtime-dir",
-            str(tmp / "rt"),
-            "--image",
-            IMAGE,
-            "--log-level",
-            "warning",
-        ]
-        if token:
-            self.cmd += ["--token", token]
-
-    def __enter__(self) -> tuple[subprocess.Popen[bytes], str]:
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).json()["pool"]["warm"] >= 1:
-                    break
-            except (httpx.HTTPError, ValueError, KeyError):
-                pass
-            assert time.monotonic() < deadline and self.proc.poll() is None
-            time.sleep(0.1)
-        return self.proc, url
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+@contextmanager
+def running_gateway(
+    tmp: Path, backend: str = "docker", token: str | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`kernel-gateway serve` as its own process with one warm kernel, so its memory can be
+    read: (process, url)."""
+    args = ["--backend", backend, "--pool-size", "1", "--preload", "", "--log-level", "warning"]
+    with gateway(tmp, *args, token=token) as gw:
+        gw.wait_settled(1)
+        yield gw.proc, gw.url
 
 
 def test_local_kernels_run_in_a_bubblewrap_sandbox(tmp_path: Path) -> None:

@@ -65,6 +65,7 @@ class Gateway:
     def start(self, *extra: str) -> float:
         """Start (with `extra` flags this time only) and wait until `/health` answers 200;
         the seconds that took. The log is shown if the process exits first."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{self.name}-{len(self.logs)}.log"
         self.logs.append(log)
         started = time.monotonic()
