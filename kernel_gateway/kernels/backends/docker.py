@@ -575,8 +575,7 @@ def _read_connection(conn_dir: Path) -> ConnectionInfo | None:
         return None
     if not isinstance(inside, dict) or not isinstance(inside.get("key"), str):
         return None
-    info = ipc_connection(str(conn_dir / "k"))
-    info["key"] = inside["key"]
+    info = ipc_connection(str(conn_dir / "k"), key=inside["key"])
     info["signature_scheme"] = str(inside.get("signature_scheme", info["signature_scheme"]))
     return info
 

@@ -23,7 +23,6 @@ import enum
 import itertools
 import json
 import logging
-import secrets
 import shutil
 import signal
 import time
@@ -33,7 +32,6 @@ import zmq.asyncio
 
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.backends.base import (
-    IPC_PORTS,
     Backend,
     ExitInfo,
     ForkServerHost,
@@ -44,6 +42,7 @@ from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.pools.refill import Refill
 from kernel_gateway.kernels.pools.warm import WarmKernel, WarmPool, preload_code
 from kernel_gateway.kernels.storage import SessionStorage
+from kernel_gateway.kernels.wire import ipc_connection
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.settings import Settings
 from kernel_gateway.types import JSON, ConnectionInfo
@@ -170,16 +169,9 @@ class ForkServer:
     async def fork(self, number: int) -> ForkedProcess:
         """Fork a child that serves one request on sockets of its own."""
         name = f"r{number}"
-        key = secrets.token_hex(32)
         inside = f"{self.host.inside}/{name}/k"
-        info = ConnectionInfo(
-            transport="ipc",
-            ip=str(self.host.conn_dir / name / "k"),
-            key=key,
-            signature_scheme="hmac-sha256",
-            kernel_name="python3",
-            **IPC_PORTS,  # type: ignore[typeddict-item]
-        )
+        info = ipc_connection(str(self.host.conn_dir / name / "k"))
+        key = info["key"]
         process = ForkedProcess(self, f"{self.id}-{name}", info)
         self.current = process
         self.state = State.BUSY

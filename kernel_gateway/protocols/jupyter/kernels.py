@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
 import time
@@ -42,7 +40,16 @@ import zmq.asyncio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kernel_gateway.errors import GatewayError, SessionNotFound
-from kernel_gateway.kernels.kernel import DELIM, MAX_MESSAGE_BYTES, Kernel
+from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.kernels.wire import (
+    MAX_MESSAGE_BYTES,
+    BadMessage,
+    Channel,
+    Signer,
+    serialize,
+    socket_url,
+    verified_parts,
+)
 from kernel_gateway.protocols.jupyter.wire import (
     CLIENT_CHANNELS,
     BadFrame,
@@ -54,7 +61,7 @@ from kernel_gateway.protocols.jupyter.wire import (
 )
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
-from kernel_gateway.types import JSON, ConnectionInfo
+from kernel_gateway.types import JSON
 
 logger = logging.getLogger(__name__)
 
@@ -177,28 +184,22 @@ def session_id(kernel_id: str) -> str:
         return kernel_id
 
 
-def _url(info: ConnectionInfo, port: str) -> str:
-    if info["transport"] == "ipc":
-        return f"ipc://{info['ip']}-{info[port]}"  # type: ignore[literal-required]
-    return f"tcp://{info['ip']}:{info[port]}"  # type: ignore[literal-required]
-
-
 class KernelLink:
     """One connection's sockets to one kernel: shell, control, stdin (one identity), IOPub."""
 
     def __init__(self, kernel: Kernel, context: zmq.asyncio.Context) -> None:
         info = kernel.process.connection
         self.kernel = kernel
-        self._key = info["key"].encode()
-        self._digest = getattr(hashlib, info["signature_scheme"].removeprefix("hmac-"))
+        self._signer = Signer.of(info)
         identity = uuid.uuid4().hex.encode()
         self.sockets: dict[str, zmq.asyncio.Socket] = {}
-        for channel, kind in (
+        channels: tuple[tuple[Channel, int], ...] = (
             ("shell", zmq.DEALER),
             ("control", zmq.DEALER),
             ("stdin", zmq.DEALER),
             ("iopub", zmq.SUB),
-        ):
+        )
+        for channel, kind in channels:
             sock = context.socket(kind)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -207,30 +208,20 @@ class KernelLink:
                 sock.setsockopt(zmq.IDENTITY, identity)
             else:
                 sock.setsockopt(zmq.SUBSCRIBE, b"")
-            sock.connect(_url(info, f"{channel}_port"))
+            sock.connect(socket_url(info, channel))
             self.sockets[channel] = sock
 
-    def sign(self, parts: list[bytes]) -> bytes:
-        mac = hmac.new(self._key, digestmod=self._digest)
-        for part in parts[:4]:
-            mac.update(part)
-        return mac.hexdigest().encode()
-
     async def send(self, message: WireMessage) -> None:
-        frames = [DELIM, self.sign(message.parts), *message.parts]
+        frames = serialize(message.parts, self._signer)
         await self.sockets[message.channel].send_multipart(frames)
 
     async def receive(self, channel: str) -> WireMessage | None:
         """The next message on a channel; None for one that fails its signature."""
         frames = await self.sockets[channel].recv_multipart()
         try:
-            at = frames.index(DELIM)
-        except ValueError:
+            return WireMessage(channel, verified_parts(frames, self._signer))
+        except BadMessage:
             return None
-        signature, parts = frames[at + 1], frames[at + 2 :]
-        if len(parts) < 4 or not hmac.compare_digest(self.sign(parts), signature):
-            return None
-        return WireMessage(channel, parts)
 
     def close(self) -> None:
         for sock in self.sockets.values():
