@@ -16,8 +16,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
-from typing import Any
 
 from kernel_gateway.errors import (
     BadRequest,
@@ -43,6 +41,7 @@ from kernel_gateway.sessions.persistence import SessionRecord, SessionStore
 from kernel_gateway.sessions.restart_policy import RestartPolicy
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
+from kernel_gateway.tasks import TaskSet
 from kernel_gateway.types import JSON
 
 logger = logging.getLogger(__name__)
@@ -77,7 +76,7 @@ class Registry:
         self._reserved = 0
         self._reserved_stateless = 0
         self._reaper: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
 
     @property
     def backend(self) -> Backend:
@@ -97,7 +96,7 @@ class Registry:
         sessions = [*self._sessions.values(), *self._ephemeral]
         self._sessions, self._ephemeral = {}, set()
         await asyncio.gather(*(self._close(s) for s in sessions), return_exceptions=True)
-        await asyncio.gather(*self._tasks, return_exceptions=True)  # releases under way
+        await self._tasks.join()  # releases under way
         if self.forks is not None:
             await self.forks.close()
         await self.warm.close()
@@ -121,7 +120,7 @@ class Registry:
                     execution.release_readers()
         for session in list(self._ephemeral):
             self._ephemeral.discard(session)
-            self._spawn(self._close(session))
+            self._tasks.spawn(self._close(session))
 
     async def drain(self, deadline: float) -> None:
         """Wait until no cell runs or waits, or until `deadline` (monotonic seconds)."""
@@ -152,7 +151,7 @@ class Registry:
             return_exceptions=True,
         )
         self._sessions = {}
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.join()
         if self.forks is not None:
             await self.forks.close()
         await self.warm.close()
@@ -173,7 +172,7 @@ class Registry:
         await asyncio.gather(*(self._adopt(r, processes.get(r.kernel_id)) for r in records))
         keep = {s.slot.storage.root.name for s in self._sessions.values()}
         # Listed now (before the warm pool makes new ones), released while serving.
-        self._spawn(self.warm.remove_storages(await self.warm.unclaimed_storage(keep)))
+        self._tasks.spawn(self.warm.remove_storages(await self.warm.unclaimed_storage(keep)))
         if records:
             logger.info(
                 "adopted %d of %d persisted sessions%s",
@@ -317,7 +316,7 @@ class Registry:
     def _release(self, session: Session) -> None:
         if session in self._ephemeral:
             self._ephemeral.discard(session)
-            self._spawn(self._close(session))
+            self._tasks.spawn(self._close(session))
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -388,11 +387,6 @@ class Registry:
                         pass
                     except Exception:
                         logger.exception("removing idle session %s failed", session.id)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
 
 async def _never_relaunched(storage: SessionStorage) -> Kernel:

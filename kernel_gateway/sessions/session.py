@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from kernel_gateway import logs
@@ -50,6 +50,7 @@ from kernel_gateway.sessions.files import SessionFiles
 from kernel_gateway.sessions.kernel_slot import KernelSlot
 from kernel_gateway.sessions.persistence import RunningCell, SessionRecord
 from kernel_gateway.settings import Settings
+from kernel_gateway.tasks import TaskSet
 from kernel_gateway.types import JSON, Message
 
 logger = logging.getLogger(__name__)
@@ -81,8 +82,8 @@ class Session:
         self._settings = settings
         self._signalling = asyncio.Lock()
         """Held while a signal is on its way, so it cannot land in the next cell."""
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._grace_timers: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
+        self._grace_timers = TaskSet()
         """Waits for a detached cell's client to come back (cancelled when the session closes)."""
         self._queue: list[Execution] = []
         self._submitted = 0
@@ -133,7 +134,7 @@ class Session:
         self._queue.append(execution)
         self._history.append(execution)
         self.touch()
-        execution.task = self._spawn(self._run(execution))
+        execution.task = self._tasks.spawn(self._run(execution))
         return execution
 
     async def interrupt(self) -> bool:
@@ -144,7 +145,7 @@ class Session:
             return False
         execution.stop(StopReason.INTERRUPT)
         await self._signal(execution, kernel)
-        self._spawn(self._keep_interrupting(execution, kernel))
+        self._tasks.spawn(self._keep_interrupting(execution, kernel))
         return True
 
     def _next_event_id(self) -> int:
@@ -193,9 +194,7 @@ class Session:
         if grace <= 0 or self.ephemeral:  # a stateless cell has nothing to resume
             self.abandon(execution)
         else:
-            timer = self._spawn(self._abandon_unless_resumed(execution, grace))
-            self._grace_timers.add(timer)
-            timer.add_done_callback(self._grace_timers.discard)
+            self._grace_timers.spawn(self._abandon_unless_resumed(execution, grace))
 
     async def _abandon_unless_resumed(self, execution: Execution, grace: float) -> None:
         await asyncio.sleep(grace)
@@ -236,7 +235,7 @@ class Session:
         execution.stop(StopReason.DISCONNECT)
         kernel = self.slot.kernel
         if self.current is execution and kernel is not None:
-            self._spawn(self._stop_abandoned(execution, kernel))
+            self._tasks.spawn(self._stop_abandoned(execution, kernel))
 
     async def restart(self) -> None:
         """Replace the kernel now, even if a cell is stuck in it; state is lost.
@@ -265,11 +264,9 @@ class Session:
             waiting.stop(StopReason.CLOSED)
         if self.current is not None:
             self.current.stop(StopReason.CLOSED)
-        for timer in self._grace_timers:
-            timer.cancel()
+        self._grace_timers.cancel()
         await self.slot.close()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=10)
+        await self._tasks.join(seconds=10)
 
     async def suspend(self) -> None:
         """Let go of the kernel without stopping it: the gateway stops, the session persists.
@@ -280,12 +277,9 @@ class Session:
         self.draining = True
         self.persist()
         self.closed = True
-        for timer in self._grace_timers:
-            timer.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=10)
+        self._grace_timers.cancel()
+        self._tasks.cancel()
+        await self._tasks.join(seconds=10)
         await self.slot.detach()
 
     @property
@@ -344,7 +338,7 @@ class Session:
         execution = None
         if record.running is not None:
             execution = self._adopted_execution(record.running)
-        self._spawn(self._settle_adopted(execution, record.running))
+        self._tasks.spawn(self._settle_adopted(execution, record.running))
 
     def _adopted_execution(self, running: RunningCell) -> Execution:
         """The cell an earlier gateway left running, followed from here on."""
@@ -696,9 +690,3 @@ class Session:
         if self.current is execution and kernel is self.slot.kernel and execution.running:
             logger.info("session %s: an abandoned cell ignored interrupts; restarting", self.id)
             await self.slot.retire(kernel)
-
-    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task

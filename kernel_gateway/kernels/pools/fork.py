@@ -395,7 +395,7 @@ class ForkPool:
             if server.healthy and server.host.process.poll() is None:
                 self._busy.add(server)
                 return server
-            self._refill.spawn(self._discard(server))
+            self._refill.tasks.spawn(self._discard(server))
             self._refill.fill()
         server = await self._refill.wait(self.settings.kernel_start_timeout)
         self._busy.add(server)
@@ -409,7 +409,7 @@ class ForkPool:
         extra = not self._refill.waiters and kept >= self.settings.fork_servers
         dead = server.host.process.poll() is not None
         if self._refill.closed or not server.healthy or worn or extra or dead:
-            self._refill.spawn(self._discard(server))
+            self._refill.tasks.spawn(self._discard(server))
             self._refill.fill()
             return
         # Last in, first out: the busiest server stays warm in the caches.

@@ -120,7 +120,7 @@ class WarmPool:
             if not warm.kernel.exited.done():
                 self._refill.fill()
                 return warm
-            self._refill.spawn(self.discard(warm))
+            self._refill.tasks.spawn(self.discard(warm))
         return await self._refill.wait(self.settings.kernel_start_timeout)
 
     async def launch(self, storage: SessionStorage) -> Kernel:
@@ -188,7 +188,7 @@ class WarmPool:
             logger.warning("a warm kernel died before use; replacing it")
             exit_info = warm.kernel.exit_info
             self.metrics.kernel_died(exit_info.reason if exit_info else "killed")
-            self._refill.spawn(self.discard(warm))
+            self._refill.tasks.spawn(self.discard(warm))
             self._refill.fill()
 
     async def discard(self, warm: WarmKernel) -> None:

@@ -30,7 +30,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -61,6 +61,7 @@ from kernel_gateway.protocols.jupyter.wire import (
 )
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
+from kernel_gateway.tasks import TaskSet
 from kernel_gateway.types import JSON
 
 logger = logging.getLogger(__name__)
@@ -95,12 +96,8 @@ class JupyterKernels:
         self.registry = registry
         self.context = zmq.asyncio.Context()
         self._states: dict[str, KernelState] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.tasks = TaskSet()
+        """What shutdown_requests set going (a restart, a deletion), awaited at `close`."""
 
     def state(self, session_id: str) -> KernelState:
         return self._states.setdefault(session_id, KernelState())
@@ -143,7 +140,7 @@ class JupyterKernels:
         for proxy in proxies:
             proxy.stop()
         await asyncio.gather(*(p.finished.wait() for p in proxies), return_exceptions=True)
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.tasks.join()
         self.context.destroy(linger=0)
 
     async def interrupt(self, session: Session) -> None:
@@ -500,10 +497,10 @@ class ChannelProxy:
         )
         await self._send(reply)
         if restart:
-            self.hub.spawn(_quietly(self.session.restart))
+            self.hub.tasks.spawn(_quietly(self.session.restart))
         else:
             registry, session_id = self.hub.registry, self.session.id
-            self.hub.spawn(_quietly(lambda: registry.delete_session(session_id)))
+            self.hub.tasks.spawn(_quietly(lambda: registry.delete_session(session_id)))
 
 
 class _Closed(Exception):
