@@ -6,6 +6,10 @@ what happens to a cell; the kernel's life is `KernelSlot`'s (with the
 `RestartPolicy`), the files are `SessionFiles`', and the verdict (`done`) is
 computed by `Execution` alone.
 
+Every cell ends in `_end_cell`, whether it ran here, was refused, or was adopted
+from a predecessor gateway: one `done`, one metric, the session touched and its
+record persisted.
+
 Timeout: interrupt, wait `interrupt_grace`, and if the cell still runs, retire
 the kernel. Death: report it at once; the slot revives the kernel for the next
 cell, which reports `restarted: true`.
@@ -409,18 +413,9 @@ class Session:
             if running is not None:
                 kernel.forget(running.msg_id)
             if execution is not None:
-                execution.finishing()
-                if not self.closed:
-                    with contextlib.suppress(Exception):
-                        for event in await self.files.changed_file_events():
-                            execution.emit(event)
-                execution.finish()
-                self.current = None
-                if execution.execution_count is not None:
-                    self.execution_count = execution.execution_count
-                self._running = None
-                self._keep_recent()
-                self.persist()
+                with contextlib.suppress(Exception):
+                    await self._report_files(execution)
+                self._end_cell(execution)
 
     @staticmethod
     async def _ready(kernel: Kernel, seconds: float) -> bool:
@@ -471,22 +466,12 @@ class Session:
                 self.current = execution
                 try:
                     await self._execute(execution)
-                    execution.finishing()
-                    if not self.closed:
-                        for event in await self.files.changed_file_events():
-                            execution.emit(event)
+                    await self._report_files(execution)
                 except Exception as exc:
                     logger.exception("session %s: execution failed", self.id)
                     message = f"the gateway failed to run this cell: {exc}"
                     execution.emit(error_event("GatewayError", message))
                     execution.stop(StopReason.DEATH, "gateway_error")
-                finally:
-                    self.current = None
-                    self._running = None
-                    if execution.execution_count is not None:
-                        self.execution_count = execution.execution_count
-                    self.touch()
-                    self.persist()
         except asyncio.CancelledError:
             execution.stop(StopReason.CLOSED)
             execution.restarted = True
@@ -494,12 +479,38 @@ class Session:
         finally:  # never leave a client without its `done`
             if execution in self._queue:
                 self._queue.remove(execution)
-            execution.finish()
-            self.metrics.execution_ended(execution, stateless=self.ephemeral)
-            self._keep_recent()
+            self._end_cell(execution)
+
+    async def _report_files(self, execution: Execution) -> None:
+        """The cell stopped in the kernel: a `file` event for each file it changed."""
+        execution.finishing()
+        if not self.closed:
+            for event in await self.files.changed_file_events():
+                execution.emit(event)
+
+    def _end_cell(self, execution: Execution) -> None:
+        """End a cell, however it went: the one place a cell ends, its own or adopted.
+
+        If it held the kernel, the session moves on: no current cell, none running in
+        the record, the kernel's execution count taken, activity touched and the record
+        persisted. Then, for every cell (refused and stopped-while-queued ones too):
+        its one `done` (which releases its readers), the metric, and retention.
+        Called once per cell (each call counts in the metric).
+        """
+        if self.current is execution:
+            self.current = None
+            self._running = None
+            if execution.execution_count is not None:
+                self.execution_count = execution.execution_count
+            self.touch()
+            self.persist()
+        execution.finish()
+        self.metrics.execution_ended(execution, stateless=self.ephemeral)
+        self._keep_recent()
 
     def _refused(self, execution: Execution) -> bool:
-        """End a cell that must not run (session gone or failed, stopped while queued)."""
+        """A cell that must not run (session gone or failed, stopped while queued): its
+        reason and error set, for `_end_cell`."""
         if self.closed:
             execution.stop(StopReason.CLOSED)
             execution.emit(error_event("SessionClosed", f"session {self.id} was deleted"))
@@ -508,7 +519,6 @@ class Session:
             execution.emit(error_event("SessionFailed", self.slot.policy.failed))
         elif execution.stop_reason is None:
             return False
-        execution.finish()
         return True
 
     async def _execute(self, execution: Execution) -> None:
