@@ -59,7 +59,12 @@ class Kernel:
         self.process = process
         self.id = process.id
         # jupyter_client builds the headers and packs the JSON; wire.py signs and checks.
-        self._session = JupyterSession(key=b"", username="kernel-gateway")
+        # (Keyed all the same: an unkeyed Session warns that signing is disabled.)
+        self._session = JupyterSession(
+            key=info["key"].encode(),
+            signature_scheme=info["signature_scheme"],
+            username="kernel-gateway",
+        )
         self._signer = Signer.of(info)
         self._shell = self._socket(context, zmq.DEALER, socket_url(info, "shell"))
         self._control = self._socket(context, zmq.DEALER, socket_url(info, "control"))
