@@ -16,8 +16,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
 import signal
@@ -32,7 +30,15 @@ from jupyter_client.session import Session as JupyterSession
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.backends.base import ExitInfo, KernelProcess
 from kernel_gateway.kernels.events import ExecuteReply, input_count, is_idle, translate
-from kernel_gateway.types import ConnectionInfo, Event, Message
+from kernel_gateway.kernels.wire import (
+    MAX_MESSAGE_BYTES,
+    Signer,
+    deserialize,
+    pack_parts,
+    serialize,
+    socket_url,
+)
+from kernel_gateway.types import Event, Message
 
 logger = logging.getLogger(__name__)
 
@@ -47,31 +53,22 @@ class OutputSink(Protocol):
     def on_idle(self) -> None: ...
 
 
-DELIM = b"<IDS|MSG>"
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-
-
-def _url(info: ConnectionInfo, port: str) -> str:
-    if info["transport"] == "ipc":
-        return f"ipc://{info['ip']}-{info[port]}"  # type: ignore[literal-required]
-    return f"tcp://{info['ip']}:{info[port]}"  # type: ignore[literal-required]
-
-
 class Kernel:
     def __init__(self, process: KernelProcess, context: zmq.asyncio.Context) -> None:
         info = process.connection
         self.process = process
         self.id = process.id
+        # jupyter_client builds the headers and packs the JSON; wire.py signs and checks.
+        # (Keyed all the same: an unkeyed Session warns that signing is disabled.)
         self._session = JupyterSession(
             key=info["key"].encode(),
             signature_scheme=info["signature_scheme"],
             username="kernel-gateway",
         )
-        scheme = info["signature_scheme"].removeprefix("hmac-")
-        self._mac = hmac.new(info["key"].encode(), digestmod=getattr(hashlib, scheme))
-        self._shell = self._socket(context, zmq.DEALER, _url(info, "shell_port"))
-        self._control = self._socket(context, zmq.DEALER, _url(info, "control_port"))
-        self._iopub = self._socket(context, zmq.SUB, _url(info, "iopub_port"))
+        self._signer = Signer.of(info)
+        self._shell = self._socket(context, zmq.DEALER, socket_url(info, "shell"))
+        self._control = self._socket(context, zmq.DEALER, socket_url(info, "control"))
+        self._iopub = self._socket(context, zmq.SUB, socket_url(info, "iopub"))
         self._iopub.setsockopt(zmq.SUBSCRIBE, b"")
         self._listeners: dict[str, Listener] = {}
         self._replies: dict[str, asyncio.Future[Message]] = {}
@@ -101,13 +98,15 @@ class Kernel:
     # -- receiving ---------------------------------------------------------------------------
 
     async def _read(self, sock: zmq.asyncio.Socket, handle: Listener) -> None:
+        """Each message verified and parsed once (`wire.deserialize`, which skips what
+        jupyter_client adds and the gateway never reads), then handed to `handle`."""
         while True:
             try:
                 frames = await sock.recv_multipart(copy=True)
             except (zmq.ZMQError, asyncio.CancelledError):
                 return
             try:
-                handle(self._deserialize(frames))
+                handle(deserialize(frames, self._signer))
             except Exception as exc:
                 self._drop(exc)
 
@@ -120,33 +119,6 @@ class Kernel:
                 exc,
                 self.dropped_messages,
             )
-
-    def _deserialize(self, frames: list[bytes]) -> Message:
-        """Verify and decode one wire message.
-
-        Like jupyter_client's Session.deserialize, minus turning every ISO date in
-        the headers into a datetime, which the gateway never reads: that parsing
-        was the largest cost per message on the hot path.
-        """
-        delim = frames.index(DELIM)
-        signature, header, parent, metadata, content = frames[delim + 1 : delim + 6]
-        mac = self._mac.copy()
-        for part in (header, parent, metadata, content):
-            mac.update(part)
-        if not hmac.compare_digest(mac.hexdigest().encode(), signature):
-            raise ValueError("bad message signature")
-        msg: Message = {
-            "header": json.loads(header),
-            "parent_header": json.loads(parent),
-            "metadata": json.loads(metadata),
-            "content": json.loads(content),
-            "buffers": frames[delim + 6 :],
-        }
-        if not isinstance(msg["header"], dict) or not isinstance(msg["parent_header"], dict):
-            raise ValueError("header or parent_header is not an object")
-        if not isinstance(msg["header"].get("msg_type"), str):
-            raise ValueError("header has no msg_type")
-        return msg
 
     def _on_iopub(self, msg: Message) -> None:
         listener = self._listeners.get(msg["parent_header"].get("msg_id", ""))
@@ -168,7 +140,7 @@ class Kernel:
         listener: Listener | None = None,
     ) -> tuple[str, asyncio.Future[Message]]:
         msg = self._session.msg(msg_type, content)
-        frames = self._session.serialize(msg)
+        frames = serialize(pack_parts(msg, self._session.pack), self._signer)
         msg_id: str = msg["header"]["msg_id"]
         reply: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._replies[msg_id] = reply

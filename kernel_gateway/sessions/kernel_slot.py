@@ -20,14 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from kernel_gateway.errors import KernelUnavailable, SessionFailed
 from kernel_gateway.kernels.backends.base import SessionStorage
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.sessions.restart_policy import RestartPolicy
+from kernel_gateway.tasks import TaskSet
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class KernelSlot:
         self._retired: set[Kernel] = set()
         self._counted: set[Kernel] = set()
         self._notice = False
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self._watch(kernel)
 
     @property
@@ -145,9 +145,7 @@ class KernelSlot:
         kernel, self.kernel = self.kernel, None
         if kernel is not None:
             await kernel.close()
-        for task in list(self._tasks):  # a revival may be sleeping out a backoff
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()  # a revival may be sleeping out a backoff
 
     async def detach(self) -> None:
         """Let go of the kernel, leaving it running (the gateway stops; the session persists)."""
@@ -155,16 +153,14 @@ class KernelSlot:
         kernel, self.kernel = self.kernel, None
         if kernel is not None:
             kernel.disconnect()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
 
     def _watch(self, kernel: Kernel) -> None:
         """Notice a kernel that ends while nobody uses it, and revive the slot."""
 
         def on_exit(_: object) -> None:
             if not self.closed and self.kernel is kernel and self._revive_in_background:
-                self._spawn(self._recover(kernel))
+                self._tasks.spawn(self._recover(kernel))
 
         kernel.exited.add_done_callback(on_exit)
 
@@ -174,8 +170,3 @@ class KernelSlot:
                 return  # already replaced by whoever held the lock
             with contextlib.suppress(KernelUnavailable, SessionFailed):
                 await self.revive()
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)

@@ -4,6 +4,11 @@ Stateless executions get a session of their own that is destroyed as soon as
 its one execution ends, whatever happens to the HTTP response: the release is
 tied to the execution's task, which always ends (at the latest at its timeout).
 
+Every session's kernel comes from a pool as a `Lease` (the warm pool's, or the
+fork pool's for stateless executions in fork mode): the registry asks the lease
+whether the kernel may be relaunched and who owns the session's files, and
+releases it when the session closes; it never asks where the kernel came from.
+
 With a `SessionStore` (`--persist-sessions`) sessions outlive the gateway: each
 is recorded as it changes, `suspend` stops the gateway leaving their kernels
 running, and the next gateway's `adopt` takes them over, checking each kernel.
@@ -16,8 +21,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
-from typing import Any
 
 from kernel_gateway.errors import (
     BadRequest,
@@ -33,8 +36,9 @@ from kernel_gateway.errors import (
 )
 from kernel_gateway.kernels.backends.base import Backend, KernelProcess, SessionStorage
 from kernel_gateway.kernels.kernel import Kernel
-from kernel_gateway.kernels.pools.fork import ForkedProcess, ForkPool
-from kernel_gateway.kernels.pools.warm import WarmKernel, WarmPool
+from kernel_gateway.kernels.pools.fork import ForkPool
+from kernel_gateway.kernels.pools.lease import Lease
+from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.kernels.workspace import Workspace
 from kernel_gateway.sessions.execution import Execution
 from kernel_gateway.sessions.files import SessionFiles
@@ -43,6 +47,7 @@ from kernel_gateway.sessions.persistence import SessionRecord, SessionStore
 from kernel_gateway.sessions.restart_policy import RestartPolicy
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
+from kernel_gateway.tasks import TaskSet
 from kernel_gateway.types import JSON
 
 logger = logging.getLogger(__name__)
@@ -72,12 +77,12 @@ class Registry:
         self._lost: dict[str, str] = {}
         """Sessions a predecessor persisted that could not be adopted, and why."""
         self._ephemeral: set[Session] = set()
-        self._forked: dict[Session, WarmKernel] = {}
-        """Stateless sessions on a fork server's kernel, given back when they close."""
+        self._leases: dict[Session, Lease] = {}
+        """Where each session's kernel came from: released when the session closes."""
         self._reserved = 0
         self._reserved_stateless = 0
         self._reaper: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
 
     @property
     def backend(self) -> Backend:
@@ -97,7 +102,7 @@ class Registry:
         sessions = [*self._sessions.values(), *self._ephemeral]
         self._sessions, self._ephemeral = {}, set()
         await asyncio.gather(*(self._close(s) for s in sessions), return_exceptions=True)
-        await asyncio.gather(*self._tasks, return_exceptions=True)  # releases under way
+        await self._tasks.join()  # releases under way
         if self.forks is not None:
             await self.forks.close()
         await self.warm.close()
@@ -121,7 +126,7 @@ class Registry:
                     execution.release_readers()
         for session in list(self._ephemeral):
             self._ephemeral.discard(session)
-            self._spawn(self._close(session))
+            self._tasks.spawn(self._close(session))
 
     async def drain(self, deadline: float) -> None:
         """Wait until no cell runs or waits, or until `deadline` (monotonic seconds)."""
@@ -152,7 +157,8 @@ class Registry:
             return_exceptions=True,
         )
         self._sessions = {}
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._leases.clear()  # what the suspended sessions hold is the successor's
+        await self._tasks.join()
         if self.forks is not None:
             await self.forks.close()
         await self.warm.close()
@@ -173,7 +179,7 @@ class Registry:
         await asyncio.gather(*(self._adopt(r, processes.get(r.kernel_id)) for r in records))
         keep = {s.slot.storage.root.name for s in self._sessions.values()}
         # Listed now (before the warm pool makes new ones), released while serving.
-        self._spawn(self.warm.remove_storages(await self.warm.unclaimed_storage(keep)))
+        self._tasks.spawn(self.warm.remove_storages(await self.warm.unclaimed_storage(keep)))
         if records:
             logger.info(
                 "adopted %d of %d persisted sessions%s",
@@ -205,7 +211,7 @@ class Registry:
                 await process.cleanup()
             return
         assert kernel is not None
-        session = self._session_on(WarmKernel(kernel, storage), ephemeral=False, id=record.id)
+        session = self._session_on(self.warm.lease(kernel, storage), ephemeral=False, id=record.id)
         session.restore(record)
         self._sessions[session.id] = session
 
@@ -236,10 +242,10 @@ class Registry:
             )
         self._reserved += 1
         try:
-            warm = await self.warm.acquire()
+            lease = await self.warm.acquire()
         finally:
             self._reserved -= 1
-        session = self._session_on(warm, ephemeral=False)
+        session = self._session_on(lease, ephemeral=False)
         self._sessions[session.id] = session
         if self.store is not None:
             session.persist()
@@ -292,12 +298,10 @@ class Registry:
             )
         self._reserved_stateless += 1
         try:
-            warm = await (self.forks or self.warm).acquire()
+            lease: Lease = await (self.forks or self.warm).acquire()
         finally:
             self._reserved_stateless -= 1
-        session = self._session_on(warm, ephemeral=True)
-        if self.forks is not None:
-            self._forked[session] = warm
+        session = self._session_on(lease, ephemeral=True)
         self._ephemeral.add(session)
         try:
             for i, (path, data) in enumerate(files):
@@ -317,7 +321,7 @@ class Registry:
     def _release(self, session: Session) -> None:
         if session in self._ephemeral:
             self._ephemeral.discard(session)
-            self._spawn(self._close(session))
+            self._tasks.spawn(self._close(session))
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -326,23 +330,19 @@ class Registry:
         node = self.settings.node_name
         return f"{node}.{uuid.uuid4().hex}" if node else uuid.uuid4().hex
 
-    def _session_on(self, warm: WarmKernel, *, ephemeral: bool, id: str | None = None) -> Session:
+    def _session_on(self, lease: Lease, *, ephemeral: bool, id: str | None = None) -> Session:
         session_id = id or self._new_id()
         s = self.settings
-        process = warm.kernel.process
-        forked = isinstance(process, ForkedProcess)
         slot = KernelSlot(
             session_id,
-            warm.kernel,
-            warm.storage,
-            _never_relaunched if forked else self.warm.launch,
+            lease.kernel,
+            lease.storage,
+            self.warm.launch if lease.relaunchable else _never_relaunched,
             RestartPolicy(s.restart_budget, s.restart_window),
             revive=not ephemeral,
             metrics=self.warm.metrics,
         )
-        # A forked request runs under a uid of its own: files given with it are its own.
-        owner = (process.uid, process.uid) if isinstance(process, ForkedProcess) else None
-        workspace = Workspace(warm.storage.files, owner or self.backend.workspace_owner)
+        workspace = Workspace(lease.storage.files, lease.files_owner)
         files = SessionFiles(session_id, workspace, s, inline_all=ephemeral)
         persist = self._save if self.store is not None and not ephemeral else None
         session = Session(
@@ -355,6 +355,7 @@ class Registry:
             metrics=self.warm.metrics,
         )
         slot.on_replace = session.persist
+        self._leases[session] = lease
         return session
 
     def _save(self, session: Session) -> None:
@@ -362,18 +363,12 @@ class Registry:
             self.store.save(session.record())
 
     async def _close(self, session: Session) -> None:
-        forked = self._forked.pop(session, None)
+        lease = self._leases.pop(session, None)
         try:
             await session.close()
         finally:
-            if forked is not None and self.forks is not None:
-                # The storage is its fork server's, emptied when the request ends.
-                try:
-                    await forked.kernel.close()
-                finally:
-                    self.forks.release(forked)
-            else:
-                await self.warm.remove_storage(session.slot.storage)
+            if lease is not None:
+                await lease.release()
 
     async def _reap_idle(self) -> None:
         timeout = self.settings.idle_timeout
@@ -388,11 +383,6 @@ class Registry:
                         pass
                     except Exception:
                         logger.exception("removing idle session %s failed", session.id)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
 
 async def _never_relaunched(storage: SessionStorage) -> Kernel:

@@ -6,6 +6,10 @@ what happens to a cell; the kernel's life is `KernelSlot`'s (with the
 `RestartPolicy`), the files are `SessionFiles`', and the verdict (`done`) is
 computed by `Execution` alone.
 
+Every cell ends in `_end_cell`, whether it ran here, was refused, or was adopted
+from a predecessor gateway: one `done`, one metric, the session touched and its
+record persisted.
+
 Timeout: interrupt, wait `interrupt_grace`, and if the cell still runs, retire
 the kernel. Death: report it at once; the slot revives the kernel for the next
 cell, which reports `restarted: true`.
@@ -23,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from kernel_gateway import logs
@@ -50,6 +54,7 @@ from kernel_gateway.sessions.files import SessionFiles
 from kernel_gateway.sessions.kernel_slot import KernelSlot
 from kernel_gateway.sessions.persistence import RunningCell, SessionRecord
 from kernel_gateway.settings import Settings
+from kernel_gateway.tasks import TaskSet
 from kernel_gateway.types import JSON, Message
 
 logger = logging.getLogger(__name__)
@@ -81,8 +86,8 @@ class Session:
         self._settings = settings
         self._signalling = asyncio.Lock()
         """Held while a signal is on its way, so it cannot land in the next cell."""
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._grace_timers: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
+        self._grace_timers = TaskSet()
         """Waits for a detached cell's client to come back (cancelled when the session closes)."""
         self._queue: list[Execution] = []
         self._submitted = 0
@@ -133,7 +138,7 @@ class Session:
         self._queue.append(execution)
         self._history.append(execution)
         self.touch()
-        execution.task = self._spawn(self._run(execution))
+        execution.task = self._tasks.spawn(self._run(execution))
         return execution
 
     async def interrupt(self) -> bool:
@@ -144,7 +149,7 @@ class Session:
             return False
         execution.stop(StopReason.INTERRUPT)
         await self._signal(execution, kernel)
-        self._spawn(self._keep_interrupting(execution, kernel))
+        self._tasks.spawn(self._keep_interrupting(execution, kernel))
         return True
 
     def _next_event_id(self) -> int:
@@ -193,9 +198,7 @@ class Session:
         if grace <= 0 or self.ephemeral:  # a stateless cell has nothing to resume
             self.abandon(execution)
         else:
-            timer = self._spawn(self._abandon_unless_resumed(execution, grace))
-            self._grace_timers.add(timer)
-            timer.add_done_callback(self._grace_timers.discard)
+            self._grace_timers.spawn(self._abandon_unless_resumed(execution, grace))
 
     async def _abandon_unless_resumed(self, execution: Execution, grace: float) -> None:
         await asyncio.sleep(grace)
@@ -236,7 +239,7 @@ class Session:
         execution.stop(StopReason.DISCONNECT)
         kernel = self.slot.kernel
         if self.current is execution and kernel is not None:
-            self._spawn(self._stop_abandoned(execution, kernel))
+            self._tasks.spawn(self._stop_abandoned(execution, kernel))
 
     async def restart(self) -> None:
         """Replace the kernel now, even if a cell is stuck in it; state is lost.
@@ -265,11 +268,9 @@ class Session:
             waiting.stop(StopReason.CLOSED)
         if self.current is not None:
             self.current.stop(StopReason.CLOSED)
-        for timer in self._grace_timers:
-            timer.cancel()
+        self._grace_timers.cancel()
         await self.slot.close()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=10)
+        await self._tasks.join(seconds=10)
 
     async def suspend(self) -> None:
         """Let go of the kernel without stopping it: the gateway stops, the session persists.
@@ -280,12 +281,9 @@ class Session:
         self.draining = True
         self.persist()
         self.closed = True
-        for timer in self._grace_timers:
-            timer.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=10)
+        self._grace_timers.cancel()
+        self._tasks.cancel()
+        await self._tasks.join(seconds=10)
         await self.slot.detach()
 
     @property
@@ -344,7 +342,7 @@ class Session:
         execution = None
         if record.running is not None:
             execution = self._adopted_execution(record.running)
-        self._spawn(self._settle_adopted(execution, record.running))
+        self._tasks.spawn(self._settle_adopted(execution, record.running))
 
     def _adopted_execution(self, running: RunningCell) -> Execution:
         """The cell an earlier gateway left running, followed from here on."""
@@ -415,18 +413,9 @@ class Session:
             if running is not None:
                 kernel.forget(running.msg_id)
             if execution is not None:
-                execution.finishing()
-                if not self.closed:
-                    with contextlib.suppress(Exception):
-                        for event in await self.files.changed_file_events():
-                            execution.emit(event)
-                execution.finish()
-                self.current = None
-                if execution.execution_count is not None:
-                    self.execution_count = execution.execution_count
-                self._running = None
-                self._keep_recent()
-                self.persist()
+                with contextlib.suppress(Exception):
+                    await self._report_files(execution)
+                self._end_cell(execution)
 
     @staticmethod
     async def _ready(kernel: Kernel, seconds: float) -> bool:
@@ -477,22 +466,12 @@ class Session:
                 self.current = execution
                 try:
                     await self._execute(execution)
-                    execution.finishing()
-                    if not self.closed:
-                        for event in await self.files.changed_file_events():
-                            execution.emit(event)
+                    await self._report_files(execution)
                 except Exception as exc:
                     logger.exception("session %s: execution failed", self.id)
                     message = f"the gateway failed to run this cell: {exc}"
                     execution.emit(error_event("GatewayError", message))
                     execution.stop(StopReason.DEATH, "gateway_error")
-                finally:
-                    self.current = None
-                    self._running = None
-                    if execution.execution_count is not None:
-                        self.execution_count = execution.execution_count
-                    self.touch()
-                    self.persist()
         except asyncio.CancelledError:
             execution.stop(StopReason.CLOSED)
             execution.restarted = True
@@ -500,12 +479,38 @@ class Session:
         finally:  # never leave a client without its `done`
             if execution in self._queue:
                 self._queue.remove(execution)
-            execution.finish()
-            self.metrics.execution_ended(execution, stateless=self.ephemeral)
-            self._keep_recent()
+            self._end_cell(execution)
+
+    async def _report_files(self, execution: Execution) -> None:
+        """The cell stopped in the kernel: a `file` event for each file it changed."""
+        execution.finishing()
+        if not self.closed:
+            for event in await self.files.changed_file_events():
+                execution.emit(event)
+
+    def _end_cell(self, execution: Execution) -> None:
+        """End a cell, however it went: the one place a cell ends, its own or adopted.
+
+        If it held the kernel, the session moves on: no current cell, none running in
+        the record, the kernel's execution count taken, activity touched and the record
+        persisted. Then, for every cell (refused and stopped-while-queued ones too):
+        its one `done` (which releases its readers), the metric, and retention.
+        Called once per cell (each call counts in the metric).
+        """
+        if self.current is execution:
+            self.current = None
+            self._running = None
+            if execution.execution_count is not None:
+                self.execution_count = execution.execution_count
+            self.touch()
+            self.persist()
+        execution.finish()
+        self.metrics.execution_ended(execution, stateless=self.ephemeral)
+        self._keep_recent()
 
     def _refused(self, execution: Execution) -> bool:
-        """End a cell that must not run (session gone or failed, stopped while queued)."""
+        """A cell that must not run (session gone or failed, stopped while queued): its
+        reason and error set, for `_end_cell`."""
         if self.closed:
             execution.stop(StopReason.CLOSED)
             execution.emit(error_event("SessionClosed", f"session {self.id} was deleted"))
@@ -514,7 +519,6 @@ class Session:
             execution.emit(error_event("SessionFailed", self.slot.policy.failed))
         elif execution.stop_reason is None:
             return False
-        execution.finish()
         return True
 
     async def _execute(self, execution: Execution) -> None:
@@ -696,9 +700,3 @@ class Session:
         if self.current is execution and kernel is self.slot.kernel and execution.running:
             logger.info("session %s: an abandoned cell ignored interrupts; restarting", self.id)
             await self.slot.retire(kernel)
-
-    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task

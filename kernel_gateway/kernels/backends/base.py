@@ -30,14 +30,12 @@ from kernel_gateway.kernels.storage import SessionStorage as SessionStorage
 from kernel_gateway.kernels.storage import make_storage_dirs as make_storage_dirs
 from kernel_gateway.kernels.storage import mounts_under as mounts_under
 from kernel_gateway.kernels.storage import reclaim
+from kernel_gateway.kernels.wire import ipc_connection as ipc_connection
 from kernel_gateway.settings import Settings
 from kernel_gateway.types import JSON, ConnectionInfo
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# ipc "ports" are only suffixes of the socket path: <ip>-<port>.
-IPC_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 
 
 @dataclass(frozen=True)
@@ -429,22 +427,6 @@ def persisted(lock: Path) -> bool:
         return any((lock.with_suffix("") / "sessions").glob("*.json"))
     except OSError:
         return False
-
-
-def ipc_connection(prefix: str) -> ConnectionInfo:
-    """Connection info for ZMQ ipc sockets named `<prefix>-<n>`, with a fresh HMAC key."""
-    return ConnectionInfo(
-        transport="ipc",
-        ip=prefix,
-        key=secrets.token_hex(32),
-        signature_scheme="hmac-sha256",
-        kernel_name="python3",
-        shell_port=IPC_PORTS["shell_port"],
-        iopub_port=IPC_PORTS["iopub_port"],
-        stdin_port=IPC_PORTS["stdin_port"],
-        control_port=IPC_PORTS["control_port"],
-        hb_port=IPC_PORTS["hb_port"],
-    )
 
 
 def in_kernel_source(name: str) -> bytes:

@@ -19,7 +19,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Coroutine, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,6 +50,7 @@ from kernel_gateway.kernels.storage import (
     choose_provider,
 )
 from kernel_gateway.settings import Settings
+from kernel_gateway.tasks import TaskSet
 from kernel_gateway.types import JSON, ConnectionInfo
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class DockerBackend(Backend):
         self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="docker")
         self._client: docker.DockerClient | None = None
         self._kernels: dict[str, DockerKernel] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = TaskSet()
         self._events: Any = None
         self._watcher: threading.Thread | None = None
         self._closing = False
@@ -259,7 +260,7 @@ class DockerBackend(Backend):
 
     async def _stop(self, *, remove: bool) -> None:
         self._closing = True
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.join()
         if self._client is not None:
             if remove:
                 containers = await self._containers()
@@ -307,7 +308,7 @@ class DockerBackend(Backend):
             self._kernels[name] = kernel
             adopted[kernel_id] = kernel
         # Removed while the gateway serves (stopping a container can take a while).
-        self._spawn(self._remove_containers(unwanted))
+        self._background.spawn(self._remove_containers(unwanted))
         # Listed again now that all are registered: one that died in between is seen here.
         running = {
             c["Names"][0].lstrip("/")
@@ -329,11 +330,6 @@ class DockerBackend(Backend):
         )
         for failure in (r for r in results if isinstance(r, BaseException)):
             logger.warning("could not remove an unclaimed kernel container: %s", failure)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     def _exit_code(self, name: str) -> int:
         try:
@@ -575,8 +571,7 @@ def _read_connection(conn_dir: Path) -> ConnectionInfo | None:
         return None
     if not isinstance(inside, dict) or not isinstance(inside.get("key"), str):
         return None
-    info = ipc_connection(str(conn_dir / "k"))
-    info["key"] = inside["key"]
+    info = ipc_connection(str(conn_dir / "k"), key=inside["key"])
     info["signature_scheme"] = str(inside.get("signature_scheme", info["signature_scheme"]))
     return info
 

@@ -23,7 +23,6 @@ import enum
 import itertools
 import json
 import logging
-import secrets
 import shutil
 import signal
 import time
@@ -33,7 +32,6 @@ import zmq.asyncio
 
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.backends.base import (
-    IPC_PORTS,
     Backend,
     ExitInfo,
     ForkServerHost,
@@ -42,8 +40,9 @@ from kernel_gateway.kernels.backends.base import (
 )
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.pools.refill import Refill
-from kernel_gateway.kernels.pools.warm import WarmKernel, WarmPool, preload_code
+from kernel_gateway.kernels.pools.warm import WarmPool, preload_code
 from kernel_gateway.kernels.storage import SessionStorage
+from kernel_gateway.kernels.wire import ipc_connection
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.settings import Settings
 from kernel_gateway.types import JSON, ConnectionInfo
@@ -170,16 +169,9 @@ class ForkServer:
     async def fork(self, number: int) -> ForkedProcess:
         """Fork a child that serves one request on sockets of its own."""
         name = f"r{number}"
-        key = secrets.token_hex(32)
         inside = f"{self.host.inside}/{name}/k"
-        info = ConnectionInfo(
-            transport="ipc",
-            ip=str(self.host.conn_dir / name / "k"),
-            key=key,
-            signature_scheme="hmac-sha256",
-            kernel_name="python3",
-            **IPC_PORTS,  # type: ignore[typeddict-item]
-        )
+        info = ipc_connection(str(self.host.conn_dir / name / "k"))
+        key = info["key"]
         process = ForkedProcess(self, f"{self.id}-{name}", info)
         self.current = process
         self.state = State.BUSY
@@ -299,6 +291,36 @@ class ForkedProcess(KernelProcess):
         await self._server.end()
 
 
+class ForkedKernel:
+    """One request's forked kernel, on its fork server's storage; as a `Lease`: never
+    relaunched, its files owned by the request's uid, and released by closing the kernel
+    (which ends the request in its server) and giving the server back to the pool."""
+
+    def __init__(self, kernel: Kernel, server: ForkServer, uid: int, pool: ForkPool) -> None:
+        self.kernel = kernel
+        self._server = server
+        self._uid = uid
+        self._pool = pool
+
+    @property
+    def storage(self) -> SessionStorage:
+        return self._server.storage
+
+    @property
+    def relaunchable(self) -> bool:
+        return False
+
+    @property
+    def files_owner(self) -> tuple[int, int] | None:
+        return (self._uid, self._uid)
+
+    async def release(self) -> None:
+        try:
+            await self.kernel.close()
+        finally:
+            self._pool._give_back(self._server)
+
+
 class ForkPool:
     """Fork-server containers kept for stateless requests, one request each at a time."""
 
@@ -363,8 +385,8 @@ class ForkPool:
 
     # -- one request -------------------------------------------------------------------------
 
-    async def acquire(self) -> WarmKernel:
-        """A ready kernel forked for one request; `release` gives its server back.
+    async def acquire(self) -> ForkedKernel:
+        """A ready kernel forked for one request; releasing it gives its server back.
 
         A fork server found dead at the fork is replaced and the fork tried on another:
         that is not the request's doing.
@@ -376,7 +398,7 @@ class ForkPool:
                 continue
         return await self._acquire_once()
 
-    async def _acquire_once(self) -> WarmKernel:
+    async def _acquire_once(self) -> ForkedKernel:
         server = await self._server()
         try:
             process = await server.fork(next(self._numbers))
@@ -388,13 +410,7 @@ class ForkPool:
             self._give_back(server)
             raise
         self.requests_served += 1
-        return WarmKernel(kernel, server.storage)
-
-    def release(self, warm: WarmKernel) -> None:
-        """After `kernel.close()` (which ended the request in its server)."""
-        process = warm.kernel.process
-        if isinstance(process, ForkedProcess):
-            self._give_back(process._server)
+        return ForkedKernel(kernel, server, process.uid, self)
 
     async def _server(self) -> ForkServer:
         ready = self._refill.ready
@@ -403,7 +419,7 @@ class ForkPool:
             if server.healthy and server.host.process.poll() is None:
                 self._busy.add(server)
                 return server
-            self._refill.spawn(self._discard(server))
+            self._refill.tasks.spawn(self._discard(server))
             self._refill.fill()
         server = await self._refill.wait(self.settings.kernel_start_timeout)
         self._busy.add(server)
@@ -417,7 +433,7 @@ class ForkPool:
         extra = not self._refill.waiters and kept >= self.settings.fork_servers
         dead = server.host.process.poll() is not None
         if self._refill.closed or not server.healthy or worn or extra or dead:
-            self._refill.spawn(self._discard(server))
+            self._refill.tasks.spawn(self._discard(server))
             self._refill.fill()
             return
         # Last in, first out: the busiest server stays warm in the caches.

@@ -13,10 +13,11 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from kernel_gateway.errors import GatewayError, KernelUnavailable
+from kernel_gateway.tasks import TaskSet
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,7 +49,9 @@ class Refill(Generic[T]):
         self.closed = False
         self._failures = 0
         self._retry_at = 0.0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.tasks = TaskSet()
+        """Its starts and retries, and what the pool spawns (discarding items): cancelled
+        at `close`."""
 
     def fill(self) -> None:
         """Start what is missing, a few at a time, unless backing off or closed."""
@@ -56,7 +59,7 @@ class Refill(Generic[T]):
             return
         while self.starting < self._max_starts and len(self.ready) + self.starting < self._wanted():
             self.starting += 1
-            self.spawn(self._start_one())
+            self.tasks.spawn(self._start_one())
 
     async def _start_one(self) -> None:
         try:
@@ -85,7 +88,7 @@ class Refill(Generic[T]):
                         f"could not start a {self.what}: {message}", retry_after=delay
                     )
                 )
-        self.spawn(self._retry_later(delay))
+        self.tasks.spawn(self._retry_later(delay))
 
     async def _retry_later(self, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -129,19 +132,11 @@ class Refill(Generic[T]):
             if not waiter.done():
                 waiter.cancel()
 
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def close(self) -> list[T]:
         """Stop starting (letting cancelled starts clean up), fail the waiters, and
         return the ready items for the caller to discard."""
         self.closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.tasks.close()
         for waiter in self.waiters:
             if not waiter.done():
                 waiter.set_exception(KernelUnavailable("the gateway is shutting down"))

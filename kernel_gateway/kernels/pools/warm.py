@@ -13,7 +13,7 @@ import asyncio
 import logging
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq.asyncio
@@ -31,8 +31,23 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class WarmKernel:
+    """A kernel of the warm pool on storage of its own; as a `Lease`: relaunchable, and
+    released by removing the storage."""
+
     kernel: Kernel
     storage: SessionStorage
+    pool: WarmPool = field(repr=False)
+
+    @property
+    def relaunchable(self) -> bool:
+        return True
+
+    @property
+    def files_owner(self) -> tuple[int, int] | None:
+        return self.pool.backend.workspace_owner
+
+    async def release(self) -> None:
+        await self.pool.remove_storage(self.storage)
 
 
 class WarmPool:
@@ -112,6 +127,10 @@ class WarmPool:
         """A connection to a kernel that already runs (one a predecessor left)."""
         return Kernel(process, self._context)
 
+    def lease(self, kernel: Kernel, storage: SessionStorage) -> WarmKernel:
+        """A kernel adopted from a predecessor, on its storage, held as this pool's."""
+        return WarmKernel(kernel, storage, self)
+
     async def acquire(self) -> WarmKernel:
         """A ready kernel: a warm one at once, else the next one to finish starting."""
         ready = self._refill.ready
@@ -120,7 +139,7 @@ class WarmPool:
             if not warm.kernel.exited.done():
                 self._refill.fill()
                 return warm
-            self._refill.spawn(self.discard(warm))
+            self._refill.tasks.spawn(self.discard(warm))
         return await self._refill.wait(self.settings.kernel_start_timeout)
 
     async def launch(self, storage: SessionStorage) -> Kernel:
@@ -173,7 +192,7 @@ class WarmPool:
             if storage is not None:
                 await asyncio.shield(self.remove_storage(storage))
             raise
-        warm = WarmKernel(kernel, storage)
+        warm = WarmKernel(kernel, storage, self)
         if self._refill.closed:
             await self.discard(warm)
             return None
@@ -188,7 +207,7 @@ class WarmPool:
             logger.warning("a warm kernel died before use; replacing it")
             exit_info = warm.kernel.exit_info
             self.metrics.kernel_died(exit_info.reason if exit_info else "killed")
-            self._refill.spawn(self.discard(warm))
+            self._refill.tasks.spawn(self.discard(warm))
             self._refill.fill()
 
     async def discard(self, warm: WarmKernel) -> None:

@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -42,7 +40,16 @@ import zmq.asyncio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kernel_gateway.errors import GatewayError, SessionNotFound
-from kernel_gateway.kernels.kernel import DELIM, MAX_MESSAGE_BYTES, Kernel
+from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.kernels.wire import (
+    MAX_MESSAGE_BYTES,
+    BadMessage,
+    Channel,
+    Signer,
+    serialize,
+    socket_url,
+    verified_parts,
+)
 from kernel_gateway.protocols.jupyter.wire import (
     CLIENT_CHANNELS,
     BadFrame,
@@ -54,7 +61,8 @@ from kernel_gateway.protocols.jupyter.wire import (
 )
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
-from kernel_gateway.types import JSON, ConnectionInfo
+from kernel_gateway.tasks import TaskSet
+from kernel_gateway.types import JSON
 
 logger = logging.getLogger(__name__)
 
@@ -88,12 +96,8 @@ class JupyterKernels:
         self.registry = registry
         self.context = zmq.asyncio.Context()
         self._states: dict[str, KernelState] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.tasks = TaskSet()
+        """What shutdown_requests set going (a restart, a deletion), awaited at `close`."""
 
     def state(self, session_id: str) -> KernelState:
         return self._states.setdefault(session_id, KernelState())
@@ -136,7 +140,7 @@ class JupyterKernels:
         for proxy in proxies:
             proxy.stop()
         await asyncio.gather(*(p.finished.wait() for p in proxies), return_exceptions=True)
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.tasks.join()
         self.context.destroy(linger=0)
 
     async def interrupt(self, session: Session) -> None:
@@ -177,28 +181,22 @@ def session_id(kernel_id: str) -> str:
         return kernel_id
 
 
-def _url(info: ConnectionInfo, port: str) -> str:
-    if info["transport"] == "ipc":
-        return f"ipc://{info['ip']}-{info[port]}"  # type: ignore[literal-required]
-    return f"tcp://{info['ip']}:{info[port]}"  # type: ignore[literal-required]
-
-
 class KernelLink:
     """One connection's sockets to one kernel: shell, control, stdin (one identity), IOPub."""
 
     def __init__(self, kernel: Kernel, context: zmq.asyncio.Context) -> None:
         info = kernel.process.connection
         self.kernel = kernel
-        self._key = info["key"].encode()
-        self._digest = getattr(hashlib, info["signature_scheme"].removeprefix("hmac-"))
+        self._signer = Signer.of(info)
         identity = uuid.uuid4().hex.encode()
         self.sockets: dict[str, zmq.asyncio.Socket] = {}
-        for channel, kind in (
+        channels: tuple[tuple[Channel, int], ...] = (
             ("shell", zmq.DEALER),
             ("control", zmq.DEALER),
             ("stdin", zmq.DEALER),
             ("iopub", zmq.SUB),
-        ):
+        )
+        for channel, kind in channels:
             sock = context.socket(kind)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -207,30 +205,20 @@ class KernelLink:
                 sock.setsockopt(zmq.IDENTITY, identity)
             else:
                 sock.setsockopt(zmq.SUBSCRIBE, b"")
-            sock.connect(_url(info, f"{channel}_port"))
+            sock.connect(socket_url(info, channel))
             self.sockets[channel] = sock
 
-    def sign(self, parts: list[bytes]) -> bytes:
-        mac = hmac.new(self._key, digestmod=self._digest)
-        for part in parts[:4]:
-            mac.update(part)
-        return mac.hexdigest().encode()
-
     async def send(self, message: WireMessage) -> None:
-        frames = [DELIM, self.sign(message.parts), *message.parts]
+        frames = serialize(message.parts, self._signer)
         await self.sockets[message.channel].send_multipart(frames)
 
     async def receive(self, channel: str) -> WireMessage | None:
         """The next message on a channel; None for one that fails its signature."""
         frames = await self.sockets[channel].recv_multipart()
         try:
-            at = frames.index(DELIM)
-        except ValueError:
+            return WireMessage(channel, verified_parts(frames, self._signer))
+        except BadMessage:
             return None
-        signature, parts = frames[at + 1], frames[at + 2 :]
-        if len(parts) < 4 or not hmac.compare_digest(self.sign(parts), signature):
-            return None
-        return WireMessage(channel, parts)
 
     def close(self) -> None:
         for sock in self.sockets.values():
@@ -509,10 +497,10 @@ class ChannelProxy:
         )
         await self._send(reply)
         if restart:
-            self.hub.spawn(_quietly(self.session.restart))
+            self.hub.tasks.spawn(_quietly(self.session.restart))
         else:
             registry, session_id = self.hub.registry, self.session.id
-            self.hub.spawn(_quietly(lambda: registry.delete_session(session_id)))
+            self.hub.tasks.spawn(_quietly(lambda: registry.delete_session(session_id)))
 
 
 class _Closed(Exception):
