@@ -274,13 +274,21 @@ def error_types() -> list[str]:
     return sorted(found)
 
 
+def _known_error_type(value: str) -> str:
+    if value not in error_types():
+        raise PydanticCustomError("error_type", "is not an error type of the gateway")
+    return value
+
+
 def _error_type_enum(schema: dict[str, Any]) -> None:
     schema["enum"] = error_types()
 
 
 @_closed
 class ErrorDetail(TypedDict):
-    type: Annotated[str, Field(json_schema_extra=_error_type_enum)]
+    type: Annotated[
+        str, AfterValidator(_known_error_type), Field(json_schema_extra=_error_type_enum)
+    ]
     message: str
 
 
