@@ -211,7 +211,9 @@ Base64 = Annotated[
 class RequestModel(BaseModel):
     """What a client sends: strict types, unknown fields refused, read-only once valid."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True
+    )
 
 
 class NewSession(RequestModel):
@@ -237,10 +239,8 @@ class StatelessExecuteRequest(RequestModel):
 
     code: Code
     timeout: Timeout = None
-    files: Annotated[
-        list[StatelessFile] | None,
-        Field(description="Files put in the working directory before the code runs."),
-    ] = None
+    files: list[StatelessFile] | None = None
+    """Files put in the working directory before the code runs."""
 
 
 class StartKernelRequest(RequestModel):
@@ -253,12 +253,13 @@ class StartKernelRequest(RequestModel):
 
 # -- responses ---------------------------------------------------------------------------------
 
-_closed = with_config(ConfigDict(extra="forbid"))
+_closed = with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
 """A response object: it holds exactly the fields its TypedDict names."""
 
 Count = Annotated[int, Field(ge=0)]
 Milliseconds = Annotated[float, Field(ge=0)]
 Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+Base64Text = Annotated[str, WithJsonSchema({"type": "string", "contentEncoding": "base64"})]
 
 
 def error_types() -> list[str]:
@@ -303,12 +304,10 @@ class Error(TypedDict):
 class Session(TypedDict):
     """A session: a kernel kept for one client, with its working directory."""
 
+    # Descriptions in Field, not docstrings: InterruptedSession's schema repeats them.
     id: Annotated[
         str,
-        Field(
-            description="The session id: 32 hex digits (after the node's name and a dot "
-            "on a gateway with `--node-name`)."
-        ),
+        Field(description="The session id: 32 hex digits (after `node.` with `--node-name`)."),
     ]
     status: SessionStatus
     created_at: Timestamp
@@ -323,7 +322,8 @@ class Session(TypedDict):
 
 @_closed
 class InterruptedSession(Session):
-    interrupted: Annotated[bool, Field(description="false when nothing was running")]
+    interrupted: bool
+    """false when nothing was running"""
 
 
 @_closed
@@ -388,26 +388,13 @@ class Health(TypedDict):
     backend: Literal["docker", "local"]
     instance: str
     isolation: str
-    node: NotRequired[
-        Annotated[
-            str,
-            Field(
-                description="This gateway's node in a cluster (`--node-name`); session ids "
-                "made here start with it and a dot."
-            ),
-        ]
-    ]
+    node: NotRequired[str]
+    """This gateway's node (`--node-name`): session ids made here start with it and a dot."""
     pool: PoolStats
-    stateless_mode: Annotated[
-        Literal["fork", "container"],
-        Field(description="How stateless requests get a kernel (`--stateless-mode`)."),
-    ]
-    fork_servers: NotRequired[
-        Annotated[
-            ForkServerStats,
-            Field(description="Fork-server containers (only with `stateless_mode` fork)."),
-        ]
-    ]
+    stateless_mode: Literal["fork", "container"]
+    """How stateless requests get a kernel (`--stateless-mode`)."""
+    fork_servers: NotRequired[ForkServerStats]
+    """Fork-server containers (only with `stateless_mode` fork)."""
 
 
 # -- events: the `data` of each, and the events of a collected execution ----------------------
@@ -422,10 +409,12 @@ class TextData(TypedDict):
 
 @_closed
 class DisplayData(TypedDict):
-    data: Annotated[FreeObject, Field(description="MIME type -> value, as Jupyter sends it.")]
+    data: FreeObject
+    """MIME type -> value, as Jupyter sends it."""
     metadata: FreeObject
     display_id: str | None
-    update: Annotated[bool, Field(description="true for update_display_data")]
+    update: bool
+    """true for update_display_data"""
 
 
 @_closed
@@ -452,22 +441,10 @@ class FileData(TypedDict):
     path: str
     size: Count
     mime: str
-    url: Annotated[
-        str | None, Field(description="Where to download it; null for stateless executions.")
-    ]
-    data: NotRequired[
-        Annotated[
-            str,
-            WithJsonSchema(
-                {
-                    "type": "string",
-                    "contentEncoding": "base64",
-                    "description": "The bytes, for images (and every file of a stateless run) "
-                    "up to KG_MAX_INLINE_FILE_BYTES.",
-                }
-            ),
-        ]
-    ]
+    url: str | None
+    """Where to download it; null for stateless executions."""
+    data: NotRequired[Base64Text]
+    """The bytes, for images (and every file of a stateless run) up to KG_MAX_INLINE_FILE_BYTES."""
 
 
 @_closed
@@ -476,11 +453,8 @@ class DoneData(TypedDict):
     execution_count: int | None
     duration_ms: Milliseconds
     restarted: bool
-    reason: NotRequired[
-        Annotated[
-            DiedReason, Field(description="Why the kernel went away; only with status `died`.")
-        ]
-    ]
+    reason: NotRequired[DiedReason]
+    """Why the kernel went away; only with status `died`."""
     session_failed: NotRequired[Literal[True]]
     truncated: NotRequired[Literal[True]]
 

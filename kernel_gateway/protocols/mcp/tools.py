@@ -124,10 +124,8 @@ class ToolFile(RequestModel):
 class StatelessRunPythonArguments(RequestModel):
     code: Code
     timeout: Timeout = None
-    files: Annotated[
-        list[ToolFile] | None,
-        Field(description="Files to put in the working directory before the code runs."),
-    ] = None
+    files: list[ToolFile] | None = None
+    """Files to put in the working directory before the code runs."""
 
 
 class UploadFileArguments(RequestModel):
