@@ -17,7 +17,8 @@ made per event), and their schemas state what those dicts hold.
 
 Two limits come from the gateway's settings: the longest `timeout` and the largest
 uploaded file. Validation reads them from its context (`Limits`, which `Settings`
-satisfies), and `definitions` and `input_schema` write them into the schemas they make.
+satisfies); `definitions` and `input_schema` write the timeout's maximum and default
+into the schemas they make.
 
 The classes are named as the OpenAPI document's components (`Session` is the session's
 JSON, not `kernel_gateway.sessions.session.Session`).
@@ -117,7 +118,8 @@ FILE_PATH_PATTERN = rf"^(?:\.(?:/\.?)*/)?{_NAME}(?:/(?:{_NAME}|\.?))*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
-def _unicode(value: str) -> str:
+def valid_unicode(value: str) -> str:
+    """`value`, refused when it holds a lone surrogate (it cannot be sent on as UTF-8)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -167,7 +169,7 @@ TIMEOUT_DESCRIPTION = "Seconds the code may run before it is interrupted"
 
 Code = Annotated[
     str,
-    AfterValidator(_unicode),
+    AfterValidator(valid_unicode),
     Field(
         description="Python source to run as one IPython cell, as in a notebook: the value "
         "of its last expression is its result."

@@ -37,6 +37,7 @@ from kernel_gateway.sessions.models import (
     Timeouts,
     decode_base64,
     input_schema,
+    valid_unicode,
     validate,
     within_upload_limit,
 )
@@ -93,10 +94,7 @@ def _content(value: object, info: ValidationInfo) -> bytes:
     elif not isinstance(value, str):
         raise PydanticCustomError("string_type", "Input should be a valid string")
     elif encoding == "text":
-        try:
-            data = value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise PydanticCustomError("unicode", "is not valid Unicode (lone surrogate)") from None
+        data = valid_unicode(value).encode("utf-8")
     else:  # `encoding` is invalid, and reported as such
         return b""
     return within_upload_limit(data, info)
