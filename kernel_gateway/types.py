@@ -16,6 +16,18 @@ EventName = Literal["stdout", "stderr", "display", "result", "clear", "error", "
 """The events a cell's stream carries (SSE `event:` names), in the API's documented order."""
 EVENT_NAMES: tuple[EventName, ...] = get_args(EventName)
 
+DiedReason = Literal[
+    "exited", "signal", "killed", "out_of_memory", "start_failed", "session_failed", "gateway_error"
+]
+"""Why a cell's kernel went away: the `reason` of a `done` event with status `died`."""
+DIED_REASONS: tuple[DiedReason, ...] = get_args(DiedReason)
+
+ExecutionStatus = Literal[Literal["queued", "running"], DoneStatus]
+"""Where an execution is: waiting its turn, running, or how it ended."""
+
+SessionStatus = Literal["idle", "busy", "restarting", "failed", "closed"]
+"""A session's state as the API reports it."""
+
 
 class ConnectionInfo(TypedDict):
     """What a client needs to reach a kernel (jupyter_client's connection-file schema)."""

@@ -1,13 +1,13 @@
-"""Request parsing and JSON responses shared by the routes.
+"""Request reading and JSON responses shared by the routes (the gateway's and the router's).
 
 Bodies are read in chunks and refused with 413 as soon as they pass the cap,
-so an oversized upload is never held in memory whole.
+so an oversized upload is never held in memory whole. Reading a body as a typed
+model is in `validation.py`, which loads pydantic; the router imports this module
+and has no use for it.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
 from typing import Any
@@ -22,7 +22,6 @@ from kernel_gateway.errors import (
     PayloadTooLarge,
     UnsupportedMediaType,
 )
-from kernel_gateway.kernels.workspace import split_path
 from kernel_gateway.server.sse import dumps
 from kernel_gateway.types import JSON
 
@@ -92,73 +91,7 @@ async def read_json(request: Request, limit: int, *, optional: bool = False) -> 
     return value
 
 
-def reject_unknown(body: JSON, allowed: set[str]) -> None:
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise InvalidRequest(
-            f"unknown field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
-        )
-
-
-def number_field(body: JSON, name: str, *, minimum: float, maximum: float) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidRequest(f"'{name}' must be a number")
-    try:
-        finite = math.isfinite(value)
-    except OverflowError:
-        finite = False
-    if not finite:
-        raise InvalidRequest(f"'{name}' must be a finite number")
-    if not minimum < value <= maximum:
-        raise InvalidRequest(f"'{name}' must be greater than {minimum:g} and at most {maximum:g}")
-    return float(value)
-
-
-def string_field(body: JSON, name: str) -> str:
-    value = body.get(name)
-    if value is None:
-        raise InvalidRequest(f"'{name}' is required")
-    if not isinstance(value, str):
-        raise InvalidRequest(f"'{name}' must be a string")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidRequest(f"'{name}' is not valid Unicode (lone surrogate)") from None
-    return value
-
-
 def wants_json(request: Request) -> bool:
     """JSON instead of SSE when the client asks for it and not for event-stream."""
     accept = request.headers.get("accept", "")
     return "application/json" in accept and "text/event-stream" not in accept
-
-
-def files_field(body: JSON, name: str, limit: int) -> list[tuple[str, bytes]]:
-    """`[{"path": str, "data": base64}]` -> decoded (path, bytes) pairs, each validated."""
-    value = body.get(name)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise InvalidRequest(f"'{name}' must be a list of {{path, data}} objects")
-    out = []
-    for i, item in enumerate(value):
-        if not isinstance(item, dict) or set(item) != {"path", "data"}:
-            raise InvalidRequest(f"'{name}[{i}]' must be an object with 'path' and 'data'")
-        path, data = item["path"], item["data"]
-        if not isinstance(path, str) or not isinstance(data, str):
-            raise InvalidRequest(f"'{name}[{i}]': 'path' and 'data' must be strings")
-        try:
-            split_path(path)
-        except GatewayError as exc:
-            raise InvalidRequest(f"'{name}[{i}].path': {exc.message}") from None
-        try:
-            raw = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidRequest(f"'{name}[{i}].data' is not valid base64") from None
-        if len(raw) > limit:
-            raise PayloadTooLarge(f"'{name}[{i}]' exceeds the {limit}-byte upload limit")
-        out.append((path, raw))
-    return out

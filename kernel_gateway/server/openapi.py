@@ -6,6 +6,11 @@ has a route this document does not describe (or describes one it lacks), and
 Schemathesis (`tests/test_fuzz.py`) checks that every answer of a live gateway
 matches it: status, content type, headers and body.
 
+Its schemas are not written here: `components.schemas` is generated from the
+typed models of `kernel_gateway.sessions.models`, the same ones the routes
+validate request bodies with. This module holds the operations (paths,
+parameters, responses, descriptions) and the event-stream frame.
+
 The document is built from the gateway's settings, so it states the limits in
 force (the largest `timeout`) and whether a bearer token is required.
 
@@ -22,11 +27,9 @@ from __future__ import annotations
 from typing import Any
 
 from kernel_gateway import __version__
-from kernel_gateway.errors import GatewayError
-from kernel_gateway.kernels.workspace import MAX_PATH_LENGTH
 from kernel_gateway.server.http import REQUEST_ID_HEADER
+from kernel_gateway.sessions import models
 from kernel_gateway.settings import Settings
-from kernel_gateway.types import DONE_STATUSES
 
 JSON = dict[str, Any]
 
@@ -43,159 +46,40 @@ Protocol endpoints that have their own specification (an MCP endpoint, a
 Jupyter-compatible API) belong here too: their contract is that protocol's.
 """
 
-
-DIED_REASONS = (
-    "exited",
-    "signal",
-    "killed",
-    "out_of_memory",
-    "start_failed",
-    "session_failed",
-    "gateway_error",
-)
-
-
-def _error_types() -> list[str]:
-    found: set[str] = set()
-    pending: list[type[GatewayError]] = [GatewayError]
-    while pending:
-        cls = pending.pop()
-        found.add(cls.error_type)
-        pending.extend(cls.__subclasses__())
-    # Raised by the router itself, mapped in app.py.
-    found.update({"method_not_allowed", "http_error"})
-    return sorted(found)
-
-
-# A relative path in a session's working directory, as `workspace.split_path` accepts
-# it: not absolute, no `..` part, at least one part that is not empty or `.`, no NUL,
-# names of at most 255 characters (the gateway counts 255 bytes of UTF-8, which no
-# pattern can; a longer non-ASCII name gets 400).
-_NAME = r"(?:[^/\x00.][^/\x00]{0,254}|\.[^/\x00.][^/\x00]{0,253}|\.\.[^/\x00]{1,253})"
-FILE_PATH_PATTERN = rf"^(?:\.(?:/\.?)*/)?{_NAME}(?:/(?:{_NAME}|\.?))*$"
 # Event ids are decimal integers; the gateway reads at most 18 digits.
 EVENT_ID_PATTERN = r"^[0-9]{0,18}$"
-BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+REF_TEMPLATE = "#/components/schemas/{model}"
+
+REQUESTS = (models.NewSession, models.ExecuteRequest, models.StatelessExecuteRequest)
+"""The request bodies, as clients send them."""
+RESPONSES = (
+    models.Error,
+    models.Session,
+    models.InterruptedSession,
+    models.SessionList,
+    models.ExecutionList,
+    models.FileInfo,
+    models.FileList,
+    models.Health,
+    models.CollectedExecution,
+    *models.EVENT_DATA.values(),
+)
+"""The response bodies and the events' `data`, as the gateway sends them."""
 
 
 def _ref(name: str) -> JSON:
-    return {"$ref": f"#/components/schemas/{name}"}
+    return {"$ref": REF_TEMPLATE.format(model=name)}
 
 
-def _object(properties: JSON, required: list[str] | None = None, **extra: Any) -> JSON:
-    schema: JSON = {
-        "type": "object",
-        "properties": properties,
-        "required": list(properties) if required is None else required,
-        "additionalProperties": False,
-    }
-    schema.update(extra)
-    return schema
+def _schemas(settings: Settings) -> JSON:
+    """Every model's schema (with the limits of these settings), and the event stream."""
+    schemas = models.definitions(REQUESTS, RESPONSES, settings, ref_template=REF_TEMPLATE)
+    return {**schemas, "ServerSentEvent": _server_sent_event()}
 
 
-def _counts(*names: str, **extra: Any) -> JSON:
-    """An object of non-negative integers, every one required."""
-    return _object({name: {"type": "integer", "minimum": 0} for name in names}, **extra)
-
-
-_NULLABLE_INT: JSON = {"type": ["integer", "null"]}
-_TIMESTAMP: JSON = {"type": "string", "format": "date-time"}
-
-
-def _session_properties() -> JSON:
-    return {
-        "id": {"type": "string", "description": "The session id (32 hex digits)."},
-        "status": {
-            "type": "string",
-            "enum": ["idle", "busy", "restarting", "failed", "closed"],
-        },
-        "created_at": _TIMESTAMP,
-        "idle_seconds": {"type": "number", "minimum": 0},
-        "execution_count": {"type": "integer", "minimum": 0},
-        "queued": {"type": "integer", "minimum": 0},
-        "restarts": {"type": "integer", "minimum": 0},
-        "failed": {
-            "type": ["string", "null"],
-            "description": "Why the session failed (its kernel kept dying), else null.",
-        },
-    }
-
-
-def _event_data_schemas() -> JSON:
-    """The `data` of each event type."""
-    free_object: JSON = {"type": "object"}
-    return {
-        "TextData": _object({"text": {"type": "string"}}),
-        "DisplayData": _object(
-            {
-                "data": {**free_object, "description": "MIME type -> value, as Jupyter sends it."},
-                "metadata": free_object,
-                "display_id": {"type": ["string", "null"]},
-                "update": {"type": "boolean", "description": "true for update_display_data"},
-            }
-        ),
-        "ResultData": _object(
-            {"data": free_object, "metadata": free_object, "execution_count": _NULLABLE_INT}
-        ),
-        "ClearData": _object({"wait": {"type": "boolean"}}),
-        "ErrorData": _object(
-            {
-                "ename": {"type": "string"},
-                "evalue": {"type": "string"},
-                "traceback": {"type": "array", "items": {"type": "string"}},
-            }
-        ),
-        "FileData": _object(
-            {
-                "path": {"type": "string"},
-                "size": {"type": "integer", "minimum": 0},
-                "mime": {"type": "string"},
-                "url": {
-                    "type": ["string", "null"],
-                    "description": "Where to download it; null for stateless executions.",
-                },
-                "data": {
-                    "type": "string",
-                    "contentEncoding": "base64",
-                    "description": "The bytes, for images (and every file of a stateless run) "
-                    "up to KG_MAX_INLINE_FILE_BYTES.",
-                },
-            },
-            required=["path", "size", "mime", "url"],
-        ),
-        "DoneData": _object(
-            {
-                "status": {"type": "string", "enum": list(DONE_STATUSES)},
-                "execution_count": _NULLABLE_INT,
-                "duration_ms": {"type": "number", "minimum": 0},
-                "restarted": {"type": "boolean"},
-                "reason": {
-                    "type": "string",
-                    "enum": list(DIED_REASONS),
-                    "description": "Why the kernel went away; only with status `died`.",
-                },
-                "session_failed": {"const": True},
-                "truncated": {"const": True},
-            },
-            required=["status", "execution_count", "duration_ms", "restarted"],
-        ),
-    }
-
-
-_EVENT_DATA = {
-    "stdout": "TextData",
-    "stderr": "TextData",
-    "display": "DisplayData",
-    "result": "ResultData",
-    "clear": "ClearData",
-    "error": "ErrorData",
-    "file": "FileData",
-    "done": "DoneData",
-}
-
-
-def _events() -> JSON:
-    """Each event as an SSE frame, and as an item of a collected document."""
+def _server_sent_event() -> JSON:
+    """One frame of an event stream, for each event: its `data` is a JSON text whose
+    schema is that event's data model."""
     frames = [
         {
             "type": "object",
@@ -211,165 +95,18 @@ def _events() -> JSON:
                 "data": {
                     "type": "string",
                     "contentMediaType": "application/json",
-                    "contentSchema": _ref(data),
+                    "contentSchema": _ref(data.__name__),
                 },
             },
             "required": ["event", "id", "data"],
         }
-        for name, data in _EVENT_DATA.items()
-    ]
-    items = [
-        _object({"event": {"const": name}, "data": _ref(data)}, title=name)
-        for name, data in _EVENT_DATA.items()
+        for name, data in models.EVENT_DATA.items()
     ]
     return {
-        "ServerSentEvent": {
-            "description": "One frame of an execution's event stream: `id:`, `event:` and "
-            "one `data:` line of JSON. Keepalive comments (`: ping`) come every 10 s. "
-            "`done` is always the last event, exactly once.",
-            "oneOf": frames,
-        },
-        "Event": {"oneOf": items},
-        "CollectedExecution": _object(
-            {
-                "execution_id": {"type": "string"},
-                "status": {"type": "string", "enum": list(DONE_STATUSES)},
-                "stdout": {"type": "string"},
-                "stderr": {"type": "string"},
-                "error": {"oneOf": [_ref("ErrorData"), {"type": "null"}]},
-                "done": _ref("DoneData"),
-                "events": {"type": "array", "items": _ref("Event")},
-            }
-        ),
-    }
-
-
-def _schemas(settings: Settings) -> JSON:
-    session = _session_properties()
-    timeout: JSON = {
-        "type": ["number", "null"],
-        "exclusiveMinimum": 0,
-        "maximum": settings.max_exec_timeout,
-        "description": f"Seconds the cell may run (default {settings.exec_timeout:g}).",
-    }
-    code: JSON = {"type": "string", "description": "Python source, run as one IPython cell."}
-    return {
-        "Error": _object(
-            {
-                "error": _object(
-                    {
-                        "type": {"type": "string", "enum": _error_types()},
-                        "message": {"type": "string"},
-                    }
-                )
-            }
-        ),
-        "Session": _object(session),
-        "InterruptedSession": _object(
-            {
-                **session,
-                "interrupted": {
-                    "type": "boolean",
-                    "description": "false when nothing was running",
-                },
-            }
-        ),
-        "SessionList": _object({"sessions": {"type": "array", "items": _ref("Session")}}),
-        "ExecutionSummary": _object(
-            {
-                "id": {"type": "string"},
-                "status": {"type": "string", "enum": ["queued", "running", *DONE_STATUSES]},
-                "submitted_at": _TIMESTAMP,
-                "duration_ms": {"type": "number", "minimum": 0},
-                "execution_count": _NULLABLE_INT,
-                "last_event_id": _NULLABLE_INT,
-            }
-        ),
-        "ExecutionList": _object(
-            {"executions": {"type": "array", "items": _ref("ExecutionSummary")}}
-        ),
-        "FileInfo": _object(
-            {
-                "path": {"type": "string"},
-                "size": {"type": "integer", "minimum": 0},
-                "modified": _TIMESTAMP,
-                "mime": {"type": "string"},
-                "url": {"type": "string"},
-            }
-        ),
-        "FileList": _object({"files": {"type": "array", "items": _ref("FileInfo")}}),
-        "Health": _object(
-            {
-                "status": {"const": "ok"},
-                "backend": {"type": "string", "enum": ["docker", "local"]},
-                "instance": {"type": "string"},
-                "isolation": {"type": "string"},
-                "node": {
-                    "type": "string",
-                    "description": "This gateway's node in a cluster (`--node-name`); session "
-                    "ids made here start with it and a dot.",
-                },
-                "pool": _counts(
-                    "warm",
-                    "starting",
-                    "target",
-                    "kernels_started",
-                    "sessions",
-                    "max_sessions",
-                    "stateless",
-                    "max_stateless",
-                ),
-                "stateless_mode": {
-                    "type": "string",
-                    "enum": ["fork", "container"],
-                    "description": "How stateless requests get a kernel (`--stateless-mode`).",
-                },
-                "fork_servers": _counts(
-                    "idle",
-                    "busy",
-                    "starting",
-                    "target",
-                    "servers_started",
-                    "requests_served",
-                    description="Fork-server containers (only with `stateless_mode` fork).",
-                ),
-            },
-            required=["status", "backend", "instance", "isolation", "pool", "stateless_mode"],
-        ),
-        "NewSession": _object({}, maxProperties=0),
-        "ExecuteRequest": _object({"code": code, "timeout": timeout}, required=["code"]),
-        "StatelessExecuteRequest": _object(
-            {
-                "code": code,
-                "timeout": timeout,
-                "files": {
-                    "type": ["array", "null"],
-                    "description": "Files put in the working directory before the code runs.",
-                    "items": _object(
-                        {
-                            "path": {"$ref": "#/components/schemas/FilePath"},
-                            "data": {
-                                "type": "string",
-                                "contentEncoding": "base64",
-                                "pattern": BASE64_PATTERN,
-                            },
-                        }
-                    ),
-                },
-            },
-            required=["code"],
-        ),
-        "FilePath": {
-            "type": "string",
-            "description": "Relative to the session's working directory; `..`, absolute paths "
-            "and NUL bytes are refused, and each name may have at most 255 bytes of UTF-8. "
-            "Folders are created on upload.",
-            "minLength": 1,
-            "maxLength": MAX_PATH_LENGTH,
-            "pattern": FILE_PATH_PATTERN,
-        },
-        **_event_data_schemas(),
-        **_events(),
+        "description": "One frame of an execution's event stream: `id:`, `event:` and "
+        "one `data:` line of JSON. Keepalive comments (`: ping`) come every 10 s. "
+        "`done` is always the last event, exactly once.",
+        "oneOf": frames,
     }
 
 

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 
 from kernel_gateway.errors import ExecutionExpired
 from kernel_gateway.kernels.events import ExecuteReply, OutputLimiter, rough_size
-from kernel_gateway.types import JSON, DoneStatus, Event, Record
+from kernel_gateway.types import JSON, DoneStatus, Event, ExecutionStatus, Record
 
 
 class State(enum.Enum):
@@ -278,6 +278,7 @@ class Execution:
 
     def summary(self) -> JSON:
         """What the list of a session's executions says about this one."""
+        status: ExecutionStatus
         if self.state is State.QUEUED:
             status = "queued"
         elif not self.finished:

@@ -55,7 +55,7 @@ from kernel_gateway.sessions.kernel_slot import KernelSlot
 from kernel_gateway.sessions.persistence import RunningCell, SessionRecord
 from kernel_gateway.settings import Settings
 from kernel_gateway.tasks import TaskSet
-from kernel_gateway.types import JSON, Message
+from kernel_gateway.types import JSON, Message, SessionStatus
 
 logger = logging.getLogger(__name__)
 
@@ -431,7 +431,7 @@ class Session:
         return time.monotonic() - self.last_activity
 
     @property
-    def status(self) -> str:
+    def status(self) -> SessionStatus:
         if self.closed:
             return "closed"
         if self.slot.policy.failed:

@@ -30,11 +30,13 @@ from kernel_gateway.protocols.mcp.tools import (
     MAX_IMAGES,
     CellReport,
     ToolInputError,
+    UploadFileArguments,
     clip,
-    decode_content,
     file_content,
+    parse_arguments,
     run_python_tool,
 )
+from kernel_gateway.settings import Settings
 from kernel_gateway.types import Event
 
 SESSION = JupyterSession(key=b"")
@@ -209,6 +211,12 @@ def test_inline_files_by_kind() -> None:
     blob = file_content("a.bin", "application/octet-stream", base64.b64encode(b"\0\xff").decode())
     assert isinstance(blob, types.EmbeddedResource)
     assert isinstance(blob.resource, types.BlobResourceContents)
+
+
+def decode_content(arguments: dict[str, object]) -> bytes:
+    """upload_file's `content`, as its arguments model decodes it."""
+    upload = parse_arguments(UploadFileArguments, {"path": "f", **arguments}, Settings())
+    return upload.content
 
 
 def test_content_decoding() -> None:

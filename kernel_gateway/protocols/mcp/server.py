@@ -23,10 +23,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import math
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -35,6 +34,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
@@ -51,26 +51,30 @@ from kernel_gateway.protocols.mcp.tools import (
     RUN_PYTHON,
     UPLOAD_FILE,
     CellReport,
+    ReadFileArguments,
+    RunPythonArguments,
+    SessionArguments,
+    StatelessRunPythonArguments,
     ToolInputError,
+    UploadFileArguments,
     as_text,
-    check_known,
     clip,
-    decode_content,
     error_result,
     file_tools,
+    parse_arguments,
     run_python_tool,
-    text_arg,
     text_block,
 )
 from kernel_gateway.sessions.execution import Execution
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
-from kernel_gateway.types import JSON
 
 logger = logging.getLogger(__name__)
 
 MCP_SESSION_HEADER = "mcp-session-id"
+Handler = Callable[[ServerRequestContext[Any], Any], Awaitable[types.CallToolResult]]
+"""A tool: the call's context and its validated arguments (a model of `mcp_tools`)."""
 PROGRESS_SECONDS = 1.0
 INSTRUCTIONS = (
     "A sandboxed Python interpreter. Use run_python to compute, analyse data and draw charts; "
@@ -150,22 +154,25 @@ class McpService:
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        arguments: JSON = dict(params.arguments or {})
-        handlers = {RUN_PYTHON: self._run_python}
-        if not self.stateless:
-            handlers |= {
-                UPLOAD_FILE: self._upload_file,
-                LIST_FILES: self._list_files,
-                READ_FILE: self._read_file,
-                RESTART_KERNEL: self._restart_kernel,
+        handlers: dict[str, tuple[type[BaseModel], Handler]]
+        if self.stateless:
+            handlers = {RUN_PYTHON: (StatelessRunPythonArguments, self._run_python_stateless)}
+        else:
+            handlers = {
+                RUN_PYTHON: (RunPythonArguments, self._run_python),
+                UPLOAD_FILE: (UploadFileArguments, self._upload_file),
+                LIST_FILES: (SessionArguments, self._list_files),
+                READ_FILE: (ReadFileArguments, self._read_file),
+                RESTART_KERNEL: (SessionArguments, self._restart_kernel),
             }
-        handler = handlers.get(params.name)
-        if handler is None:
+        if params.name not in handlers:
             raise MCPError(
                 types.INVALID_PARAMS,
                 f"unknown tool {params.name!r}; this server has {', '.join(handlers)}",
             )
+        model, handler = handlers[params.name]
         try:
+            arguments = parse_arguments(model, dict(params.arguments or {}), self.settings)
             return await handler(ctx, arguments)
         except ToolInputError as exc:
             return error_result(f"invalid arguments for {params.name}: {exc}")
@@ -174,22 +181,23 @@ class McpService:
 
     # -- the tools ---------------------------------------------------------------------------
 
-    async def _run_python(
-        self, ctx: ServerRequestContext[Any], arguments: JSON
+    async def _run_python_stateless(
+        self, ctx: ServerRequestContext[Any], arguments: StatelessRunPythonArguments
     ) -> types.CallToolResult:
-        allowed = {"code", "timeout", "files" if self.stateless else "session"}
-        check_known(arguments, allowed)
-        code = text_arg(arguments, "code")
-        assert code is not None
-        timeout = self._timeout(arguments.get("timeout"))
+        files = [(f.path, f.content) for f in arguments.files or ()]
+        session, execution = await self.registry.run_stateless(
+            arguments.code, arguments.timeout, files
+        )
         report = CellReport(_base_url(ctx))
-        if self.stateless:
-            files = _input_files(arguments.get("files"), self.settings.max_upload_bytes)
-            session, execution = await self.registry.run_stateless(code, timeout, files)
-            await self._follow(ctx, session, execution, report)
-            return self._cell_result(report, None)
-        session, note = await self._session_for(ctx, arguments)
-        execution = session.submit(code, timeout)
+        await self._follow(ctx, session, execution, report)
+        return self._cell_result(report, None)
+
+    async def _run_python(
+        self, ctx: ServerRequestContext[Any], arguments: RunPythonArguments
+    ) -> types.CallToolResult:
+        session, note = await self._session_for(ctx, arguments.session)
+        execution = session.submit(arguments.code, arguments.timeout)
+        report = CellReport(_base_url(ctx))
         await self._follow(ctx, session, execution, report)
         result = self._cell_result(report, session.id)
         if note:
@@ -206,21 +214,6 @@ class McpService:
             )
             content.insert(0, text_block(note))
         return types.CallToolResult(content=content, is_error=report.status != "ok")
-
-    def _timeout(self, value: object) -> float | None:
-        if value is None:
-            return None
-        limit = self.settings.max_exec_timeout
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or not 0 < value <= limit
-        ):
-            raise ToolInputError(
-                f"'timeout' must be a number of seconds above 0, at most {limit:g}"
-            )
-        return float(value)
 
     async def _follow(
         self,
@@ -262,14 +255,12 @@ class McpService:
             ticker.cancel()
 
     async def _upload_file(
-        self, ctx: ServerRequestContext[Any], arguments: JSON
+        self, ctx: ServerRequestContext[Any], arguments: UploadFileArguments
     ) -> types.CallToolResult:
-        check_known(arguments, {"path", "content", "encoding", "session"})
-        path = text_arg(arguments, "path")
-        assert path is not None
-        data = decode_content(arguments)
-        session, note = await self._session_for(ctx, arguments)
-        info = await session.files.write(path, data, self.settings.max_upload_bytes)
+        session, note = await self._session_for(ctx, arguments.session)
+        info = await session.files.write(
+            arguments.path, arguments.content, self.settings.max_upload_bytes
+        )
         url = _base_url(ctx) + file_url(session.id, info.path)
         text = (
             f"{note}Wrote {info.path} ({info.size} bytes, {info.mime}); code run with run_python "
@@ -281,10 +272,9 @@ class McpService:
         return types.CallToolResult(content=[text_block(text), link])
 
     async def _list_files(
-        self, ctx: ServerRequestContext[Any], arguments: JSON
+        self, ctx: ServerRequestContext[Any], arguments: SessionArguments
     ) -> types.CallToolResult:
-        check_known(arguments, {"session"})
-        session, note = await self._session_for(ctx, arguments)
+        session, note = await self._session_for(ctx, arguments.session)
         files = await session.files.listing()
         base = _base_url(ctx)
         lines = [note] if note else []
@@ -299,12 +289,10 @@ class McpService:
         return types.CallToolResult(content=[text_block(clip("".join(lines)))])
 
     async def _read_file(
-        self, ctx: ServerRequestContext[Any], arguments: JSON
+        self, ctx: ServerRequestContext[Any], arguments: ReadFileArguments
     ) -> types.CallToolResult:
-        check_known(arguments, {"path", "session"})
-        path = text_arg(arguments, "path")
-        assert path is not None
-        session, _ = await self._session_for(ctx, arguments)
+        path = arguments.path
+        session, _ = await self._session_for(ctx, arguments.session)
         limit = self.settings.max_inline_file_bytes
         raw, size = await asyncio.to_thread(_read_capped, session.files.workspace, path, limit)
         url = _base_url(ctx) + file_url(session.id, path)
@@ -333,10 +321,9 @@ class McpService:
         return types.CallToolResult(content=[content])
 
     async def _restart_kernel(
-        self, ctx: ServerRequestContext[Any], arguments: JSON
+        self, ctx: ServerRequestContext[Any], arguments: SessionArguments
     ) -> types.CallToolResult:
-        check_known(arguments, {"session"})
-        session, _ = await self._session_for(ctx, arguments)
+        session, _ = await self._session_for(ctx, arguments.session)
         await session.restart()
         text = (
             f"The kernel was restarted: variables are cleared, files kept.\nsession: {session.id}\n"
@@ -346,10 +333,10 @@ class McpService:
     # -- which gateway session ---------------------------------------------------------------
 
     async def _session_for(
-        self, ctx: ServerRequestContext[Any], arguments: JSON
+        self, ctx: ServerRequestContext[Any], handle: str | None
     ) -> tuple[Session, str]:
-        """The session a call runs in, and a note for the model when it is a fresh one."""
-        handle = text_arg(arguments, "session", required=False)
+        """The session a call runs in (`handle`: the one the model named, if it did), and a
+        note for the model when it is a fresh one."""
         if handle is not None:
             try:
                 return self.registry.get(handle), ""
@@ -413,25 +400,3 @@ def _read_capped(workspace: Workspace, path: str, limit: int) -> tuple[bytes | N
             return None, info.st_size
         data = f.read(limit + 1)
     return (data if len(data) <= limit else None), len(data)
-
-
-def _input_files(value: object, limit: int) -> list[tuple[str, bytes]]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise ToolInputError("'files' must be a list of {path, content, encoding?} objects")
-    files = []
-    for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise ToolInputError(f"'files[{i}]' must be an object with 'path' and 'content'")
-        try:
-            check_known(item, {"path", "content", "encoding"})
-            path = text_arg(item, "path")
-            data = decode_content(item)
-        except ToolInputError as exc:
-            raise ToolInputError(f"'files[{i}]': {exc}") from None
-        assert path is not None
-        if len(data) > limit:
-            raise ToolInputError(f"'files[{i}]' is over the {limit}-byte upload limit")
-        files.append((path, data))
-    return files

@@ -10,18 +10,38 @@ Sandboxes are gateway sessions; their handle is the session id. Clients on the
 handshake-era protocol (an MCP session) get one sandbox per MCP session without
 passing anything; on the sessionless 2026-07-28 protocol a model keeps its
 sandbox by passing back the `session` handle every result names.
+
+Each tool's arguments are a model, built of the HTTP API's own field types
+(`kernel_gateway.sessions.models`): the tool's input schema is generated from
+it, and the server validates the arguments with it.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar
 
 import mcp_types as types
+from pydantic import BaseModel, Field, PlainValidator, ValidationInfo
+from pydantic_core import PydanticCustomError
 
+from kernel_gateway.errors import GatewayError
+from kernel_gateway.sessions.models import (
+    Code,
+    FilePath,
+    Limits,
+    RequestModel,
+    Timeout,
+    Timeouts,
+    decode_base64,
+    input_schema,
+    valid_unicode,
+    validate,
+    within_upload_limit,
+)
+from kernel_gateway.settings import NODE_NAME
 from kernel_gateway.types import JSON, Event
 
 RUN_PYTHON = "run_python"
@@ -36,75 +56,120 @@ MAX_IMAGES = 20
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
-_SESSION_FIELD: JSON = {
-    "type": "string",
-    "description": (
-        "The sandbox to use: the `session` handle a previous result of these tools named. "
-        "Pass it back on every call to keep your variables and files. Omit it on your "
-        "first call; without it a call uses this connection's own sandbox, or a new one "
-        "where the connection has none."
+M = TypeVar("M", bound=BaseModel)
+
+# -- arguments: models built of the HTTP API's field types (`Code`, `Timeout`, `FilePath`) ------
+
+SESSION_ID_PATTERN = rf"^(?:{NODE_NAME.pattern}\.)?[0-9a-f]{{32}}$"
+"""A gateway session id: 32 hex digits, after `node.` on a gateway with `--node-name`."""
+
+SessionHandle = Annotated[
+    str | None,
+    Field(
+        pattern=SESSION_ID_PATTERN,
+        description="The sandbox to use: the `session` handle a previous result of these "
+        "tools named. Pass it back on every call to keep your variables and files. Omit it "
+        "on your first call; without it a call uses this connection's own sandbox, or a new "
+        "one where the connection has none.",
     ),
-    "pattern": "^[0-9a-f]{32}$",
-}
-_PATH_FIELD: JSON = {
-    "type": "string",
-    "description": (
-        "A path relative to the sandbox's working directory, such as `data.csv` or "
-        "`out/plot.png`; folders are separated by `/`."
+]
+ToolPath = Annotated[
+    FilePath,
+    Field(
+        description="A path relative to the sandbox's working directory, such as `data.csv` "
+        "or `out/plot.png`; folders are separated by `/`."
     ),
-    "minLength": 1,
-    "maxLength": 1024,
-}
+]
+Encoding = Annotated[
+    Literal["text", "base64"],
+    Field(description="`text` (UTF-8, the default) or `base64` for bytes."),
+]
 
 
-def _schema(properties: JSON, required: list[str]) -> JSON:
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
-    }
+def _content(value: object, info: ValidationInfo) -> bytes:
+    """`content` as bytes, read in the `encoding` declared (and validated) before it."""
+    encoding = info.data.get("encoding")
+    if encoding == "base64":
+        data = decode_base64(value)
+    elif not isinstance(value, str):
+        raise PydanticCustomError("string_type", "Input should be a valid string")
+    elif encoding == "text":
+        data = valid_unicode(value).encode("utf-8")
+    else:  # `encoding` is invalid, and reported as such
+        return b""
+    return within_upload_limit(data, info)
+
+
+Content = Annotated[
+    bytes,
+    PlainValidator(_content, json_schema_input_type=str),
+    Field(description="The file's content."),
+]
+
+
+class RunPythonArguments(RequestModel):
+    code: Code
+    timeout: Timeout = None
+    session: SessionHandle = None
+
+
+class ToolFile(RequestModel):
+    path: ToolPath
+    encoding: Encoding = "text"
+    content: Content
+
+
+class StatelessRunPythonArguments(RequestModel):
+    code: Code
+    timeout: Timeout = None
+    files: list[ToolFile] | None = None
+    """Files to put in the working directory before the code runs."""
+
+
+class UploadFileArguments(RequestModel):
+    path: ToolPath
+    encoding: Encoding = "text"
+    content: Content
+    session: SessionHandle = None
+
+
+class ReadFileArguments(RequestModel):
+    path: ToolPath
+    session: SessionHandle = None
+
+
+class SessionArguments(RequestModel):
+    """list_files and restart_kernel: which sandbox, and nothing else."""
+
+    session: SessionHandle = None
+
+
+class ToolInputError(ValueError):
+    """The arguments do not fit the tool's schema: reported to the model as a tool error."""
+
+
+def parse_arguments(model: type[M], arguments: JSON, limits: Limits) -> M:
+    """The arguments as a `model` (`limits`: the gateway's settings), or a ToolInputError
+    that says which argument is wrong and how, as the HTTP API would."""
+    try:
+        return validate(model, arguments, limits, noun="argument")
+    except GatewayError as exc:
+        raise ToolInputError(exc.message) from None
+
+
+# -- the tools -----------------------------------------------------------------------------------
 
 
 def run_python_tool(max_timeout: float, default_timeout: float, *, stateless: bool) -> types.Tool:
-    properties: JSON = {
-        "code": {
-            "type": "string",
-            "description": "Python source to run, as in one notebook cell. The value of the "
-            "last expression is returned, like in Jupyter.",
-        },
-        "timeout": {
-            "type": "number",
-            "description": f"Seconds the code may run before it is interrupted (default "
-            f"{default_timeout:g}, at most {max_timeout:g}).",
-            "exclusiveMinimum": 0,
-            "maximum": max_timeout,
-        },
-    }
     if stateless:
-        properties["files"] = {
-            "type": "array",
-            "description": "Files to put in the working directory before the code runs.",
-            "items": _schema(
-                {
-                    "path": _PATH_FIELD,
-                    "content": {"type": "string", "description": "The file's content."},
-                    "encoding": {
-                        "type": "string",
-                        "enum": ["text", "base64"],
-                        "description": "`text` (UTF-8, the default) or `base64` for bytes.",
-                    },
-                },
-                ["path", "content"],
-            ),
-        }
+        arguments: type[RequestModel] = StatelessRunPythonArguments
         persistence = (
             "Every call starts in a fresh, empty sandbox that is destroyed afterwards: define "
             "everything you need in the same call, and pass input files in `files`. Files "
             "the code writes are returned in full."
         )
     else:
-        properties["session"] = _SESSION_FIELD
+        arguments = RunPythonArguments
         persistence = (
             "Variables, imports and files persist from call to call in the same sandbox "
             "(pass back the `session` handle each result names). Files the code writes "
@@ -122,7 +187,7 @@ def run_python_tool(max_timeout: float, default_timeout: float, *, stateless: bo
             "by themselves; no need to save them). " + persistence + " A cell that runs "
             "past its timeout is interrupted; cancelling the call interrupts it too."
         ),
-        input_schema=_schema(properties, ["code"]),
+        input_schema=input_schema(arguments, Timeouts(default_timeout, max_timeout)),
         annotations=types.ToolAnnotations(
             title="Run Python", read_only_hint=False, destructive_hint=False, open_world_hint=False
         ),
@@ -140,19 +205,7 @@ def file_tools(max_upload_bytes: int) -> list[types.Tool]:
                 f"relative path. Up to {max_upload_bytes} bytes. Use encoding `base64` for "
                 "binary content."
             ),
-            input_schema=_schema(
-                {
-                    "path": _PATH_FIELD,
-                    "content": {"type": "string", "description": "The file's content."},
-                    "encoding": {
-                        "type": "string",
-                        "enum": ["text", "base64"],
-                        "description": "`text` (UTF-8, the default) or `base64` for bytes.",
-                    },
-                    "session": _SESSION_FIELD,
-                },
-                ["path", "content"],
-            ),
+            input_schema=input_schema(UploadFileArguments),
             annotations=types.ToolAnnotations(
                 read_only_hint=False, destructive_hint=True, idempotent_hint=True
             ),
@@ -164,7 +217,7 @@ def file_tools(max_upload_bytes: int) -> list[types.Tool]:
                 "List the files in the sandbox's working directory (recursively): path, size, "
                 "type, modification time and download URL of each."
             ),
-            input_schema=_schema({"session": _SESSION_FIELD}, []),
+            input_schema=input_schema(SessionArguments),
             annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
         ),
         types.Tool(
@@ -175,7 +228,7 @@ def file_tools(max_upload_bytes: int) -> list[types.Tool]:
                 "text, images (PNG, JPEG, GIF, WebP) as images, anything else as an embedded "
                 "binary resource."
             ),
-            input_schema=_schema({"path": _PATH_FIELD, "session": _SESSION_FIELD}, ["path"]),
+            input_schema=input_schema(ReadFileArguments),
             annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
         ),
         types.Tool(
@@ -185,54 +238,10 @@ def file_tools(max_upload_bytes: int) -> list[types.Tool]:
                 "Restart the sandbox's Python kernel: every variable and import is lost, files "
                 "are kept. Use it when the kernel is stuck or its state is broken."
             ),
-            input_schema=_schema({"session": _SESSION_FIELD}, []),
+            input_schema=input_schema(SessionArguments),
             annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
         ),
     ]
-
-
-# -- arguments ---------------------------------------------------------------------------------
-
-
-class ToolInputError(ValueError):
-    """The arguments do not fit the tool's schema: reported to the model as a tool error."""
-
-
-def text_arg(arguments: JSON, name: str, *, required: bool = True) -> str | None:
-    value = arguments.get(name)
-    if value is None:
-        if required:
-            raise ToolInputError(f"'{name}' is required")
-        return None
-    if not isinstance(value, str):
-        raise ToolInputError(f"'{name}' must be a string")
-    return value
-
-
-def check_known(arguments: JSON, allowed: set[str]) -> None:
-    unknown = sorted(set(arguments) - allowed)
-    if unknown:
-        raise ToolInputError(
-            f"unknown argument(s): {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
-        )
-
-
-def decode_content(arguments: JSON) -> bytes:
-    """`content` in its `encoding` (text or base64) as bytes."""
-    content = text_arg(arguments, "content")
-    assert content is not None
-    encoding = arguments.get("encoding", "text")
-    if encoding == "text":
-        try:
-            return content.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ToolInputError("'content' is not valid Unicode") from None
-    if encoding == "base64":
-        try:
-            return base64.b64decode(content, validate=True)
-        except (binascii.Error, ValueError):
-            raise ToolInputError("'content' is not valid base64") from None
-    raise ToolInputError("'encoding' must be 'text' or 'base64'")
 
 
 # -- results -----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from kernel_gateway import __version__
-from kernel_gateway.errors import GatewayError, InvalidRequest, NotFound, TooManySessions
+from kernel_gateway.errors import GatewayError, NotFound, TooManySessions
 from kernel_gateway.protocols.jupyter.kernels import (
     KERNEL_NAME,
     MAX_CONNECTIONS,
@@ -37,7 +37,9 @@ from kernel_gateway.protocols.jupyter.kernels import (
 )
 from kernel_gateway.protocols.jupyter.wire import V1_PROTOCOL
 from kernel_gateway.server.auth import refuse
-from kernel_gateway.server.http import JSONResponse, read_json, reject_unknown
+from kernel_gateway.server.http import JSONResponse
+from kernel_gateway.server.validation import read_model
+from kernel_gateway.sessions.models import StartKernelRequest
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.types import JSON
 
@@ -118,16 +120,13 @@ async def start_kernel(request: Request) -> Response:
     pooled kernels are started before anyone asks, with a fixed environment.
     """
     registry = _registry(request)
-    body = await read_json(request, registry.settings.max_body_bytes, optional=True)
-    reject_unknown(body, {"name", "env", "path"})
-    name = body.get("name") or KERNEL_NAME
+    settings = registry.settings
+    body = await read_model(
+        request, StartKernelRequest, settings.max_body_bytes, settings, optional=True
+    )
+    name = body.name or KERNEL_NAME
     if name != KERNEL_NAME:
         raise NotFound(f"no kernelspec named {name!r}; this gateway has {KERNEL_NAME!r}")
-    env = body.get("env")
-    if env is not None and (
-        not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values())
-    ):
-        raise InvalidRequest("'env' must be an object of strings")
     session = await registry.create_session()
     model = _hub(request).model(session)
     return JSONResponse(model, status_code=201, headers={"Location": f"/api/kernels/{model['id']}"})

@@ -6,15 +6,10 @@ from starlette.responses import Response
 from kernel_gateway import logs
 from kernel_gateway.errors import InvalidRequest, KernelUnavailable, TooManySessions
 from kernel_gateway.metrics import Metrics
-from kernel_gateway.server.http import (
-    JSONResponse,
-    files_field,
-    number_field,
-    read_json,
-    reject_unknown,
-    string_field,
-)
+from kernel_gateway.server.http import JSONResponse
 from kernel_gateway.server.routes.streaming import respond
+from kernel_gateway.server.validation import read_model
+from kernel_gateway.sessions.models import ExecuteRequest, NewSession, StatelessExecuteRequest
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 
@@ -30,8 +25,8 @@ def _session(request: Request) -> Session:
 
 async def create(request: Request) -> Response:
     registry = _registry(request)
-    body = await read_json(request, registry.settings.max_body_bytes, optional=True)
-    reject_unknown(body, set())
+    settings = registry.settings
+    await read_model(request, NewSession, settings.max_body_bytes, settings, optional=True)
     try:
         session = await registry.create_session()
     except (TooManySessions, KernelUnavailable) as exc:
@@ -59,11 +54,8 @@ async def delete(request: Request) -> Response:
 async def execute(request: Request) -> Response:
     session = _session(request)
     settings = _registry(request).settings
-    body = await read_json(request, settings.max_body_bytes)
-    reject_unknown(body, {"code", "timeout"})
-    code = string_field(body, "code")
-    timeout = number_field(body, "timeout", minimum=0, maximum=settings.max_exec_timeout)
-    execution = session.submit(code, timeout)
+    body = await read_model(request, ExecuteRequest, settings.max_body_bytes, settings)
+    execution = session.submit(body.code, body.timeout)
     logs.bind(execution_id=execution.id)
     return await respond(request, session, execution)
 
@@ -116,15 +108,14 @@ async def execute_stateless(request: Request) -> Response:
     """Run one cell in a fresh kernel that is destroyed once the cell ends."""
     registry = _registry(request)
     settings = registry.settings
-    body = await read_json(request, settings.max_stateless_body_bytes)
-    reject_unknown(body, {"code", "timeout", "files"})
-    code = string_field(body, "code")
-    timeout = number_field(body, "timeout", minimum=0, maximum=settings.max_exec_timeout)
-    files = files_field(body, "files", settings.max_upload_bytes)
+    body = await read_model(
+        request, StatelessExecuteRequest, settings.max_stateless_body_bytes, settings
+    )
+    files = [(f.path, f.data) for f in body.files or ()]
     metrics = _metrics(request)
     metrics.stateless_requests.inc()
     try:
-        session, execution = await registry.run_stateless(code, timeout, files)
+        session, execution = await registry.run_stateless(body.code, body.timeout, files)
     except (TooManySessions, KernelUnavailable) as exc:
         metrics.stateless_rejections.labels(_rejection(exc)).inc()
         raise
