@@ -55,7 +55,7 @@ def default_context() -> Path:
     try:
         return Path(str(files("kernel_gateway.kernel_image")))
     except ModuleNotFoundError:  # a source checkout run without being installed
-        return Path(__file__).resolve().parent.parent / "kernel-image"
+        return _package_parent() / "kernel-image"
 
 
 def _print(line: str) -> None:
@@ -384,13 +384,18 @@ def gateway_requirements() -> list[str]:
 
 def source_checkout() -> Path:
     """The project's source tree (its wheel is built from it), or SystemExit."""
-    root = Path(__file__).resolve().parent.parent
+    root = _package_parent()
     if not (root / "pyproject.toml").is_file():
         raise SystemExit(
             "the gateway image is built from a source checkout of kernel-gateway "
-            f"(no pyproject.toml beside {Path(__file__).resolve().parent})"
+            f"(no pyproject.toml beside {root / 'kernel_gateway'})"
         )
     return root
+
+
+def _package_parent() -> Path:
+    """The folder that holds the `kernel_gateway` package (a checkout's root, when it is one)."""
+    return Path(str(files("kernel_gateway"))).resolve().parent
 
 
 def build_gateway_image(

@@ -161,3 +161,10 @@ def test_fetch_prunes_nothing_unless_every_locked_wheel_was_seen(
     monkeypatch.setattr(image, "_pip", lambda args, total, out, what: set())
     image.fetch_wheels(stage, "amd64", lambda line: None)
     assert (stage / image.WHEELS / "numpy-2.4.6-cp313-cp313-x.whl").exists()
+
+
+def test_the_source_checkout_is_found_from_the_package() -> None:
+    """The gateway image is built from this checkout: found wherever cli/ sits in the tree."""
+    root = image.source_checkout()
+    assert (root / "pyproject.toml").is_file() and (root / "kernel_gateway").is_dir()
+    assert (image.default_context() / "Dockerfile").is_file()
