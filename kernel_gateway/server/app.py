@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -24,8 +23,8 @@ from kernel_gateway.server.error_handlers import exception_handlers
 from kernel_gateway.server.middleware import front_middleware
 from kernel_gateway.server.protocols import protocol_state
 from kernel_gateway.server.routes import routes
+from kernel_gateway.sessions.durable import DurableSessions
 from kernel_gateway.sessions.gauges import RegistryGauges
-from kernel_gateway.sessions.persistence import SessionStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
 
@@ -38,32 +37,6 @@ class State(TypedDict):
     metrics: Metrics
     jupyter: JupyterKernels
     mcp: McpService | None
-
-
-class Lifecycle:
-    """What the server tells the app about stopping, before its lifespan ends.
-
-    uvicorn runs the lifespan's shutdown only after it has waited for open
-    connections. With persisted sessions the drain must start at the signal, so
-    that no cell whose client goes away meanwhile is interrupted: `GatewayServer`
-    calls `stop_requested` from its signal handler.
-    """
-
-    def __init__(self, drain_timeout: float) -> None:
-        self.registry: Registry | None = None
-        self.persist = False
-        self.drain_timeout = drain_timeout
-        self.stop_requested_at: float | None = None
-
-    def stop_requested(self) -> None:
-        """The first stop signal: drain, and at the drain's end let streams go."""
-        if self.stop_requested_at is not None:
-            return
-        self.stop_requested_at = time.monotonic()
-        registry = self.registry
-        if self.persist and registry is not None:
-            registry.begin_drain()
-            asyncio.get_running_loop().call_later(self.drain_timeout, registry.end_streams)
 
 
 async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:
@@ -92,51 +65,32 @@ async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:
 
 
 def create_app(settings: Settings) -> Starlette:
-    lifecycle = Lifecycle(settings.drain_timeout)
+    # Made before the lifespan runs: the server's signal handler calls its
+    # `stop_requested` (uvicorn runs the lifespan's shutdown only after it has waited
+    # for open connections, and the drain must start at the signal).
+    durable = DurableSessions(settings)
     metrics = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
         started = time.monotonic()
-        runtime = RuntimeDir(settings.runtime_dir)
-        # A predecessor's persisted sessions live in docker containers: only a backend
-        # that may be docker takes its folder over.
-        await asyncio.to_thread(
-            runtime.open,
-            adopt=settings.backend != "local",
-            wait_for_predecessor=settings.adopt_wait if settings.persist_sessions else 0.0,
-        )
+        runtime = await durable.open_runtime()
         context = zmq.asyncio.Context()
         backend: Backend | None = None
-        registry: Registry | None = None
         gauges: RegistryGauges | None = None
-        persist = False
         try:
             backend = await select_backend(settings, runtime)
             backend_ready = time.monotonic()
             logger.info("backend: %s; isolation: %s", backend.name, backend.isolation)
             if backend.startup_warning is not None:
                 logger.warning("%s", backend.startup_warning)
-            persist = settings.persist_sessions and backend.persists
-            if settings.persist_sessions and not persist:
-                logger.warning(
-                    "--persist-sessions: the %s backend cannot keep kernels running without "
-                    "the gateway; sessions end when it stops",
-                    backend.name,
-                )
-            store = None
-            if persist or runtime.adopted:
-                store = SessionStore(runtime.sessions_path)
-                await asyncio.to_thread(store.open)
             warm = WarmPool(settings, backend, runtime, context, metrics)
             forks = fork_pool(settings, backend, runtime, warm, context, metrics)
-            registry = Registry(settings, warm, runtime.instance, store, forks)
-            if runtime.adopted:
-                await registry.adopt()
+            registry = Registry(settings, warm, runtime.instance, forks)
+            await durable.start(backend, runtime, registry)
             registry.start()
             gauges = RegistryGauges(registry)
             metrics.register(gauges)
-            lifecycle.registry, lifecycle.persist = registry, persist
             logger.info(
                 "ready in %.2f s (backend %.2f s%s)",
                 time.monotonic() - started,
@@ -148,28 +102,12 @@ def create_app(settings: Settings) -> Starlette:
         finally:
             if gauges is not None:
                 metrics.unregister(gauges)
-            lifecycle.registry = None
-            if persist and registry is not None and backend is not None:
-                begun = lifecycle.stop_requested_at or time.monotonic()
-                await registry.drain(begun + settings.drain_timeout)
-                left = await registry.suspend()
+            left = await durable.stop()  # kernels left running for the next gateway
+            if backend is not None:
                 await (backend.detach() if left else backend.close())
-                context.destroy(linger=0)
-                runtime.close(keep=left > 0)
-                logger.info(
-                    "stopped; %d sessions' kernels keep running for the next gateway to adopt "
-                    "(runtime dir %s)",
-                    left,
-                    settings.runtime_dir,
-                )
-            else:
-                if registry is not None:
-                    await registry.close()
-                if backend is not None:
-                    await backend.close()
-                context.destroy(linger=0)
-                runtime.close()
-                logger.info("stopped; every kernel this gateway started has been removed")
+            context.destroy(linger=0)
+            runtime.close(keep=left > 0)
+            durable.log_stopped(left)
 
     app = Starlette(
         routes=routes,
@@ -177,5 +115,5 @@ def create_app(settings: Settings) -> Starlette:
         exception_handlers=exception_handlers(),
         lifespan=lifespan,
     )
-    app.state.lifecycle = lifecycle
+    app.state.lifecycle = durable  # its stop_requested is the server's on_stop (cli/main.py)
     return app

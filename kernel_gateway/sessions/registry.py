@@ -9,17 +9,17 @@ fork pool's for stateless executions in fork mode): the registry asks the lease
 whether the kernel may be relaunched and who owns the session's files, and
 releases it when the session closes; it never asks where the kernel came from.
 
-With a `SessionStore` (`--persist-sessions`) sessions outlive the gateway: each
-is recorded as it changes, `suspend` stops the gateway leaving their kernels
-running, and the next gateway's `adopt` takes them over, checking each kernel.
-One that cannot be adopted is reported lost (410 `session_lost`).
+Given a `SessionStore`, each session is recorded as it changes, for a successor
+gateway. Everything else about sessions that outlive the gateway (`--persist-sessions`:
+the drain, the suspension, the adoption) is `DurableSessions`' (sessions/durable.py);
+the registry offers it a few named steps, and answers 410 `session_lost` for the
+sessions it could not adopt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 
 from kernel_gateway.errors import (
@@ -34,7 +34,7 @@ from kernel_gateway.errors import (
     ShuttingDown,
     TooManySessions,
 )
-from kernel_gateway.kernels.backends.base import Backend, KernelProcess, SessionStorage
+from kernel_gateway.kernels.backends.base import Backend, SessionStorage
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.pools.fork import ForkPool
 from kernel_gateway.kernels.pools.lease import Lease
@@ -52,8 +52,6 @@ from kernel_gateway.types import JSON
 
 logger = logging.getLogger(__name__)
 
-ADOPT_PROBE_SECONDS = 2.0  # an adopted kernel must answer on its control channel within this
-
 
 class Registry:
     def __init__(
@@ -61,7 +59,6 @@ class Registry:
         settings: Settings,
         warm: WarmPool,
         instance: str,
-        store: SessionStore | None = None,
         forks: ForkPool | None = None,
     ) -> None:
         self.settings = settings
@@ -70,8 +67,9 @@ class Registry:
         """Where stateless kernels come from when they are forked (else from `warm`)."""
         self.instance = instance
         """This gateway's id; its kernel containers carry it as a label."""
-        self.store = store
-        """Where sessions are recorded for a successor; None when they die with the gateway."""
+        self.store: SessionStore | None = None
+        """Where sessions are recorded for a successor (given by `DurableSessions.start`);
+        None when they die with the gateway."""
         self.draining = False
         self._sessions: dict[str, Session] = {}
         self._lost: dict[str, str] = {}
@@ -95,9 +93,7 @@ class Registry:
         self._reaper = asyncio.ensure_future(self._reap_idle())
 
     async def close(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            await asyncio.gather(self._reaper, return_exceptions=True)
+        await self.stop_reaping()
         # Taken out first, so a stateless cell that ends meanwhile starts no release of its own.
         sessions = [*self._sessions.values(), *self._ephemeral]
         self._sessions, self._ephemeral = {}, set()
@@ -106,114 +102,49 @@ class Registry:
         if self.forks is not None:
             await self.forks.close()
         await self.warm.close()
-        if self.store is not None:
-            await self.store.close()
 
-    # -- stopping with sessions left running, and taking them over ---------------------------
+    # -- the steps of a durable stop and start (sessions/durable.py) ------------------------
 
-    def begin_drain(self) -> None:
-        """Take no new work; cells that run are left to run (and never abandoned)."""
+    def stop_taking_work(self) -> None:
+        """Refuse new sessions and cells (503 `shutting_down`); cells that run are left to
+        run (and never abandoned)."""
         self.draining = True
         for session in self._sessions.values():
             session.draining = True
 
-    def end_streams(self) -> None:
-        """At the drain's end: live reads of session cells end (their clients resume from
-        the next gateway); stateless cells still running are stopped."""
-        for session in self._sessions.values():
-            for execution in session.executions():
-                if not execution.finished:
-                    execution.release_readers()
+    def busy(self) -> bool:
+        """A cell runs or waits, in a session or a stateless execution."""
+        return any(s.busy for s in (*self._sessions.values(), *self._ephemeral))
+
+    def stop_stateless(self) -> None:
+        """Stop every stateless cell still running: its session closes in the background
+        (`close` waits for it)."""
         for session in list(self._ephemeral):
-            self._ephemeral.discard(session)
-            self._tasks.spawn(self._close(session))
+            self._release(session)
 
-    async def drain(self, deadline: float) -> None:
-        """Wait until no cell runs or waits, or until `deadline` (monotonic seconds)."""
-        self.begin_drain()
-        while time.monotonic() < deadline:
-            if not any(s.busy for s in (*self._sessions.values(), *self._ephemeral)):
-                break
-            await asyncio.sleep(0.05)
-        self.end_streams()
-
-    async def suspend(self) -> int:
-        """Stop, leaving every session's kernel running for a successor to adopt.
-
-        Stateless executions and warm kernels are removed as at `close`. Returns the
-        number of sessions left.
-        """
-        assert self.store is not None
-        self.begin_drain()
+    async def stop_reaping(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
-        sessions = list(self._sessions.values())
-        ephemeral, self._ephemeral = list(self._ephemeral), set()
-        # Still registered while they suspend: each writes its last record.
-        await asyncio.gather(
-            *(s.suspend() for s in sessions),
-            *(self._close(s) for s in ephemeral),
-            return_exceptions=True,
-        )
-        self._sessions = {}
-        self._leases.clear()  # what the suspended sessions hold is the successor's
-        await self._tasks.join()
-        if self.forks is not None:
-            await self.forks.close()
-        await self.warm.close()
-        await self.store.close()
-        return len(sessions)
 
-    async def adopt(self) -> None:
-        """Take over the sessions a stopped gateway of this instance persisted.
+    def forget(self, sessions: list[Session]) -> None:
+        """Drop `sessions` without closing them or releasing their kernels: those are no
+        longer this gateway's (they were suspended for a successor)."""
+        for session in sessions:
+            if self._sessions.get(session.id) is session:
+                del self._sessions[session.id]
+            self._leases.pop(session, None)
 
-        Each kernel must be running and answer on its control channel within
-        `ADOPT_PROBE_SECONDS` (all are checked at once); a session whose kernel or
-        files are gone is lost. Storage no adopted session uses (warm and stateless
-        kernels', lost sessions') is released. Call before `start`.
-        """
-        assert self.store is not None
-        records = await asyncio.to_thread(self.store.load)
-        processes = await self.backend.adopt([r.kernel_id for r in records])
-        await asyncio.gather(*(self._adopt(r, processes.get(r.kernel_id)) for r in records))
-        keep = {s.slot.storage.root.name for s in self._sessions.values()}
-        # Listed now (before the warm pool makes new ones), released while serving.
-        self._tasks.spawn(self.warm.remove_storages(await self.warm.unclaimed_storage(keep)))
-        if records:
-            logger.info(
-                "adopted %d of %d persisted sessions%s",
-                len(self._sessions),
-                len(records),
-                f"; {len(self._lost)} lost" if self._lost else "",
-            )
-
-    async def _adopt(self, record: SessionRecord, process: KernelProcess | None) -> None:
-        assert self.store is not None
-        storage = SessionStorage(self.warm.workspaces / record.storage)
-        kernel: Kernel | None = None
-        reason = None
-        if process is None:
-            reason = "its kernel is no longer running"
-        elif not await asyncio.to_thread(storage.files.is_dir):
-            reason = "its files are gone"
-        else:
-            kernel = self.warm.connect(process)
-            if not await kernel.probe(ADOPT_PROBE_SECONDS):
-                reason = f"its kernel did not answer within {ADOPT_PROBE_SECONDS:g} s"
-        if reason is not None:
-            logger.warning("session %s is lost: %s", record.id, reason)
-            self._lost[record.id] = reason
-            self.store.delete(record.id)
-            if kernel is not None:
-                await kernel.close()
-            elif process is not None:
-                await process.cleanup()
-            return
-        assert kernel is not None
-        session = self._session_on(self.warm.lease(kernel, storage), ephemeral=False, id=record.id)
+    def add_adopted(self, lease: Lease, record: SessionRecord) -> Session:
+        """A session a predecessor persisted, on its adopted kernel, taking up at `record`."""
+        session = self._session_on(lease, ephemeral=False, id=record.id)
         session.restore(record)
         self._sessions[session.id] = session
+        return session
+
+    def mark_lost(self, session_id: str, reason: str) -> None:
+        """A persisted session that could not be adopted: it answers 410 `session_lost`."""
+        self._lost[session_id] = reason
 
     def stats(self) -> JSON:
         return {
