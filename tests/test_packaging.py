@@ -91,6 +91,9 @@ def test_wheel_ships_every_file_of_the_kernel_image_context(wheel: Path) -> None
     assert "kernel_gateway/kernel_image/wheels/README.md" in names
     assert "kernel_gateway/web/index.html" in names
     assert "kernel_gateway/client/sse.py" in names
+    # code copied into containers is found as package resources: it must ship
+    assert "kernel_gateway/in_kernel/zygote.py" in names
+    assert "kernel_gateway/in_kernel/kernel_startup.py" in names
 
 
 def test_installed_copy_builds_from_its_own_context(installed: Path) -> None:

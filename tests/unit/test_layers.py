@@ -40,3 +40,16 @@ def test_the_router_loads_no_kernel_machinery() -> None:
     )
     loaded = set(json.loads(result.stdout))
     assert not loaded & {"zmq", "jupyter_client", "docker", "mcp", "ipykernel"}, loaded
+
+
+def test_every_package_ships_in_the_wheel() -> None:
+    """pyproject.toml lists packages by hand: a new folder must be added there."""
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for init in PACKAGE.rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert found <= listed, f"missing from [tool.setuptools] packages: {sorted(found - listed)}"
