@@ -16,31 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from kernel_gateway import __version__
 from tests.support.api import parse_sse
+from tests.support.metrics import nonzero, samples, value
 from tests.support.server import ServerFactory, ServerThread
-
-Labels = tuple[tuple[str, str], ...]
-
-
-def samples(exposition: str) -> dict[str, dict[Labels, float]]:
-    """Sample name -> sorted labels -> value."""
-    out: dict[str, dict[Labels, float]] = {}
-    for family in text_string_to_metric_families(exposition):
-        for s in family.samples:
-            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return out
-
-
-def value(scrape: dict[str, dict[Labels, float]], name: str, **labels: str) -> float:
-    return scrape[name][tuple(sorted(labels.items()))]
-
-
-def nonzero(scrape: dict[str, dict[Labels, float]], name: str) -> dict[Labels, float]:
-    return {labels: v for labels, v in scrape[name].items() if v}
-
 
 # -- the lifecycle, on the fake backend -------------------------------------------------------
 

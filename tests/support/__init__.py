@@ -6,5 +6,7 @@
 - `api`: executing over HTTP and reading SSE with timestamps.
 - `processes`: a gateway or router as its own process (`gateway()`, `router()`), restartable.
 - `jupyter`: a Jupyter Server process pointed at a gateway.
-- `fake_kernel`: scripted kernels speaking the real Jupyter protocol, and `FakeBackend`.
+- `fake_kernel`: scripted kernels speaking the real Jupyter protocol, `FakeBackend`, and
+  `fake_registry` (a started registry on them).
+- `metrics`: reading a Prometheus scrape.
 """

@@ -28,7 +28,8 @@ import asyncio
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,9 +42,13 @@ from kernel_gateway.kernels.backends.base import (
     Backend,
     ExitInfo,
     KernelProcess,
+    RuntimeDir,
     SessionStorage,
     ipc_connection,
 )
+from kernel_gateway.kernels.pools.warm import WarmPool
+from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.settings import Settings
 
 
 class FakeKernelProcess(KernelProcess):
@@ -264,6 +269,7 @@ class FakeBackend(Backend):
 
 
 if TYPE_CHECKING:
+    from kernel_gateway.metrics import Metrics
     from kernel_gateway.sessions.session import Session
 
 
@@ -279,3 +285,37 @@ async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
             return
         await asyncio.sleep(0.005)
     raise AssertionError("condition not met in time")
+
+
+@asynccontextmanager
+async def fake_registry(
+    tmp_path: Path, metrics: Metrics | None = None, **overrides: Any
+) -> AsyncIterator[tuple[Registry, FakeBackend]]:
+    """A started `Registry` on a warm pool of fake kernels, closed (with all it made) after.
+
+    Settings: the local backend's, one warm kernel, no preload, runtime dir `tmp_path`, a
+    5 s kernel start limit; `overrides` change any of them.
+    """
+    values: dict[str, Any] = {
+        "backend": "local",
+        "pool_size": 1,
+        "preload": "",
+        "runtime_dir": tmp_path,
+        "kernel_start_timeout": 5,
+        **overrides,
+    }
+    settings = Settings(**values)
+    runtime = RuntimeDir(tmp_path)
+    runtime.open()
+    backend = FakeBackend()
+    context = zmq.asyncio.Context()
+    warm = WarmPool(settings, backend, runtime, context, metrics)
+    registry = Registry(settings, warm, runtime.instance)
+    registry.start()
+    try:
+        yield registry, backend
+    finally:
+        await registry.close()
+        await backend.close()
+        context.destroy(linger=0)
+        runtime.close()

@@ -8,34 +8,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import zmq.asyncio
 
-from kernel_gateway.kernels.backends.base import RuntimeDir
-from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.sessions.persistence import RunningCell, SessionRecord
 from kernel_gateway.sessions.registry import Registry
-from kernel_gateway.settings import Settings
-from tests.support.fake_kernel import FakeBackend, until
+from tests.support.fake_kernel import fake_registry, until
 
 
 @pytest.fixture
 async def registry(tmp_path: Path) -> AsyncIterator[Registry]:
-    settings = Settings(
-        backend="local", pool_size=1, preload="", runtime_dir=tmp_path, kernel_start_timeout=5
-    )
-    runtime = RuntimeDir(tmp_path)
-    runtime.open()
-    backend = FakeBackend()
-    context = zmq.asyncio.Context()
-    registry = Registry(settings, WarmPool(settings, backend, runtime, context), runtime.instance)
-    registry.start()
-    try:
+    async with fake_registry(tmp_path) as (registry, _):
         yield registry
-    finally:
-        await registry.close()
-        await backend.close()
-        context.destroy(linger=0)
-        runtime.close()
 
 
 def ended(registry: Registry) -> float:

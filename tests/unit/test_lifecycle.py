@@ -13,19 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq.asyncio
 
 from kernel_gateway.errors import KernelUnavailable, SessionBusy, SessionFailed
-from kernel_gateway.kernels.backends.base import RuntimeDir, SessionStorage
+from kernel_gateway.kernels.backends.base import SessionStorage
 from kernel_gateway.kernels.events import OutputLimiter
-from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.sessions.execution import Execution, State, StopReason
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.restart_policy import RestartPolicy
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
 from kernel_gateway.types import Event
-from tests.support.fake_kernel import FakeBackend, FakeKernelProcess, run, until
+from tests.support.fake_kernel import FakeBackend, FakeKernelProcess, fake_registry, run, until
 
 
 @dataclass
@@ -71,30 +69,14 @@ def errors_of(events: list[Any]) -> list[str]:
 
 @pytest.fixture
 async def gw(tmp_path: Path) -> AsyncIterator[Harness]:
-    settings = Settings(
-        backend="local",
-        pool_size=1,
-        preload="",
-        runtime_dir=tmp_path,
+    async with fake_registry(
+        tmp_path,
         interrupt_grace=0.2,
-        kernel_start_timeout=5,
         restart_budget=2,
         restart_window=60,
         max_queued_executions=3,
-    )
-    runtime = RuntimeDir(tmp_path)
-    runtime.open()
-    backend = FakeBackend()
-    context = zmq.asyncio.Context()
-    registry = Registry(settings, WarmPool(settings, backend, runtime, context), runtime.instance)
-    registry.start()
-    try:
+    ) as (registry, backend):
         yield Harness(registry, backend)
-    finally:
-        await registry.close()
-        await backend.close()
-        context.destroy(linger=0)
-        runtime.close()
 
 
 # -- the verdict, computed in one place -------------------------------------------------------

@@ -13,65 +13,23 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import zmq.asyncio
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
-from kernel_gateway.kernels.backends.base import RuntimeDir
-from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.sessions.gauges import RegistryGauges
 from kernel_gateway.sessions.registry import Registry
-from kernel_gateway.settings import Settings
-from tests.support.fake_kernel import FakeBackend, run, until
-
-Labels = tuple[tuple[str, str], ...]
-
-
-def samples(exposition: str) -> dict[str, dict[Labels, float]]:
-    """Sample name -> sorted labels -> value."""
-    out: dict[str, dict[Labels, float]] = {}
-    for family in text_string_to_metric_families(exposition):
-        for s in family.samples:
-            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return out
-
-
-def value(scrape: dict[str, dict[Labels, float]], name: str, **labels: str) -> float:
-    return scrape[name][tuple(sorted(labels.items()))]
-
-
-def nonzero(scrape: dict[str, dict[Labels, float]], name: str) -> dict[Labels, float]:
-    return {labels: v for labels, v in scrape[name].items() if v}
+from tests.support.fake_kernel import FakeBackend, fake_registry, run, until
+from tests.support.metrics import Labels, nonzero, samples, value
 
 
 @pytest.fixture
 async def lifecycle(tmp_path: Path) -> AsyncIterator[tuple[Registry, FakeBackend, Metrics]]:
-    settings = Settings(
-        backend="local",
-        pool_size=1,
-        preload="",
-        runtime_dir=tmp_path,
-        interrupt_grace=0.2,
-        kernel_start_timeout=5,
-        restart_budget=5,
-        restart_window=60,
-    )
-    runtime = RuntimeDir(tmp_path)
-    runtime.open()
-    backend = FakeBackend()
-    context = zmq.asyncio.Context()
     metrics = Metrics()
-    registry = Registry(settings, WarmPool(settings, backend, runtime, context, metrics), "i")
-    registry.start()
-    metrics.register(RegistryGauges(registry))
-    try:
+    async with fake_registry(
+        tmp_path, metrics, interrupt_grace=0.2, restart_budget=5, restart_window=60
+    ) as (registry, backend):
+        metrics.register(RegistryGauges(registry))
         yield registry, backend, metrics
-    finally:
-        await registry.close()
-        await backend.close()
-        context.destroy(linger=0)
-        runtime.close()
 
 
 def scrape_of(metrics: Metrics) -> dict[str, dict[Labels, float]]:
