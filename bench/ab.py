@@ -22,7 +22,6 @@ import functools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -36,13 +35,12 @@ import httpx
 from bench.run import (
     ROOT,
     LeanSSE,
-    _health,
     free_port,
     machine,
+    serving,
     stateless_throughput,
     summary,
     timed,
-    wait_until,
     wait_warm,
 )
 from kernel_gateway.settings import DEFAULT_IMAGE
@@ -73,22 +71,8 @@ def gateway(tree: Path, image: str, runtime: Path, fork_servers: int) -> Iterato
     cmd += ["--fork-servers", str(fork_servers), "--image", image]
     cmd += ["--runtime-dir", str(runtime), "--log-level", "warning"]
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tree
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: proc.poll() is None and _health(url) is not None, 90, proc)
-        wait_warm(url, POOL)
+    with serving(cmd, port, POOL, up_within=90, env=env, cwd=tree) as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if proc.stderr:
-            proc.stderr.close()
 
 
 def round_trips(urls: dict[str, str], n: int) -> dict[str, Any]:

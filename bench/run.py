@@ -144,10 +144,28 @@ def gateway(args: argparse.Namespace, runtime: Path, pool: int, **extra: str) ->
         cmd += ["--runtime", args.runtime]
     for key, value in extra.items():
         cmd += [f"--{key.replace('_', '-')}", value]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with serving(cmd, port, pool, up_within=60) as url:
+        yield url
+
+
+@contextmanager
+def serving(
+    cmd: list[str],
+    port: int,
+    pool: int,
+    *,
+    up_within: float,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Iterator[str]:
+    """Run a gateway command; yield its URL once it answers and `pool` kernels are warm.
+    SIGTERM after (SIGKILL if it has not stopped within 60 s)."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd
+    )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: proc.poll() is None and _health(url) is not None, 60, proc)
+        wait_until(lambda: proc.poll() is None and _health(url) is not None, up_within, proc)
         wait_warm(url, pool)
         yield url
     finally:
