@@ -2,6 +2,7 @@
 
     GatewayError                      500 internal_error
     ├── BadRequest                    400 bad_request         (body is not JSON, bad path)
+    │   └── UnknownLanguage           400 unknown_language    (not among this gateway's languages)
     ├── Unauthorized                  401 unauthorized        (missing or wrong token)
     ├── Forbidden                     403 forbidden
     ├── NotFound                      404 not_found
@@ -52,6 +53,10 @@ class GatewayError(Exception):
 class BadRequest(GatewayError):
     status_code = 400
     error_type = "bad_request"
+
+
+class UnknownLanguage(BadRequest):
+    error_type = "unknown_language"
 
 
 class Unauthorized(GatewayError):

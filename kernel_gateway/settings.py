@@ -26,6 +26,7 @@ McpMode = Literal["sessions", "stateless", "off"]
 StatelessMode = Literal["auto", "fork", "container"]
 DEFAULT_IMAGE = "kernel-gateway-kernel:latest"
 DEFAULT_GATEWAY_IMAGE = "kernel-gateway:latest"  # the gateway itself, for cluster mode
+LANGUAGE_NAME = re.compile(r"[a-z][a-z0-9_+-]{0,31}")
 # A node's name in a cluster: it prefixes the ids of the sessions made there (`<node>.<hex>`).
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 FIGURE_FORMATS = frozenset({"png", "retina", "jpeg", "svg", "pdf"})
@@ -109,6 +110,9 @@ class Settings:
     token_file: Path | None = None
     no_auth: bool = False
     image: str = DEFAULT_IMAGE
+    languages: str = "auto"
+    language_images: str = ""
+    language_pool: str = ""
     exec_timeout: float = 60.0
     max_exec_timeout: float = 3600.0
     idle_timeout: float = 1200.0
@@ -210,6 +214,10 @@ class Settings:
             raise ValueError(f"{_origin('log_format')}: must be text or json")
         if not 10 <= self.figure_dpi <= 600:
             raise ValueError(f"{_origin('figure_dpi')}: must be between 10 and 600")
+        for name in self.language_list or ():
+            if not LANGUAGE_NAME.fullmatch(name):
+                raise ValueError(f"{_origin('languages')}: {name!r} is not a language name")
+        self.language_pool_sizes  # noqa: B018 - raises ValueError when malformed
         if self.node_name is not None and not NODE_NAME.fullmatch(self.node_name):
             raise ValueError(
                 f"{_origin('node_name')}: 1-63 letters, digits, '-' or '_', starting with a "
@@ -229,6 +237,40 @@ class Settings:
     @property
     def preload_list(self) -> list[str]:
         return [m.strip() for m in self.preload.split(",") if m.strip()]
+
+    @property
+    def language_list(self) -> list[str] | None:
+        """The languages asked for by name, or None for `auto` (every one found)."""
+        if self.languages.strip() in ("", "auto"):
+            return None
+        names = [n.strip().lower() for n in self.languages.split(",") if n.strip()]
+        return names if "python" in names else ["python", *names]
+
+    @property
+    def language_image_list(self) -> list[str]:
+        return [i.strip() for i in self.language_images.split(",") if i.strip()]
+
+    @property
+    def language_pool_sizes(self) -> dict[str, int]:
+        """Warm kernels per language other than Python (`--language-pool r=1,bash=2`)."""
+        sizes: dict[str, int] = {}
+        for item in self.language_pool.split(","):
+            if not item.strip():
+                continue
+            name, sep, count = item.partition("=")
+            name = name.strip().lower()
+            if not sep or not LANGUAGE_NAME.fullmatch(name) or not count.strip().isdigit():
+                raise ValueError(
+                    f"{_origin('language_pool')}: expected LANGUAGE=COUNT[,...] such as "
+                    f"r=1,javascript=2 (got {item.strip()!r})"
+                )
+            sizes[name] = int(count)
+        if "python" in sizes:
+            raise ValueError(
+                f"{_origin('language_pool')}: Python's warm kernels are set by "
+                f"{_origin('pool_size')}"
+            )
+        return sizes
 
     @property
     def figure_format_list(self) -> list[str]:
@@ -404,6 +446,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="allow a non-loopback host without a token",
     )
     add("--image", help=f"kernel image for the docker backend (default {DEFAULT_IMAGE})")
+    add(
+        "--languages",
+        help="languages to serve, comma-separated (python is always served), or auto: "
+        "python and every language whose image exists (default auto)",
+    )
+    add(
+        "--language-images",
+        help="more kernel images to take languages from (each holds "
+        "/opt/kernel/kernelspecs/<language>/kernel.json), comma-separated; they win over "
+        "the images build-image makes",
+    )
+    add(
+        "--language-pool",
+        help="warm kernels per language other than python, e.g. r=1,javascript=1 (default "
+        "none: those start on demand)",
+    )
     add("--exec-timeout", type=float, help="default execution timeout, seconds (default 60)")
     add("--idle-timeout", type=float, help="idle session lifetime, seconds (default 1200)")
     add("--memory-limit", help="memory per kernel, e.g. 512m, 1g, 1GiB (default 1g)")

@@ -18,17 +18,24 @@ Three steps, each printed as it goes:
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
+import json
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from kernel_gateway.kernels.languages import FAMILIES, PYTHON, family_image, family_of
 
 if TYPE_CHECKING:
     import docker
@@ -302,8 +309,11 @@ def build_image(
     cache_dir: Path,
     requirements: Path | None = None,
     download: bool = True,
+    languages: list[str] | None = None,
 ) -> None:
-    """Build `kernel-image/` as `tag`, printing each step and Docker's build log to `out`."""
+    """Build `kernel-image/` as `tag`, then an image per language family asked for
+    (`languages`, default all: see `language_families`), printing each step to `out`."""
+    families = language_families(languages)
     started = time.monotonic()
     source = context or default_context()
     stage = stage_context(source, cache_dir / _safe(tag), requirements)
@@ -328,8 +338,152 @@ def build_image(
         _docker_build(client, stage, tag, out)
         size = client.images.get(tag).attrs.get("Size", 0) / 1e6
         out(f"built {tag} ({size:.0f} MB) in {time.monotonic() - started:.1f} s")
+        arch = str(client.version().get("Arch", "amd64"))
+        for family in families:
+            build_language_image(
+                client, family, tag, source, cache_dir, out, arch=arch, download=download
+            )
     finally:
         client.close()
+
+
+# -- the language images (kernel-image/languages/<family>/) ----------------------------------
+
+NPM_REGISTRY = "https://registry.npmjs.org"
+DENO_LOCK = "deno.lock.json"
+
+
+def language_families(languages: list[str] | None) -> list[str]:
+    """The language images to build for `languages` (None: every one), in a fixed order.
+
+    Python is always built (the others are made on top of it); `javascript` and
+    `typescript` are one image (Deno runs both).
+    """
+    if languages is None:
+        return list(FAMILIES)
+    wanted = set()
+    for name in languages:
+        if name == PYTHON:
+            continue
+        family = family_of(name)
+        if family is None:
+            known = [PYTHON, *(lang for langs in FAMILIES.values() for lang in langs)]
+            raise SystemExit(f"--languages: no image for {name!r}; known: {', '.join(known)}")
+        wanted.add(family)
+    return [family for family in FAMILIES if family in wanted]
+
+
+def build_language_image(
+    client: docker.DockerClient,
+    family: str,
+    python_tag: str,
+    context: Path,
+    cache_dir: Path,
+    out: Printer = _print,
+    *,
+    arch: str,
+    download: bool = True,
+) -> None:
+    """Build `languages/<family>/` on top of the image `python_tag`, as `<repo>-<family>`."""
+    started = time.monotonic()
+    tag = family_image(python_tag, family)
+    source = context / "languages" / family
+    if not (source / "Dockerfile").is_file():
+        raise SystemExit(f"no Dockerfile in {source}")
+    stage = cache_dir / _safe(tag)
+    _sync_tree(source, stage, keep={"deno", WHEELS, STAMP})
+    (stage / WHEELS).mkdir(exist_ok=True)
+    if family == "deno":
+        fetch_deno(stage, arch, out)
+    if (stage / LOCK).is_file():
+        if download:
+            fetch_language_wheels(stage, out)
+        else:
+            for old in (stage / WHEELS).glob("*.whl"):
+                old.unlink()
+            out(f"{family}: wheels not fetched (--no-download): the build installs from the index")
+    _docker_build(client, stage, tag, out, {"PYTHON_IMAGE": python_tag})
+    size = client.images.get(tag).attrs.get("Size", 0) / 1e6
+    base = client.images.get(python_tag).attrs.get("Size", 0) / 1e6
+    out(
+        f"built {tag} ({size:.0f} MB, {size - base:.0f} MB over {python_tag}) in "
+        f"{time.monotonic() - started:.1f} s"
+    )
+
+
+def _sync_tree(source: Path, stage: Path, keep: set[str]) -> None:
+    """Make `stage` a copy of `source`, leaving the top-level names in `keep` (fetched)."""
+    stage.mkdir(parents=True, exist_ok=True)
+    wanted = {
+        p.relative_to(source)
+        for p in source.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    for old in sorted(stage.rglob("*"), reverse=True):
+        rel = old.relative_to(stage)
+        if rel.parts[0] in keep:
+            continue
+        if old.is_file() and rel not in wanted:
+            old.unlink()
+        elif old.is_dir() and not any(old.iterdir()):
+            old.rmdir()
+    for rel in wanted:
+        (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+        _copy_if_changed(source / rel, stage / rel)
+
+
+def fetch_deno(stage: Path, arch: str, out: Printer = _print) -> None:
+    """Put the pinned deno binary in `stage/deno`: npm's @deno/linux-<arch>-glibc tarball,
+    checked against the integrity hash in deno.lock.json, fetched only when it changed."""
+    lock = json.loads((stage / DENO_LOCK).read_text())
+    package = lock["packages"].get(arch)
+    if package is None:
+        raise SystemExit(f"deno: no package for the Docker engine's architecture {arch!r}")
+    name, integrity, version = package["name"], package["integrity"], lock["version"]
+    stamp = stage / STAMP
+    binary = stage / "deno"
+    if binary.is_file() and stamp.is_file() and stamp.read_text() == integrity:
+        out(f"deno: {version} up to date ({binary.stat().st_size / 2**20:.0f} MiB)")
+        return
+    url = f"{NPM_REGISTRY}/{name}/-/{name.split('/')[-1]}-{version}.tgz"
+    out(f"deno: fetching {name}@{version} from {url}")
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response:
+            data = response.read()
+    except OSError as exc:
+        raise SystemExit(f"deno: could not fetch {url}: {exc}") from None
+    algorithm, _, expected = integrity.partition("-")
+    actual = base64.b64encode(hashlib.new(algorithm, data).digest()).decode()
+    if actual != expected:
+        raise SystemExit(f"deno: {url} does not match its integrity hash in {DENO_LOCK}")
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = tar.extractfile("package/deno")
+        if member is None:
+            raise SystemExit(f"deno: {url} holds no package/deno")
+        binary.write_bytes(member.read())
+    binary.chmod(0o755)
+    stamp.write_text(integrity)
+    out(f"deno: {version} ready ({len(data) / 2**20:.0f} MiB download)")
+
+
+def fetch_language_wheels(stage: Path, out: Printer = _print) -> None:
+    """The wheels a language image's requirements.lock pins (hashes checked), on the host."""
+    lock = stage / LOCK
+    key = hashlib.sha256(lock.read_bytes()).hexdigest()
+    stamp = stage / WHEELS / STAMP
+    if stamp.is_file() and stamp.read_text() == key:
+        out(f"wheels: up to date for {lock}")
+        return
+    total = sum(1 for line in lock.read_text().splitlines() if re.match(r"^[A-Za-z0-9]", line))
+    kept = _pip(
+        ["download", "--dest", str(stage / WHEELS), "--only-binary", ":all:", "--no-deps"]
+        + ["--require-hashes", "-r", str(lock)],
+        total,
+        out,
+        "language",
+    )
+    _prune(stage / WHEELS, kept, out)
+    stamp.write_text(key)
 
 
 def _docker_build(

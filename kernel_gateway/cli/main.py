@@ -69,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
         "(default: $XDG_CACHE_HOME/kernel-gateway/image, else ~/.cache/kernel-gateway/image)",
     )
     build.add_argument(
+        "--languages",
+        help="languages to build images for, comma-separated: python (always), javascript "
+        "and typescript (one Deno image), r, bash (default: all of them)",
+    )
+    build.add_argument(
         "--no-download",
         dest="download",
         action="store_false",
@@ -188,6 +193,9 @@ def build_image_command(args: argparse.Namespace) -> int:
         cache_dir=cache_dir,
         requirements=args.requirements,
         download=args.download,
+        languages=None
+        if args.languages is None
+        else [n.strip().lower() for n in args.languages.split(",") if n.strip()],
     )
     return 0
 

@@ -58,6 +58,7 @@ from kernel_gateway.client.errors import (
     StreamEnded,
     TransportError,
     UnavailableError,
+    UnknownLanguageError,
     UnsupportedMediaTypeError,
 )
 from kernel_gateway.client.models import (
@@ -122,6 +123,7 @@ __all__ = [
     "SessionClosedError",
     "SessionFailedError",
     "SessionNotFoundError",
+    "UnknownLanguageError",
     "Stderr",
     "Stdout",
     "TransportError",

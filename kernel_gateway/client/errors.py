@@ -7,6 +7,7 @@
     │       └── StreamEnded             an event stream ended without its `done` (resumed first)
     └── APIError                        the gateway answered with an error document
         ├── BadRequestError             400 bad_request (and any other 400)
+        │   ├── UnknownLanguageError    400 unknown_language (not one of the gateway's languages)
         │   ├── PayloadTooLargeError    413 payload_too_large
         │   ├── UnsupportedMediaTypeError  415 unsupported_media_type
         │   └── InvalidRequestError     422 invalid_request
@@ -91,6 +92,10 @@ class APIError(ClientError):
 
 class BadRequestError(APIError):
     """400 (and 413, 415, 422): the request itself was wrong."""
+
+
+class UnknownLanguageError(BadRequestError):
+    """400: the `language` asked for is not one this gateway runs (the message names them)."""
 
 
 class PayloadTooLargeError(BadRequestError):
@@ -198,6 +203,7 @@ class BackendUnavailableError(UnavailableError):
 
 BY_TYPE: dict[str, type[APIError]] = {
     "bad_request": BadRequestError,
+    "unknown_language": UnknownLanguageError,
     "payload_too_large": PayloadTooLargeError,
     "unsupported_media_type": UnsupportedMediaTypeError,
     "invalid_request": InvalidRequestError,

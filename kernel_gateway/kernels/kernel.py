@@ -58,6 +58,7 @@ class Kernel:
         info = process.connection
         self.process = process
         self.id = process.id
+        self.language = process.language
         # jupyter_client builds the headers and packs the JSON; wire.py signs and checks.
         # (Keyed all the same: an unkeyed Session warns that signing is disabled.)
         self._session = JupyterSession(
@@ -177,8 +178,10 @@ class Kernel:
 
     async def outcome(self, msg_id: str, seconds: float) -> ExecuteReply | None:
         """How the cell sent as `msg_id` ended, from the kernel's own log (see
-        kernel_startup's `_install_outcome_log`); None if the kernel does not know."""
-        if not all(c.isalnum() or c in "-_" for c in msg_id):
+        kernel_startup's `_install_outcome_log`); None if the kernel does not know.
+
+        Only Python's kernel keeps that log: other languages' kernels do not know."""
+        if self.language != "python" or not all(c.isalnum() or c in "-_" for c in msg_id):
             return None
         content = {
             "code": "",

@@ -84,9 +84,18 @@ def create_app(settings: Settings) -> Starlette:
             logger.info("backend: %s; isolation: %s", backend.name, backend.isolation)
             if backend.startup_warning is not None:
                 logger.warning("%s", backend.startup_warning)
+            logger.info(
+                "languages: %s",
+                ", ".join(f"{n} {lang.version}".strip() for n, lang in backend.languages.items()),
+            )
             warm = WarmPool(settings, backend, runtime, context, metrics)
+            others = [
+                WarmPool(settings, backend, runtime, context, metrics, language=language)
+                for language in backend.languages.values()
+                if not language.builtin
+            ]
             forks = fork_pool(settings, backend, runtime, warm, context, metrics)
-            registry = Registry(settings, warm, runtime.instance, forks)
+            registry = Registry(settings, warm, runtime.instance, forks, others)
             await durable.start(backend, runtime, registry)
             registry.start()
             gauges = RegistryGauges(registry)

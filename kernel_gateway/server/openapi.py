@@ -61,6 +61,7 @@ RESPONSES = (
     models.FileInfo,
     models.FileList,
     models.Health,
+    models.LanguageList,
     models.CollectedExecution,
     *models.EVENT_DATA.values(),
 )
@@ -252,6 +253,16 @@ def _operations(settings: Settings) -> list[tuple[str, str, JSON]]:
                 "tags": ["operations"],
                 "security": [],
                 "responses": {"200": _ok("The gateway is up.", _json("Health"))},
+            },
+        ),
+        (
+            "/languages",
+            "get",
+            {
+                "operationId": "listLanguages",
+                "summary": "The languages this gateway runs, with versions and warm kernels.",
+                "tags": ["operations"],
+                "responses": {"200": _ok("The languages, Python first.", _json("LanguageList"))},
             },
         ),
         (

@@ -150,15 +150,18 @@ class DurableSessions:
         self, registry: Registry, record: SessionRecord, process: KernelProcess | None
     ) -> bool:
         assert self.store is not None
-        warm = registry.warm
-        storage = SessionStorage(warm.workspaces / record.storage)
+        warm = registry.pools.get(record.language)
+        storage = SessionStorage(registry.warm.workspaces / record.storage)
         kernel: Kernel | None = None
         reason = None
-        if process is None:
+        if warm is None:
+            reason = f"this gateway does not serve its language, {record.language}"
+        elif process is None:
             reason = "its kernel is no longer running"
         elif not await asyncio.to_thread(storage.files.is_dir):
             reason = "its files are gone"
         else:
+            assert process is not None
             kernel = warm.connect(process)
             if not await kernel.probe(ADOPT_PROBE_SECONDS):
                 reason = f"its kernel did not answer within {ADOPT_PROBE_SECONDS:g} s"
@@ -171,7 +174,7 @@ class DurableSessions:
             elif process is not None:
                 await process.cleanup()
             return False
-        assert kernel is not None
+        assert kernel is not None and warm is not None
         registry.add_adopted(warm.lease(kernel, storage), record)
         return True
 

@@ -219,7 +219,9 @@ class RequestModel(BaseModel):
 
 
 class NewSession(RequestModel):
-    """A new session takes no options: send an empty object, or no body."""
+    """A new session: send an empty object (or no body) for Python."""
+
+    language: LanguageName = None
 
 
 class ExecuteRequest(RequestModel):
@@ -227,6 +229,17 @@ class ExecuteRequest(RequestModel):
 
     code: Code
     timeout: Timeout = None
+
+
+LanguageName = Annotated[
+    str | None,
+    Field(
+        max_length=32,
+        description="The kernel's language: one of `GET /languages` (python, javascript, "
+        "typescript, r, bash where their images are built); default python. One this "
+        "gateway lacks is refused with 400 `unknown_language`, naming those it has.",
+    ),
+]
 
 
 class StatelessFile(RequestModel):
@@ -243,6 +256,7 @@ class StatelessExecuteRequest(RequestModel):
     timeout: Timeout = None
     files: list[StatelessFile] | None = None
     """Files put in the working directory before the code runs."""
+    language: LanguageName = None
 
 
 class StartKernelRequest(RequestModel):
@@ -311,6 +325,7 @@ class Session(TypedDict):
         str,
         Field(description="The session id: 32 hex digits (after `node.` with `--node-name`)."),
     ]
+    language: Annotated[str, Field(description="The language its kernel runs.")]
     status: SessionStatus
     created_at: Timestamp
     idle_seconds: Annotated[float, Field(ge=0)]
@@ -390,6 +405,8 @@ class Health(TypedDict):
     backend: Literal["docker", "local"]
     instance: str
     isolation: str
+    languages: list[str]
+    """The languages served (details: `GET /languages`)."""
     node: NotRequired[str]
     """This gateway's node (`--node-name`): session ids made here start with it and a dot."""
     pool: PoolStats
@@ -397,6 +414,34 @@ class Health(TypedDict):
     """How stateless requests get a kernel (`--stateless-mode`)."""
     fork_servers: NotRequired[ForkServerStats]
     """Fork-server containers (only with `stateless_mode` fork)."""
+
+
+@_closed
+class LanguagePool(TypedDict):
+    warm: Count
+    starting: Count
+    target: Count
+    """Warm kernels kept (`--pool-size` for python, `--language-pool` for the others)."""
+
+
+@_closed
+class LanguageInfo(TypedDict):
+    name: str
+    """What `language` takes: python, javascript, typescript, r, bash, ..."""
+    display_name: str
+    version: str
+    """The language's version in its image (empty when the image does not say)."""
+    image: str | None
+    """The kernel image it runs from (null: the gateway's own, `--image`)."""
+    interrupt_mode: Literal["signal", "message"]
+    """How a cell is interrupted: SIGINT, or Jupyter's interrupt_request (Deno)."""
+    pool: LanguagePool
+
+
+@_closed
+class LanguageList(TypedDict):
+    default: str
+    languages: list[LanguageInfo]
 
 
 # -- events: the `data` of each, and the events of a collected execution ----------------------

@@ -58,6 +58,8 @@ class SessionRecord:
     execution_count: int
     restarts: int
     running: RunningCell | None = None
+    language: str = "python"
+    """Its kernel's language (records written before languages existed are Python's)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self)}
@@ -77,6 +79,7 @@ class SessionRecord:
             last_event_id=int(data["last_event_id"]),
             execution_count=int(data["execution_count"]),
             restarts=int(data["restarts"]),
+            language=str(data.get("language", "python")),
             running=None
             if running is None
             else RunningCell(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Iterable
 
 from kernel_gateway.errors import (
     BadRequest,
@@ -33,9 +34,11 @@ from kernel_gateway.errors import (
     SessionNotFound,
     ShuttingDown,
     TooManySessions,
+    UnknownLanguage,
 )
 from kernel_gateway.kernels.backends.base import Backend, SessionStorage
 from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.kernels.languages import PYTHON, Languages
 from kernel_gateway.kernels.pools.fork import ForkPool
 from kernel_gateway.kernels.pools.lease import Lease
 from kernel_gateway.kernels.pools.warm import WarmPool
@@ -60,9 +63,15 @@ class Registry:
         warm: WarmPool,
         instance: str,
         forks: ForkPool | None = None,
+        others: Iterable[WarmPool] = (),
     ) -> None:
         self.settings = settings
         self.warm = warm
+        """Python's pool (the default language's)."""
+        self.pools: dict[str, WarmPool] = {warm.language.name: warm}
+        """Every language's pool, by language name: Python's and `others`."""
+        for pool in others:
+            self.pools[pool.language.name] = pool
         self.forks = forks
         """Where stateless kernels come from when they are forked (else from `warm`)."""
         self.instance = instance
@@ -86,8 +95,22 @@ class Registry:
     def backend(self) -> Backend:
         return self.warm.backend
 
+    @property
+    def languages(self) -> Languages:
+        return self.backend.languages
+
+    def pool(self, language: str | None) -> WarmPool:
+        """The pool of `language` (None: Python), or `UnknownLanguage` (400) naming those
+        there are."""
+        name = self.languages.get_or_raise(language).name
+        pool = self.pools.get(name)
+        if pool is None:
+            raise UnknownLanguage(f"language {name!r} has no kernels on this gateway")
+        return pool
+
     def start(self) -> None:
-        self.warm.start()
+        for pool in self.pools.values():
+            pool.start()
         if self.forks is not None:
             self.forks.start()
         self._reaper = asyncio.ensure_future(self._reap_idle())
@@ -101,7 +124,7 @@ class Registry:
         await self._tasks.join()  # releases under way
         if self.forks is not None:
             await self.forks.close()
-        await self.warm.close()
+        await asyncio.gather(*(pool.close() for pool in self.pools.values()))
 
     # -- the steps of a durable stop and start (sessions/durable.py) ------------------------
 
@@ -137,7 +160,7 @@ class Registry:
 
     def add_adopted(self, lease: Lease, record: SessionRecord) -> Session:
         """A session a predecessor persisted, on its adopted kernel, taking up at `record`."""
-        session = self._session_on(lease, ephemeral=False, id=record.id)
+        session = self._session_on(lease, ephemeral=False, id=record.id, language=record.language)
         session.restore(record)
         self._sessions[session.id] = session
         return session
@@ -155,6 +178,24 @@ class Registry:
             "max_stateless": self.settings.max_stateless,
         }
 
+    def languages_json(self) -> list[JSON]:
+        """Each language served, Python first, with its version and its pool's numbers."""
+        out: list[JSON] = []
+        for name, language in self.languages.items():
+            pool = self.pools.get(name)
+            warm = pool.stats() if pool is not None else {}
+            out.append(
+                {
+                    **language.to_json(),
+                    "pool": {
+                        "warm": warm.get("warm", 0),
+                        "starting": warm.get("starting", 0),
+                        "target": warm.get("target", 0),
+                    },
+                }
+            )
+        return out
+
     def stateless_stats(self) -> JSON:
         """How stateless requests get kernels, for /health."""
         if self.forks is None:
@@ -163,8 +204,9 @@ class Registry:
 
     # -- sessions ----------------------------------------------------------------------------
 
-    async def create_session(self) -> Session:
+    async def create_session(self, language: str | None = None) -> Session:
         self._refuse_if_draining()
+        pool = self.pool(language)
         if len(self._sessions) + self._reserved >= self.settings.max_sessions:
             raise TooManySessions(
                 f"the gateway holds its maximum of {self.settings.max_sessions} sessions; "
@@ -173,10 +215,10 @@ class Registry:
             )
         self._reserved += 1
         try:
-            lease = await self.warm.acquire()
+            lease = await pool.acquire()
         finally:
             self._reserved -= 1
-        session = self._session_on(lease, ephemeral=False)
+        session = self._session_on(lease, ephemeral=False, language=pool.language.name)
         self._sessions[session.id] = session
         if self.store is not None:
             session.persist()
@@ -217,10 +259,19 @@ class Registry:
     # -- stateless ---------------------------------------------------------------------------
 
     async def run_stateless(
-        self, code: str, cell_timeout: float | None, files: list[tuple[str, bytes]]
+        self,
+        code: str,
+        cell_timeout: float | None,
+        files: list[tuple[str, bytes]],
+        language: str | None = None,
     ) -> tuple[Session, Execution]:
-        """Run one cell in a fresh kernel that is destroyed once the cell ends."""
+        """Run one cell in a fresh kernel that is destroyed once the cell ends.
+
+        Python's come from the fork servers when there are some; other languages' from
+        their warm pool (a kernel started on demand when it has none ready).
+        """
         self._refuse_if_draining()
+        pool = self.pool(language)
         if len(self._ephemeral) + self._reserved_stateless >= self.settings.max_stateless:
             raise TooManySessions(
                 f"{self.settings.max_stateless} stateless executions are already running; "
@@ -229,10 +280,11 @@ class Registry:
             )
         self._reserved_stateless += 1
         try:
-            lease: Lease = await (self.forks or self.warm).acquire()
+            forks = self.forks if pool is self.warm else None
+            lease: Lease = await (forks or pool).acquire()
         finally:
             self._reserved_stateless -= 1
-        session = self._session_on(lease, ephemeral=True)
+        session = self._session_on(lease, ephemeral=True, language=pool.language.name)
         self._ephemeral.add(session)
         try:
             for i, (path, data) in enumerate(files):
@@ -261,14 +313,17 @@ class Registry:
         node = self.settings.node_name
         return f"{node}.{uuid.uuid4().hex}" if node else uuid.uuid4().hex
 
-    def _session_on(self, lease: Lease, *, ephemeral: bool, id: str | None = None) -> Session:
+    def _session_on(
+        self, lease: Lease, *, ephemeral: bool, id: str | None = None, language: str = PYTHON
+    ) -> Session:
         session_id = id or self._new_id()
         s = self.settings
+        pool = self.pools.get(language, self.warm)
         slot = KernelSlot(
             session_id,
             lease.kernel,
             lease.storage,
-            self.warm.launch if lease.relaunchable else _never_relaunched,
+            pool.launch if lease.relaunchable else _never_relaunched,
             RestartPolicy(s.restart_budget, s.restart_window),
             revive=not ephemeral,
             metrics=self.warm.metrics,
@@ -284,6 +339,7 @@ class Registry:
             ephemeral=ephemeral,
             persist=persist,
             metrics=self.warm.metrics,
+            language=language,
         )
         slot.on_replace = session.persist
         self._leases[session] = lease

@@ -76,8 +76,11 @@ class Session:
         ephemeral: bool = False,
         persist: Callable[[Session], None] | None = None,
         metrics: Metrics,
+        language: str = "python",
     ) -> None:
         self.id = session_id
+        self.language = language
+        """The language its kernel runs (a name from `GET /languages`), fixed for its life."""
         self.metrics = metrics
         self.ephemeral = ephemeral
         """One execution, then gone: never revived, files sent whole in events."""
@@ -321,6 +324,7 @@ class Session:
             execution_count=self.execution_count,
             restarts=self.slot.restarts,
             running=self._running,
+            language=self.language,
         )
 
     def restore(self, record: SessionRecord) -> None:
@@ -445,6 +449,7 @@ class Session:
     def to_json(self) -> JSON:
         return {
             "id": self.id,
+            "language": self.language,
             "status": self.status,
             "created_at": self.created_at.isoformat().replace("+00:00", "Z"),
             "idle_seconds": round(self.idle_seconds(), 3),

@@ -37,6 +37,7 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import Session as JupyterSession
 
+from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.backends.base import (
     Backend,
@@ -250,7 +251,9 @@ class FakeBackend(Backend):
     async def start(self) -> None:
         return None
 
-    async def launch(self, storage: SessionStorage) -> KernelProcess:
+    async def launch(
+        self, storage: SessionStorage, language: Language = BUILTIN_PYTHON
+    ) -> KernelProcess:
         await asyncio.sleep(self.launch_delay)
         if self.fail_launches:
             self.fail_launches -= 1

@@ -67,7 +67,8 @@ def b64(data: bytes) -> str:
             "unknown field(s): another, extra; allowed: code, timeout",
         ),
         (ExecuteRequest, {"extra": 1}, "unknown field(s): extra; allowed: code, timeout"),
-        (NewSession, {"x": 1}, "unknown field(s): x; none are allowed"),
+        (NewSession, {"x": 1}, "unknown field(s): x; allowed: language"),
+        (NewSession, {"language": 3}, "'language' must be a string"),
         (
             StatelessExecuteRequest,
             {"code": "1", "files": "nope"},

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import ClassVar, TypeVar
 
 from kernel_gateway.errors import KernelUnavailable
+from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language, Languages
 from kernel_gateway.kernels.storage import SessionStorage as SessionStorage
 from kernel_gateway.kernels.storage import make_storage_dirs as make_storage_dirs
 from kernel_gateway.kernels.storage import mounts_under as mounts_under
@@ -61,6 +62,9 @@ class KernelProcess(abc.ABC):
     id: str
     connection: ConnectionInfo
     """Connection info as seen from the gateway's side."""
+    language: str = "python"
+    """The language it runs (`Language.name`): only Python's kernel has the gateway's
+    in-kernel code (its outcome log, its preloads)."""
 
     @abc.abstractmethod
     def poll(self) -> ExitInfo | None:
@@ -99,6 +103,8 @@ class ForkServerHost:
 
 class Backend(abc.ABC):
     name: ClassVar[str]
+    languages: Languages = Languages([BUILTIN_PYTHON])
+    """What this backend can start, known once `start()` returned."""
 
     @property
     @abc.abstractmethod
@@ -139,8 +145,10 @@ class Backend(abc.ABC):
         """Get ready to launch; reclaim what a crashed earlier gateway left behind."""
 
     @abc.abstractmethod
-    async def launch(self, storage: SessionStorage) -> KernelProcess:
-        """Start a kernel working in `storage.files`.
+    async def launch(
+        self, storage: SessionStorage, language: Language = BUILTIN_PYTHON
+    ) -> KernelProcess:
+        """Start a kernel of `language` (one of `languages`) working in `storage.files`.
 
         Raises only `KernelUnavailable`: every lower-level failure (engine errors,
         OSError, timeouts) is mapped to it here, at the backend's boundary.

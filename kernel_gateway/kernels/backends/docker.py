@@ -43,6 +43,16 @@ from kernel_gateway.kernels.backends.base import (
     write_connection_file,
     write_startup_file,
 )
+from kernel_gateway.kernels.languages import (
+    BUILTIN_PYTHON,
+    FAMILIES,
+    KERNELSPECS,
+    PYTHON,
+    Language,
+    Languages,
+    family_image,
+    parse_kernelspecs,
+)
 from kernel_gateway.kernels.storage import (
     PlainStorage,
     SessionStorage,
@@ -61,6 +71,7 @@ LABEL_INSTANCE = "io.kernel-gateway.instance"
 LABEL_HOST = "io.kernel-gateway.host"
 LABEL_LOCK = "io.kernel-gateway.lock"  # the owner's instance lock: held while it lives
 LABEL_ROLE = "io.kernel-gateway.role"  # "kernel", or "fork-server" (stateless requests)
+LABEL_LANGUAGE = "io.kernel-gateway.language"  # what a kernel container runs
 CONTAINER_UID = 1000  # the image's `sandbox` user
 FORK_SERVER_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
 """What a fork server (root in its container, never running user code) keeps: enough to
@@ -86,8 +97,10 @@ class DockerKernel(KernelProcess):
         name: str,
         conn_dir: Path,
         info: ConnectionInfo,
+        language: str = PYTHON,
     ) -> None:
         self.id = kernel_id
+        self.language = language
         self.name = name
         self.connection = info
         self._backend = backend
@@ -217,10 +230,11 @@ class DockerBackend(Backend):
             raise BackendUnavailable(
                 f"kernel image {self._settings.image} not found; run `kernel-gateway build-image`"
             ) from exc
-        # Independent: done at once (both take a while on a busy host).
-        _, self._storage = await asyncio.gather(
+        # Independent: done at once (each takes a while on a busy host).
+        _, self._storage, self.languages = await asyncio.gather(
             self.reclaim_orphans(),
             self.call(choose_provider, self._storage.size, self._runtime.path / "w"),
+            self._find_languages(),
         )
         # Open the stream before any launch, so no death can be missed.
         self._events = await self.call(
@@ -228,6 +242,64 @@ class DockerBackend(Backend):
         )
         self._watcher = threading.Thread(target=self._watch, name="docker-events", daemon=True)
         self._watcher.start()
+
+    async def _find_languages(self) -> Languages:
+        """Python, and the languages the language images hold (see kernels/languages.py)."""
+        s = self._settings
+        images = [family_image(s.image, family) for family in FAMILIES]
+        images += s.language_image_list  # last: they win
+        found: dict[str, Language] = {PYTHON: BUILTIN_PYTHON}
+        python = await self.call(self._read_kernelspecs, s.image)
+        for language in python or []:
+            if language.name == PYTHON:
+                found[PYTHON] = language
+        for image, specs in zip(
+            images,
+            await asyncio.gather(*(self.call(self._read_kernelspecs, i) for i in images)),
+            strict=True,
+        ):
+            if specs is None and image in s.language_image_list:
+                raise BackendUnavailable(f"--language-images: image {image} not found")
+            for language in specs or []:
+                if language.name != PYTHON:
+                    found[language.name] = language
+        wanted = s.language_list
+        if wanted is not None:
+            missing = [name for name in wanted if name not in found]
+            if missing:
+                raise BackendUnavailable(
+                    f"--languages asks for {', '.join(missing)}, which no kernel image "
+                    "provides: build it (kernel-gateway build-image --languages "
+                    f"{','.join(wanted)}) or name its image in --language-images"
+                )
+            found = {name: found[name] for name in wanted}
+        return Languages(found.values())
+
+    def _read_kernelspecs(self, image: str) -> list[Language] | None:
+        """The languages `image` declares (None: no such image), without running it."""
+        try:
+            self.client.api.inspect_image(image)  # type: ignore[no-untyped-call]
+        except docker.errors.ImageNotFound:
+            return None
+        container = self.client.api.create_container(
+            image,
+            command=["true"],
+            network_disabled=True,
+            labels={
+                LABEL_MANAGED: "1",
+                LABEL_INSTANCE: self._runtime.instance,
+                LABEL_HOST: self._runtime.hostname,
+                LABEL_LOCK: str(self._runtime.lock_path),
+                LABEL_ROLE: "probe",
+            },
+        )
+        try:
+            stream, _ = self.client.api.get_archive(container["Id"], KERNELSPECS)
+            return parse_kernelspecs(b"".join(stream), image)
+        except docker.errors.NotFound:
+            return []
+        finally:
+            self.remove_container(container["Id"])
 
     async def reclaim_orphans(self) -> None:
         """Remove containers left by gateways on this host that are no longer running."""
@@ -304,7 +376,8 @@ class DockerBackend(Backend):
             if info is None:
                 unwanted.append(container["Id"])
                 continue
-            kernel = DockerKernel(self, kernel_id, name, conn_dir, info)
+            language = container.get("Labels", {}).get(LABEL_LANGUAGE, PYTHON)
+            kernel = DockerKernel(self, kernel_id, name, conn_dir, info, language)
             self._kernels[name] = kernel
             adopted[kernel_id] = kernel
         # Removed while the gateway serves (stopping a container can take a while).
@@ -344,10 +417,12 @@ class DockerBackend(Backend):
 
     # -- kernels -----------------------------------------------------------------------------
 
-    async def launch(self, storage: SessionStorage) -> KernelProcess:
+    async def launch(
+        self, storage: SessionStorage, language: Language = BUILTIN_PYTHON
+    ) -> KernelProcess:
         """Start a kernel container on `storage`; raises only `KernelUnavailable`."""
         try:
-            return await self._launch(storage)
+            return await self._launch(storage, language=language)
         except (docker.errors.DockerException, OSError, TimeoutError) as exc:
             raise KernelUnavailable(
                 f"could not start a kernel container: {exc}", retry_after=5
@@ -397,16 +472,19 @@ class DockerBackend(Backend):
         return kernel_id, conn_dir
 
     async def _launch(
-        self, storage: SessionStorage, fork_server: tuple[str, Path] | None = None
+        self,
+        storage: SessionStorage,
+        fork_server: tuple[str, Path] | None = None,
+        language: Language = BUILTIN_PYTHON,
     ) -> KernelProcess:
         s = self._settings
         if fork_server is None:
-            kernel_id, conn_dir, info = await self.call(self._make_conn_dir)
+            kernel_id, conn_dir, info = await self.call(self._make_conn_dir, language)
         else:
             kernel_id, conn_dir = fork_server
             info = ipc_connection(str(conn_dir / "unused"))
         name = f"kg-{self._runtime.instance}-{kernel_id}"
-        kernel = DockerKernel(self, kernel_id, name, conn_dir, info)
+        kernel = DockerKernel(self, kernel_id, name, conn_dir, info, language.name)
         self._kernels[name] = kernel  # before create: a death event may come at once
         binds: dict[str, Mapping[str, str]] = {
             str(conn_dir): {"bind": "/conn", "mode": "rw"},
@@ -423,6 +501,15 @@ class DockerBackend(Backend):
                 "/home/sandbox": f"rw,nosuid,nodev,size={HOME_TMPFS_SIZE},mode=700,{owner}",
             }
         extra: dict[str, Any] = {}
+        if not language.builtin:  # any kernelspec, behind the bridge (in_kernel/bridge.py)
+            extra = {
+                "command": [
+                    "/opt/venv/bin/python",
+                    "/conn/bridge.py",
+                    "/conn/kernel.json",
+                    str(language.kernelspec),
+                ]
+            }
         if fork_server:
             extra = {
                 "user": "0:0",
@@ -455,7 +542,7 @@ class DockerBackend(Backend):
             await self.call(
                 self._create_and_start,
                 name=name,
-                image=s.image,
+                image=language.image or s.image,
                 **({"user": self._user} | extra),
                 labels={
                     LABEL_MANAGED: "1",
@@ -463,6 +550,7 @@ class DockerBackend(Backend):
                     LABEL_HOST: self._runtime.hostname,
                     LABEL_LOCK: str(self._runtime.lock_path),
                     LABEL_ROLE: "fork-server" if fork_server else "kernel",
+                    LABEL_LANGUAGE: language.name,
                 },
                 host_config=host_config,
                 environment={"HOME": "/home/sandbox"},
@@ -473,13 +561,17 @@ class DockerBackend(Backend):
             raise
         return kernel
 
-    def _make_conn_dir(self) -> tuple[str, Path, ConnectionInfo]:
+    def _make_conn_dir(self, language: Language) -> tuple[str, Path, ConnectionInfo]:
         """A kernel's connection folder with its files, owned by the kernel's user."""
         kernel_id, conn_dir = self._runtime.new_kernel_dir()
         try:
             info = ipc_connection(str(conn_dir / "k"))
             write_connection_file(conn_dir / "kernel.json", ipc_connection_inside(info))
-            write_startup_file(conn_dir, self._settings, offline=self._settings.network == "none")
+            if language.builtin:
+                offline = self._settings.network == "none"
+                write_startup_file(conn_dir, self._settings, offline=offline)
+            else:
+                (conn_dir / "bridge.py").write_bytes(in_kernel_source("bridge.py"))
             if self._owner is not None:
                 for path in (conn_dir, *conn_dir.iterdir()):
                     os.chown(path, *self._owner)

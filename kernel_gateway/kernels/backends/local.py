@@ -35,6 +35,7 @@ from kernel_gateway.kernels.backends.base import (
     write_connection_file,
     write_startup_file,
 )
+from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language
 from kernel_gateway.kernels.storage import (
     PlainStorage,
     SessionStorage,
@@ -231,8 +232,15 @@ class LocalBackend(Backend):
         # No RLIMIT_NPROC: it counts every process of the user (the gateway and all
         # kernels), so it cannot limit one kernel; the docker backend has a real pids cap.
 
-    async def launch(self, storage: SessionStorage) -> KernelProcess:
-        """Start a kernel process on `storage`; raises only `KernelUnavailable`."""
+    async def launch(
+        self, storage: SessionStorage, language: Language = BUILTIN_PYTHON
+    ) -> KernelProcess:
+        """Start a kernel process on `storage`; raises only `KernelUnavailable`.
+
+        Local kernels are Python only: other languages live in kernel images.
+        """
+        if not language.builtin:
+            raise KernelUnavailable(f"the local backend runs Python only, not {language.name}")
         try:
             return await self._launch(storage)
         except (OSError, TimeoutError) as exc:

@@ -21,6 +21,7 @@ import zmq.asyncio
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.backends.base import Backend, KernelProcess, RuntimeDir, SessionStorage
 from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language
 from kernel_gateway.kernels.pools.refill import Refill
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.settings import Settings
@@ -58,21 +59,31 @@ class WarmPool:
         runtime: RuntimeDir,
         context: zmq.asyncio.Context,
         metrics: Metrics | None = None,
+        language: Language = BUILTIN_PYTHON,
     ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.backend = backend
+        self.language = language
         self._runtime = runtime
         self._context = context
+        # Python's warm kernels: --pool-size; another language's: --language-pool (default
+        # none: each of its kernels starts when asked for).
+        self.size = (
+            settings.pool_size
+            if language.builtin
+            else settings.language_pool_sizes.get(language.name, 0)
+        )
         self._refill: Refill[WarmKernel] = Refill(
-            "kernel",
+            "kernel" if language.builtin else f"{language.name} kernel",
             self._start_one,
-            lambda: settings.pool_size + len(self._refill.waiters),
+            lambda: self.size + len(self._refill.waiters),
             settings.max_concurrent_starts,
             on_ready=self._watch_ready,
         )
         self.kernels_started = 0
-        self._preload_code = preload_code(settings.preload_list)
+        # The preloads are Python imports, for the gateway's own Python kernel only.
+        self._preload_code = preload_code(settings.preload_list) if language.builtin else ""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -88,7 +99,7 @@ class WarmPool:
         return {
             "warm": len(self._refill.ready),
             "starting": self._refill.starting,
-            "target": self.settings.pool_size,
+            "target": self.size,
             "kernels_started": self.kernels_started,
         }
 
@@ -159,7 +170,7 @@ class WarmPool:
         return kernel
 
     async def _launch(self, storage: SessionStorage) -> Kernel:
-        process = await self.backend.launch(storage)
+        process = await self.backend.launch(storage, self.language)
         try:
             kernel = Kernel(process, self._context)
         except BaseException as exc:

@@ -19,6 +19,7 @@ routes = [
     Route("/", web.index, methods=["GET"]),
     Mount("/static", app=web.static, name="static"),
     Route("/health", health.health, methods=["GET"]),
+    Route("/languages", health.languages, methods=["GET"]),
     Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
     Route("/metrics", metrics.metrics, methods=["GET"]),
     Route("/execute", sessions.execute_stateless, methods=["POST"]),

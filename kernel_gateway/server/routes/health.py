@@ -16,7 +16,14 @@ async def health(request: Request) -> Response:
             "instance": registry.instance,
             "isolation": registry.backend.isolation,
             **({"node": node} if (node := registry.settings.node_name) else {}),
+            "languages": list(registry.languages),
             "pool": registry.stats(),
             **registry.stateless_stats(),
         }
     )
+
+
+async def languages(request: Request) -> Response:
+    """The languages this gateway runs, with versions, and which warm kernels each has."""
+    registry: Registry = request.state.registry
+    return JSONResponse({"default": "python", "languages": registry.languages_json()})

@@ -26,9 +26,9 @@ def _session(request: Request) -> Session:
 async def create(request: Request) -> Response:
     registry = _registry(request)
     settings = registry.settings
-    await read_model(request, NewSession, settings.max_body_bytes, settings, optional=True)
+    body = await read_model(request, NewSession, settings.max_body_bytes, settings, optional=True)
     try:
-        session = await registry.create_session()
+        session = await registry.create_session(body.language)
     except (TooManySessions, KernelUnavailable) as exc:
         _metrics(request).session_rejections.labels(_rejection(exc)).inc()
         raise
@@ -115,7 +115,9 @@ async def execute_stateless(request: Request) -> Response:
     metrics = _metrics(request)
     metrics.stateless_requests.inc()
     try:
-        session, execution = await registry.run_stateless(body.code, body.timeout, files)
+        session, execution = await registry.run_stateless(
+            body.code, body.timeout, files, body.language
+        )
     except (TooManySessions, KernelUnavailable) as exc:
         metrics.stateless_rejections.labels(_rejection(exc)).inc()
         raise

@@ -1,0 +1,216 @@
+"""Run any Jupyter kernelspec in a kernel container, reachable on the gateway's ipc sockets.
+
+Usage (the container's command, as the gateway writes it):
+
+    python bridge.py /conn/kernel.json /opt/kernel/kernelspecs/<language>/kernel.json
+
+The gateway talks to every kernel over ZMQ ipc sockets in the bind-mounted `/conn`
+(`k-1` ... `k-5`), because the container has no network. Not every kernel can bind
+those: Deno's kernel listens with `Deno.listen` (TCP only), and IRkernel names ipc
+sockets its own way. So unless the kernelspec says the kernel speaks ipc itself
+(`metadata.kernel_gateway.transport == "ipc"`, as ipykernel-based kernels do), this
+process binds the ipc sockets, starts the kernel on loopback TCP ports inside the
+container (which has a loopback and nothing else), and forwards each channel with
+`zmq.proxy` (libzmq's own loop, run in C with the GIL released):
+
+    shell, control, stdin, hb:  ROUTER (ipc, bound)  <->  DEALER (tcp, connected)
+    iopub:                      XPUB   (ipc, bound)  <->  XSUB   (tcp, connected)
+
+A ROUTER/DEALER pair adds one routing identity, which every Jupyter kernel echoes
+back (all frames before `<IDS|MSG>`), so replies find their way without this
+process reading a message.
+
+Signals. The gateway interrupts a cell with SIGINT to the container, which reaches
+this process (Docker's init forwards it). A kernel whose kernelspec has
+`"interrupt_mode": "signal"` gets the SIGINT; one with `"message"` (Deno's: a SIGINT
+would end it) gets a signed `interrupt_request` on its control channel instead,
+sent from here with the connection's key. SIGTERM and SIGHUP are passed on; when
+the kernel ends, this process ends with the same status, so the gateway sees the
+kernel's death as the container's.
+
+This file is copied into the container and imports nothing of the gateway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
+
+
+def load(path: str) -> dict[str, Any]:
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise SystemExit(f"{path}: not a JSON object")
+    return data
+
+
+def free_ports(count: int) -> list[int]:
+    """Loopback ports nothing listens on (the container's own network namespace)."""
+    holders = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        holders.append(sock)
+    ports = [s.getsockname()[1] for s in holders]
+    for sock in holders:
+        sock.close()
+    return ports
+
+
+def ipc_url(info: dict[str, Any], channel: str) -> str:
+    return f"ipc://{info['ip']}-{info[channel + '_port']}"
+
+
+def tcp_url(info: dict[str, Any], channel: str) -> str:
+    return f"tcp://127.0.0.1:{info[channel + '_port']}"
+
+
+def tcp_connection(ipc: dict[str, Any], path: str) -> dict[str, Any]:
+    """The kernel's own connection file: the same key, on loopback TCP ports."""
+    info = dict(ipc, transport="tcp", ip="127.0.0.1")
+    for channel, port in zip(CHANNELS, free_ports(len(CHANNELS)), strict=True):
+        info[channel + "_port"] = port
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(info, f)
+    return info
+
+
+def start_proxies(ipc: dict[str, Any], tcp: dict[str, Any]) -> Any:
+    """Bind the gateway's ipc sockets and forward each to the kernel's TCP port."""
+    import zmq
+
+    context = zmq.Context()
+    for channel in CHANNELS:
+        if channel == "iopub":
+            front, back = context.socket(zmq.XPUB), context.socket(zmq.XSUB)
+        else:
+            front, back = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
+        for sock in (front, back):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+        front.bind(ipc_url(ipc, channel))
+        back.setsockopt(zmq.RECONNECT_IVL, 10)
+        back.setsockopt(zmq.RECONNECT_IVL_MAX, 100)
+        back.connect(tcp_url(tcp, channel))
+        threading.Thread(
+            target=_proxy, args=(front, back), name=f"bridge-{channel}", daemon=True
+        ).start()
+    return context
+
+
+def _proxy(front: Any, back: Any) -> None:
+    import zmq
+
+    try:
+        zmq.proxy(front, back)
+    except zmq.ContextTerminated:
+        pass
+
+
+class Interrupter:
+    """Sends a signed `interrupt_request` on the kernel's control channel."""
+
+    def __init__(self, info: dict[str, Any], url: str) -> None:
+        import zmq
+
+        self._key = str(info["key"]).encode()
+        self._digest = getattr(hashlib, str(info.get("signature_scheme", "hmac-sha256"))[5:])
+        self._session = uuid.uuid4().hex
+        self._socket: Any = zmq.Context.instance().socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(url)
+        self._lock = threading.Lock()
+        # Replies are read and dropped, so they never pile up in this socket.
+        threading.Thread(target=self._drain, name="bridge-interrupts", daemon=True).start()
+
+    def send(self) -> None:
+        header = {
+            "msg_id": uuid.uuid4().hex,
+            "session": self._session,
+            "username": "kernel-gateway",
+            "date": datetime.now(timezone.utc).isoformat(),  # noqa: UP017 - any Python 3
+            "msg_type": "interrupt_request",
+            "version": "5.3",
+        }
+        parts = [json.dumps(p).encode() for p in (header, {}, {}, {})]
+        mac = hmac.new(self._key, digestmod=self._digest)
+        for part in parts:
+            mac.update(part)
+        with self._lock:
+            self._socket.send_multipart([b"<IDS|MSG>", mac.hexdigest().encode(), *parts])
+
+    def _drain(self) -> None:
+        import zmq
+
+        try:
+            while True:
+                self._socket.recv_multipart()
+        except zmq.ZMQError:
+            pass
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: bridge.py CONNECTION_FILE KERNELSPEC", file=sys.stderr)
+        return 2
+    connection_file, spec_file = argv
+    ipc = load(connection_file)
+    spec = load(spec_file)
+    options = spec.get("metadata", {}).get("kernel_gateway", {})
+    direct = options.get("transport") == "ipc"
+    if direct:
+        kernel_file, info = connection_file, ipc
+    else:
+        kernel_file = os.path.join(os.path.dirname(connection_file), "kernel-tcp.json")
+        info = tcp_connection(ipc, kernel_file)
+        start_proxies(ipc, info)
+    interrupter = None
+    if spec.get("interrupt_mode") == "message":
+        url = ipc_url(ipc, "control") if direct else tcp_url(info, "control")
+        interrupter = Interrupter(info, url)
+    command = [str(arg).replace("{connection_file}", kernel_file) for arg in spec["argv"]]
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
+    child = subprocess.Popen(command, env=env)
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        if interrupter is not None:
+            interrupter.send()
+        else:
+            _kill(child, signal.SIGINT)
+
+    def pass_on(signum: int, frame: Any) -> None:
+        _kill(child, signum)
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, pass_on)
+    status = child.wait()
+    # Killed by a signal: end the same way the shell reports it, 128 + the signal.
+    return 128 - status if status < 0 else status
+
+
+def _kill(child: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        child.send_signal(signum)
+    except ProcessLookupError:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
