@@ -14,6 +14,8 @@ const store = window.sessionStorage; // per tab: token and session survive a rel
 const state = {
   token: store.getItem("kg-token"),
   sessionId: null,
+  language: "python",
+  languages: [], // GET /languages: [{ name, display_name, version }]
   running: null, // { controller, answer }
 };
 
@@ -86,10 +88,38 @@ function askToken() {
 
 // ---------------------------------------------------------------- sessions
 
-function setSession(id) {
+function languageLabel(name) {
+  const found = state.languages.find((l) => l.name === name);
+  return found ? found.display_name.replace(/ \(.*\)$/, "") : name;
+}
+
+function setSession(id, language = "python") {
   state.sessionId = id;
+  state.language = language;
   store.setItem("kg-session", id);
-  $("session-id").textContent = id ? `session ${id.slice(0, 8)}` : "";
+  const label = languageLabel(language);
+  $("session-id").textContent = id ? `${label} session ${id.slice(0, 8)}` : "";
+  $("language").value = language;
+  $("code").placeholder = `${label} code — Shift+Enter to run`;
+}
+
+async function loadLanguages() {
+  try {
+    const answer = await request("GET", "/languages");
+    state.languages = answer.languages;
+  } catch {
+    state.languages = [{ name: "python", display_name: "Python 3", version: "" }];
+  }
+  const select = $("language");
+  select.replaceChildren(
+    ...state.languages.map((l) => {
+      const option = document.createElement("option");
+      option.value = l.name;
+      option.textContent = l.version ? `${languageLabel(l.name)} ${l.version}` : languageLabel(l.name);
+      return option;
+    }),
+  );
+  select.value = state.language;
 }
 
 function setState(text, kind = "") {
@@ -112,10 +142,10 @@ function systemMessage(text, kind = "") {
   scrollDown();
 }
 
-async function startSession(reason) {
+async function startSession(reason, language = "python") {
   setState("starting…", "busy");
-  const session = await request("POST", "/sessions", {});
-  setSession(session.id);
+  const session = await request("POST", "/sessions", language === "python" ? {} : { language });
+  setSession(session.id, session.language || language);
   setState("idle");
   notice("Variables persist between the cells of this session.");
   systemMessage(reason || "New session started.");
@@ -125,10 +155,11 @@ async function startSession(reason) {
 async function connect() {
   const previous = store.getItem("kg-session");
   try {
+    await loadLanguages();
     if (previous) {
       try {
         const session = await request("GET", `/sessions/${previous}`);
-        setSession(session.id);
+        setSession(session.id, session.language);
         setState(session.status === "busy" ? "busy" : "idle", session.status === "busy" ? "busy" : "");
         notice("Variables persist between the cells of this session.");
         systemMessage(
@@ -541,7 +572,7 @@ async function runCell(code) {
   const controller = new AbortController();
   setRunning({ controller, answer });
   try {
-    if (!state.sessionId) await startSession();
+    if (!state.sessionId) await startSession(undefined, state.language);
     let response;
     try {
       response = await request("POST", `/sessions/${state.sessionId}/execute`, { code }, {
@@ -550,7 +581,7 @@ async function runCell(code) {
       });
     } catch (err) {
       if (err instanceof ApiError && err.status === 404) {
-        await startSession("The session had expired; started a new one (earlier variables are gone).");
+        await startSession("The session had expired; started a new one (earlier variables are gone).", state.language);
         response = await request("POST", `/sessions/${state.sessionId}/execute`, { code }, {
           stream: true,
           signal: controller.signal,
@@ -642,12 +673,13 @@ async function restart() {
   }
 }
 
-async function newSession() {
+async function newSession(language = state.language) {
   state.running?.controller.abort();
   const old = state.sessionId;
   $("chat").replaceChildren();
   try {
-    await startSession("New session started: a clean slate.");
+    const label = languageLabel(language);
+    await startSession(`New ${label} session started: a clean slate.`, language);
     if (old) request("DELETE", `/sessions/${old}`).catch(() => {});
   } catch (err) {
     setState("unavailable", "error");
@@ -682,7 +714,8 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("interrupt").addEventListener("click", interrupt);
   $("restart").addEventListener("click", restart);
-  $("new-session").addEventListener("click", newSession);
+  $("new-session").addEventListener("click", () => newSession());
+  $("language").addEventListener("change", (e) => newSession(e.target.value));
   for (const example of document.querySelectorAll(".example")) {
     example.addEventListener("click", () => {
       textarea.value = example.textContent;

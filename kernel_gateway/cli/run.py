@@ -42,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session", help="run in this session (default: stateless)")
     parser.add_argument("--timeout", type=float, help="seconds the cell may run")
     parser.add_argument(
+        "--language",
+        help="the code's language: python, javascript, typescript, r, bash, ... (default: from "
+        "the -f file's extension, else python; a --session keeps its own)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path("kg-output"), help="folder for images (kg-output)"
     )
 
@@ -102,7 +107,35 @@ class Printer:
             self.stdout.write(f"[file {event.path}: {event.size} bytes, {event.mime}]\n")
 
 
+EXTENSIONS = {
+    ".py": "python",
+    ".r": "r",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".ts": "typescript",
+    ".mts": "typescript",
+    ".sh": "bash",
+    ".bash": "bash",
+}
+"""The language a file's extension names, for `run -f FILE` without `--language`."""
+
+
+def language_for(language: str | None, file: Path | None) -> str | None:
+    if language is not None:
+        return language.strip().lower()
+    if file is not None:
+        return EXTENSIONS.get(file.suffix.lower())
+    return None
+
+
 def main(args: argparse.Namespace, environ: Mapping[str, str], stdin: TextIO) -> int:
+    if args.session and args.language:
+        print(
+            "kernel-gateway run: --language is for stateless runs; a --session keeps the "
+            "language it was created with",
+            file=sys.stderr,
+        )
+        return 2
     if args.code is not None:
         code = args.code
     elif args.file is not None:
@@ -117,7 +150,8 @@ def main(args: argparse.Namespace, environ: Mapping[str, str], stdin: TextIO) ->
             if args.session:
                 events = client.session(args.session).stream(code, timeout=args.timeout)
             else:
-                events = client.stream(code, timeout=args.timeout)
+                language = language_for(args.language, args.file)
+                events = client.stream(code, timeout=args.timeout, language=language)
             status = "died"
             for event in events:
                 printer(event)

@@ -124,24 +124,36 @@ class AsyncClient(BaseClient):
     async def health(self) -> dict[str, Any]:
         return await self._send(self._health())
 
-    async def create_session(self) -> AsyncSession:
-        return AsyncSession(self, await self._send(self._create_session()))
+    async def create_session(self, language: str | None = None) -> AsyncSession:
+        """A new session; `language` one of `languages()` (default python)."""
+        return AsyncSession(self, await self._send(self._create_session(language)))
 
-    def session(self, session_id: str | None = None) -> _SessionContext:
+    async def languages(self) -> list[dict[str, Any]]:
+        """The languages the gateway runs: name, display_name, version, ..."""
+        return await self._send(self._languages())
+
+    def session(
+        self, session_id: str | None = None, *, language: str | None = None
+    ) -> _SessionContext:
         """`async with client.session() as s:` creates (or attaches) and deletes it on exit.
 
         Awaited instead (`s = await client.session()`), it creates without deleting.
         """
-        return _SessionContext(self, session_id)
+        return _SessionContext(self, session_id, language)
 
     async def sessions(self) -> list[dict[str, Any]]:
         return await self._send(self._sessions())
 
     def stream(
-        self, code: str, *, timeout: float | None = None, files: dict[str, bytes] | None = None
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        files: dict[str, bytes] | None = None,
+        language: str | None = None,
     ) -> AsyncIterator[Event]:
         """Stateless: run `code` in a fresh kernel, yielding events as they arrive."""
-        return self._stream(self.STATELESS_PATH, execute_body(code, timeout, files))
+        return self._stream(self.STATELESS_PATH, execute_body(code, timeout, files, language))
 
     async def run(
         self,
@@ -149,25 +161,29 @@ class AsyncClient(BaseClient):
         *,
         timeout: float | None = None,  # noqa: ASYNC109 - the cell's limit, enforced by the server
         files: dict[str, bytes] | None = None,
+        language: str | None = None,
         **callbacks: Any,
     ) -> Execution:
         """Stateless: run `code` in a fresh kernel and collect what it produced."""
         collect = Collector.of(callbacks)
-        async for event in self.stream(code, timeout=timeout, files=files):
+        async for event in self.stream(code, timeout=timeout, files=files, language=language):
             collect(event)
         return collect.execution
 
 
 class _SessionContext:
-    def __init__(self, client: AsyncClient, session_id: str | None) -> None:
+    def __init__(
+        self, client: AsyncClient, session_id: str | None, language: str | None = None
+    ) -> None:
         self._client = client
         self._session_id = session_id
+        self._language = language
         self._session: AsyncSession | None = None
 
     async def _open(self) -> AsyncSession:
         if self._session_id:
             return AsyncSession(self._client, self._session_id)
-        return await self._client.create_session()
+        return await self._client.create_session(self._language)
 
     def __await__(self) -> Generator[Any, None, AsyncSession]:
         return self._open().__await__()

@@ -92,11 +92,16 @@ class Call(Generic[T]):
 
 
 def execute_body(
-    code: str, timeout: float | None, files: dict[str, bytes] | None = None
+    code: str,
+    timeout: float | None,
+    files: dict[str, bytes] | None = None,
+    language: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"code": code}
     if timeout is not None:
         body["timeout"] = timeout
+    if language is not None:
+        body["language"] = language
     if files:
         body["files"] = [
             {"path": path, "data": base64.b64encode(data).decode()} for path, data in files.items()
@@ -277,8 +282,13 @@ class BaseClient:
         return Call("GET", "/health", json_object)
 
     @staticmethod
-    def _create_session() -> Call[str]:
-        return Call("POST", "/sessions", lambda r: str(_field("id")(r)))
+    def _create_session(language: str | None = None) -> Call[str]:
+        body = {} if language is None else {"language": language}
+        return Call("POST", "/sessions", lambda r: str(_field("id")(r)), json=body)
+
+    @staticmethod
+    def _languages() -> Call[list[dict[str, Any]]]:
+        return Call("GET", "/languages", _field("languages"))
 
     @staticmethod
     def _sessions() -> Call[list[dict[str, Any]]]:

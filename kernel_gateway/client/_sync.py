@@ -119,21 +119,31 @@ class Client(BaseClient):
     def health(self) -> dict[str, Any]:
         return self._send(self._health())
 
-    def create_session(self) -> Session:
-        return Session(self, self._send(self._create_session()))
+    def create_session(self, language: str | None = None) -> Session:
+        """A new session; `language` one of `languages()` (default python)."""
+        return Session(self, self._send(self._create_session(language)))
 
-    def session(self, session_id: str | None = None) -> Session:
+    def languages(self) -> list[dict[str, Any]]:
+        """The languages the gateway runs: name, display_name, version, ..."""
+        return self._send(self._languages())
+
+    def session(self, session_id: str | None = None, *, language: str | None = None) -> Session:
         """A session to use as a context manager: created now (or attached), deleted on exit."""
-        return Session(self, session_id) if session_id else self.create_session()
+        return Session(self, session_id) if session_id else self.create_session(language)
 
     def sessions(self) -> list[dict[str, Any]]:
         return self._send(self._sessions())
 
     def stream(
-        self, code: str, *, timeout: float | None = None, files: dict[str, bytes] | None = None
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        files: dict[str, bytes] | None = None,
+        language: str | None = None,
     ) -> Iterator[Event]:
         """Stateless: run `code` in a fresh kernel, yielding events as they arrive."""
-        return self._stream(self.STATELESS_PATH, execute_body(code, timeout, files))
+        return self._stream(self.STATELESS_PATH, execute_body(code, timeout, files, language))
 
     def run(
         self,
@@ -141,11 +151,12 @@ class Client(BaseClient):
         *,
         timeout: float | None = None,
         files: dict[str, bytes] | None = None,
+        language: str | None = None,
         **callbacks: Any,
     ) -> Execution:
         """Stateless: run `code` in a fresh kernel and collect what it produced."""
         collect = Collector.of(callbacks)
-        for event in self.stream(code, timeout=timeout, files=files):
+        for event in self.stream(code, timeout=timeout, files=files, language=language):
             collect(event)
         return collect.execution
 

@@ -10,15 +10,14 @@ those: Deno's kernel listens with `Deno.listen` (TCP only), and IRkernel names i
 sockets its own way. So unless the kernelspec says the kernel speaks ipc itself
 (`metadata.kernel_gateway.transport == "ipc"`, as ipykernel-based kernels do), this
 process binds the ipc sockets, starts the kernel on loopback TCP ports inside the
-container (which has a loopback and nothing else), and forwards each channel with
-`zmq.proxy` (libzmq's own loop, run in C with the GIL released):
+container (which has a loopback and nothing else), and forwards each channel:
 
-    shell, control, stdin, hb:  ROUTER (ipc, bound)  <->  DEALER (tcp, connected)
-    iopub:                      XPUB   (ipc, bound)  <->  XSUB   (tcp, connected)
+    iopub:                      XPUB   (ipc, bound)  <->  XSUB (tcp), by `zmq.proxy`
+                                (libzmq's own loop, in C with the GIL released)
+    shell, control, stdin, hb:  ROUTER (ipc, bound)  <->  one DEALER (tcp) per client
+                                socket on the gateway's side (see `Router`)
 
-A ROUTER/DEALER pair adds one routing identity, which every Jupyter kernel echoes
-back (all frames before `<IDS|MSG>`), so replies find their way without this
-process reading a message.
+Messages are passed as frames, never parsed.
 
 Signals. The gateway interrupts a cell with SIGINT to the container, which reaches
 this process (Docker's init forwards it). A kernel whose kernelspec has
@@ -89,28 +88,40 @@ def tcp_connection(ipc: dict[str, Any], path: str) -> dict[str, Any]:
     return info
 
 
+MAX_CLIENTS = 64
+"""Connections to the kernel kept per channel, one per gateway-side socket (LRU beyond)."""
+
+
 def start_proxies(ipc: dict[str, Any], tcp: dict[str, Any]) -> Any:
     """Bind the gateway's ipc sockets and forward each to the kernel's TCP port."""
     import zmq
 
     context = zmq.Context()
-    for channel in CHANNELS:
-        if channel == "iopub":
-            front, back = context.socket(zmq.XPUB), context.socket(zmq.XSUB)
-        else:
-            front, back = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
-        for sock in (front, back):
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 0)
-            sock.setsockopt(zmq.RCVHWM, 0)
+    xpub, xsub = context.socket(zmq.XPUB), context.socket(zmq.XSUB)
+    for sock in (xpub, xsub):
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+    xpub.bind(ipc_url(ipc, "iopub"))
+    _reconnect_quickly(xsub)
+    xsub.connect(tcp_url(tcp, "iopub"))
+    threading.Thread(target=_proxy, args=(xpub, xsub), name="bridge-iopub", daemon=True).start()
+    fronts = {}
+    for channel in ("shell", "control", "stdin", "hb"):
+        front = context.socket(zmq.ROUTER)
+        front.setsockopt(zmq.LINGER, 0)
         front.bind(ipc_url(ipc, channel))
-        back.setsockopt(zmq.RECONNECT_IVL, 10)
-        back.setsockopt(zmq.RECONNECT_IVL_MAX, 100)
-        back.connect(tcp_url(tcp, channel))
-        threading.Thread(
-            target=_proxy, args=(front, back), name=f"bridge-{channel}", daemon=True
-        ).start()
+        fronts[channel] = front
+    router = Router(context, fronts, {c: tcp_url(tcp, c) for c in fronts})
+    threading.Thread(target=router.run, name="bridge-router", daemon=True).start()
     return context
+
+
+def _reconnect_quickly(sock: Any) -> None:
+    import zmq
+
+    sock.setsockopt(zmq.RECONNECT_IVL, 10)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 100)
 
 
 def _proxy(front: Any, back: Any) -> None:
@@ -120,6 +131,73 @@ def _proxy(front: Any, back: Any) -> None:
         zmq.proxy(front, back)
     except zmq.ContextTerminated:
         pass
+
+
+class Router:
+    """Each gateway-side socket gets a connection of its own to the kernel.
+
+    A plain ROUTER/DEALER proxy adds a routing identity that the kernel must echo;
+    Deno's kernel does not route replies by it. So, as a ROUTER front, every client
+    identity gets its own DEALER to the kernel, and the kernel sees as many ordinary
+    clients as the gateway has sockets (its own, and one per Jupyter WebSocket): each
+    reply goes back over the connection its request came on.
+    """
+
+    def __init__(self, context: Any, fronts: dict[str, Any], urls: dict[str, str]) -> None:
+        from collections import OrderedDict
+
+        self._context = context
+        self._fronts = fronts
+        self._urls = urls
+        self._backs: dict[str, OrderedDict[bytes, Any]] = {c: OrderedDict() for c in fronts}
+        self._owner: dict[Any, tuple[str, bytes]] = {}
+
+    def run(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        channel_of = {}
+        for channel, front in self._fronts.items():
+            poller.register(front, zmq.POLLIN)
+            channel_of[front] = channel
+        try:
+            while True:
+                for sock, _ in poller.poll():
+                    if sock in channel_of:
+                        frames = sock.recv_multipart(copy=False)
+                        if len(frames) > 1:
+                            back = self._back(poller, channel_of[sock], frames[0].bytes)
+                            back.send_multipart(frames[1:], copy=False)
+                        continue
+                    owner = self._owner.get(sock)
+                    frames = sock.recv_multipart(copy=False)
+                    if owner is not None:
+                        channel, client = owner
+                        self._fronts[channel].send_multipart([client, *frames], copy=False)
+        except zmq.ContextTerminated:
+            pass
+
+    def _back(self, poller: Any, channel: str, client: bytes) -> Any:
+        import zmq
+
+        backs = self._backs[channel]
+        back = backs.get(client)
+        if back is not None:
+            backs.move_to_end(client)
+            return back
+        if len(backs) >= MAX_CLIENTS:
+            _, oldest = backs.popitem(last=False)
+            poller.unregister(oldest)
+            self._owner.pop(oldest, None)
+            oldest.close(linger=0)
+        back = self._context.socket(zmq.DEALER)
+        back.setsockopt(zmq.LINGER, 0)
+        _reconnect_quickly(back)
+        back.connect(self._urls[channel])
+        backs[client] = back
+        self._owner[back] = (channel, client)
+        poller.register(back, zmq.POLLIN)
+        return back
 
 
 class Interrupter:

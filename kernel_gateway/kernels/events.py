@@ -92,13 +92,20 @@ def translate(msg: Message) -> Event | None:
         traceback = content.get("traceback") or []
         if not isinstance(traceback, list):
             raise MalformedMessage("'traceback' is not a list")
+        ename, evalue = str(content.get("ename", "")), str(content.get("evalue", ""))
+        if not ename:
+            # bash_kernel's failed command: no name, the exit status as the value.
+            ename, evalue = (
+                ("ExitStatus", f"exit status {evalue}")
+                if evalue.isdigit()
+                else (
+                    "Error",
+                    evalue,
+                )
+            )
         return Event(
             "error",
-            {
-                "ename": str(content.get("ename", "")),
-                "evalue": str(content.get("evalue", "")),
-                "traceback": [str(line) for line in traceback],
-            },
+            {"ename": ename, "evalue": evalue, "traceback": [str(line) for line in traceback]},
         )
     return None
 

@@ -592,30 +592,38 @@ class Session:
             return
         await self._retire_stuck(execution, kernel)
 
-    @staticmethod
-    def _explain_silent_stop(execution: Execution) -> None:
-        """A cell stopped by a SIGINT that the kernel answered with neither an error nor
+    def _explain_silent_stop(self, execution: Execution) -> None:
+        """A cell stopped by an interrupt that the kernel answered with neither an error nor
         a successful reply: say it was interrupted, so no client sees a bare `done`.
 
         ipykernel does this when the signal lands outside the cell's code (while its
         request is still being dispatched, seen under gVisor on a loaded host): it logs
-        "KeyboardInterrupt caught in kernel" and sends only `idle`.
+        "KeyboardInterrupt caught in kernel" and sends only `idle`. IRkernel and Deno's
+        kernel do it every time (an `abort` reply, or an error reply with no error
+        message), so for them the gateway's words are the only ones there are.
         """
-        if execution.stop_reason not in (
-            StopReason.INTERRUPT,
-            StopReason.DISCONNECT,
-            StopReason.TIMEOUT,
-        ):
+        reason = execution.stop_reason
+        if reason not in (StopReason.INTERRUPT, StopReason.DISCONNECT, StopReason.TIMEOUT):
             return
         if execution.saw_error or (execution.reply is not None and execution.reply.status == "ok"):
             return
-        execution.emit(
-            error_event(
+        if self.language == "python":
+            event = error_event(
                 "KeyboardInterrupt",
                 "interrupted before the cell's code ran, or between its statements: "
                 "the kernel stopped it without a traceback",
             )
-        )
+        elif reason is StopReason.TIMEOUT:
+            event = error_event(
+                "Interrupted", f"execution exceeded {execution.timeout:g} s and was interrupted"
+            )
+        elif reason is StopReason.DISCONNECT:
+            event = error_event(
+                "Interrupted", "interrupted: its client disconnected and did not come back"
+            )
+        else:
+            event = error_event("Interrupted", "interrupted on request")
+        execution.emit(event)
         execution.saw_error = True
 
     async def _retire_stuck(self, execution: Execution | None, kernel: Kernel) -> None:

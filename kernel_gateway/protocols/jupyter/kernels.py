@@ -67,6 +67,19 @@ from kernel_gateway.types import JSON
 logger = logging.getLogger(__name__)
 
 KERNEL_NAME = "python3"
+"""Python's kernelspec name (Jupyter's usual one); every other language's is its own name."""
+
+
+def kernel_name(language: str) -> str:
+    """The kernelspec name of a language: `python3` for Python, else the language's name."""
+    return KERNEL_NAME if language == "python" else language
+
+
+def language_of(name: str) -> str:
+    """The language a kernelspec name starts (`python3` and `python` are Python's)."""
+    return "python" if name in (KERNEL_NAME, "python") else name
+
+
 PROTOCOL_VERSION = "5.3"
 MAX_CONNECTIONS = 16
 """WebSockets one kernel may have open at once."""
@@ -113,7 +126,7 @@ class JupyterKernels:
         last = datetime.now(UTC) - timedelta(seconds=max(0.0, idle))
         return {
             "id": kernel_id(session.id),
-            "name": KERNEL_NAME,
+            "name": kernel_name(session.language),
             "last_activity": last.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "execution_state": self.execution_state(session, state),
             "connections": state.connections,

@@ -108,12 +108,16 @@ class McpService:
             max_sessions=max(64, 8 * settings.max_sessions),
         )
         self._bound: dict[str, str] = {}
-        """MCP session id -> the gateway session serving it."""
+        """MCP session id (and language, for any but Python) -> the gateway session serving
+        it: one sandbox per language per MCP session."""
         self._binding: dict[str, asyncio.Lock] = {}
         """Held while an MCP session's sandbox is made, so two first calls make one."""
         self._tools = [
             run_python_tool(
-                settings.max_exec_timeout, settings.exec_timeout, stateless=self.stateless
+                settings.max_exec_timeout,
+                settings.exec_timeout,
+                stateless=self.stateless,
+                languages=list(registry.languages),
             )
         ]
         if not self.stateless:
@@ -134,15 +138,16 @@ class McpService:
 
     async def release(self, mcp_session: str) -> None:
         """The MCP session ended: delete the gateway session that served it."""
-        self._binding.pop(mcp_session, None)
-        session_id = self._bound.pop(mcp_session, None)
-        if session_id is None:
-            return
-        logger.info("MCP session ended; deleting its session %s", session_id)
-        try:
-            await self.registry.delete_session(session_id)
-        except SessionNotFound:
-            pass
+        keys = [k for k in self._bound if k.split(" ", 1)[0] == mcp_session]
+        for key in [k for k in self._binding if k.split(" ", 1)[0] == mcp_session]:
+            del self._binding[key]
+        for key in keys:
+            session_id = self._bound.pop(key)
+            logger.info("MCP session ended; deleting its session %s", session_id)
+            try:
+                await self.registry.delete_session(session_id)
+            except SessionNotFound:
+                pass
 
     # -- MCP handlers ------------------------------------------------------------------------
 
@@ -186,7 +191,7 @@ class McpService:
     ) -> types.CallToolResult:
         files = [(f.path, f.content) for f in arguments.files or ()]
         session, execution = await self.registry.run_stateless(
-            arguments.code, arguments.timeout, files
+            arguments.code, arguments.timeout, files, arguments.language
         )
         report = CellReport(_base_url(ctx))
         await self._follow(ctx, session, execution, report)
@@ -195,7 +200,7 @@ class McpService:
     async def _run_python(
         self, ctx: ServerRequestContext[Any], arguments: RunPythonArguments
     ) -> types.CallToolResult:
-        session, note = await self._session_for(ctx, arguments.session)
+        session, note = await self._session_for(ctx, arguments.session, arguments.language)
         execution = session.submit(arguments.code, arguments.timeout)
         report = CellReport(_base_url(ctx))
         await self._follow(ctx, session, execution, report)
@@ -333,25 +338,34 @@ class McpService:
     # -- which gateway session ---------------------------------------------------------------
 
     async def _session_for(
-        self, ctx: ServerRequestContext[Any], handle: str | None
+        self, ctx: ServerRequestContext[Any], handle: str | None, language: str | None = None
     ) -> tuple[Session, str]:
         """The session a call runs in (`handle`: the one the model named, if it did), and a
-        note for the model when it is a fresh one."""
+        note for the model when it is a fresh one. `language` (None: the named session's,
+        else Python) picks the MCP session's sandbox of that language."""
         if handle is not None:
             try:
-                return self.registry.get(handle), ""
+                session = self.registry.get(handle)
             except SessionNotFound:
                 raise ToolInputError(
                     f"there is no sandbox {handle!r} (any longer): idle sandboxes are removed "
                     f"after {self.settings.idle_timeout:g} s. Call again without `session` to "
                     "start a fresh one."
                 ) from None
+            if language is not None and language != session.language:
+                raise ToolInputError(
+                    f"sandbox {handle!r} runs {session.language}, not {language}: leave out "
+                    "`session` to get a sandbox of that language"
+                )
+            return session, ""
+        name = self.registry.languages.get_or_raise(language).name
         mcp_session = _mcp_session(ctx)
         if mcp_session is None:
-            return await self.registry.create_session(), ""
-        lock = self._binding.setdefault(mcp_session, asyncio.Lock())
+            return await self.registry.create_session(name), ""
+        key = mcp_session if name == "python" else f"{mcp_session} {name}"
+        lock = self._binding.setdefault(key, asyncio.Lock())
         async with lock:  # two first calls at once must not make two sessions
-            bound = self._bound.get(mcp_session)
+            bound = self._bound.get(key)
             if bound is not None:
                 try:
                     return self.registry.get(bound), ""
@@ -363,8 +377,8 @@ class McpService:
             else:
                 note = ""
             self._forget_gone()
-            session = await self.registry.create_session()
-            self._bound[mcp_session] = session.id
+            session = await self.registry.create_session(name)
+            self._bound[key] = session.id
             return session, note
 
     def _forget_gone(self) -> None:

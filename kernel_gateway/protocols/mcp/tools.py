@@ -107,10 +107,21 @@ Content = Annotated[
 ]
 
 
+ToolLanguage = Annotated[
+    str | None,
+    Field(
+        max_length=32,
+        description="The language of `code` (default python). Each language has its own "
+        "sandbox: variables do not cross languages, files do not either.",
+    ),
+]
+
+
 class RunPythonArguments(RequestModel):
     code: Code
     timeout: Timeout = None
     session: SessionHandle = None
+    language: ToolLanguage = None
 
 
 class ToolFile(RequestModel):
@@ -124,6 +135,7 @@ class StatelessRunPythonArguments(RequestModel):
     timeout: Timeout = None
     files: list[ToolFile] | None = None
     """Files to put in the working directory before the code runs."""
+    language: ToolLanguage = None
 
 
 class UploadFileArguments(RequestModel):
@@ -160,7 +172,13 @@ def parse_arguments(model: type[M], arguments: JSON, limits: Limits) -> M:
 # -- the tools -----------------------------------------------------------------------------------
 
 
-def run_python_tool(max_timeout: float, default_timeout: float, *, stateless: bool) -> types.Tool:
+def run_python_tool(
+    max_timeout: float,
+    default_timeout: float,
+    *,
+    stateless: bool,
+    languages: list[str] | None = None,
+) -> types.Tool:
     if stateless:
         arguments: type[RequestModel] = StatelessRunPythonArguments
         persistence = (
@@ -186,11 +204,23 @@ def run_python_tool(max_timeout: float, default_timeout: float, *, stateless: bo
             "raised, and every matplotlib/seaborn/pandas chart as an image (charts appear "
             "by themselves; no need to save them). " + persistence + " A cell that runs "
             "past its timeout is interrupted; cancelling the call interrupts it too."
+            + _other_languages(languages or ["python"])
         ),
         input_schema=input_schema(arguments, Timeouts(default_timeout, max_timeout)),
         annotations=types.ToolAnnotations(
             title="Run Python", read_only_hint=False, destructive_hint=False, open_world_hint=False
         ),
+    )
+
+
+def _other_languages(languages: list[str]) -> str:
+    others = [name for name in languages if name != "python"]
+    if not others:
+        return " Only Python is available: leave `language` out."
+    return (
+        " Other languages run the same way with `language` set to one of: "
+        + ", ".join(others)
+        + " (their output, errors, charts and files come back the same way)."
     )
 
 

@@ -29,10 +29,13 @@ from starlette.websockets import WebSocket
 
 from kernel_gateway import __version__
 from kernel_gateway.errors import GatewayError, NotFound, TooManySessions
+from kernel_gateway.kernels.languages import Language
 from kernel_gateway.protocols.jupyter.kernels import (
     KERNEL_NAME,
     MAX_CONNECTIONS,
     JupyterKernels,
+    kernel_name,
+    language_of,
     session_id,
 )
 from kernel_gateway.protocols.jupyter.wire import V1_PROTOCOL
@@ -45,18 +48,33 @@ from kernel_gateway.types import JSON
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
-KERNELSPEC: JSON = {
-    "name": KERNEL_NAME,
-    "spec": {
-        "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (sandboxed)",
-        "language": "python",
-        "interrupt_mode": "signal",
-        "env": {},
-        "metadata": {"debugger": False, "kernel_gateway": {"sandboxed": True}},
-    },
-    "resources": {},
+PYTHON_SPEC: JSON = {
+    "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+    "display_name": "Python 3 (sandboxed)",
+    "language": "python",
+    "interrupt_mode": "signal",
+    "env": {},
+    "metadata": {"debugger": False, "kernel_gateway": {"sandboxed": True}},
 }
+
+
+def kernelspec_of(language: Language) -> JSON:
+    """The kernelspec model Jupyter Server reads, for one of the gateway's languages."""
+    if language.builtin:
+        spec = PYTHON_SPEC
+    else:
+        spec = {
+            "argv": list(language.argv),
+            "display_name": f"{language.display_name} (sandboxed)",
+            "language": language.name,
+            "interrupt_mode": language.interrupt_mode,
+            "env": {},
+            "metadata": {
+                "debugger": False,
+                "kernel_gateway": {"sandboxed": True, "version": language.version},
+            },
+        }
+    return {"name": kernel_name(language.name), "spec": spec, "resources": {}}
 
 
 def _hub(request: Request | WebSocket) -> JupyterKernels:
@@ -95,15 +113,23 @@ async def api(request: Request) -> Response:
 
 @jupyter_errors
 async def kernelspecs(request: Request) -> Response:
-    return JSONResponse({"default": KERNEL_NAME, "kernelspecs": {KERNEL_NAME: KERNELSPEC}})
+    specs = [kernelspec_of(lang) for lang in _registry(request).languages.values()]
+    return JSONResponse({"default": KERNEL_NAME, "kernelspecs": {s["name"]: s for s in specs}})
 
 
 @jupyter_errors
 async def kernelspec(request: Request) -> Response:
-    name = request.path_params["name"]
-    if name != KERNEL_NAME:
-        raise NotFound(f"no kernelspec named {name!r}; this gateway has {KERNEL_NAME!r}")
-    return JSONResponse(KERNELSPEC)
+    return JSONResponse(kernelspec_of(_language(request, request.path_params["name"])))
+
+
+def _language(request: Request, name: str) -> Language:
+    """The language a kernelspec name stands for, or 404 naming the kernelspecs there are."""
+    languages = _registry(request).languages
+    found = languages.get(language_of(name))
+    if found is None:
+        names = ", ".join(repr(kernel_name(n)) for n in languages)
+        raise NotFound(f"no kernelspec named {name!r}; this gateway has {names}")
+    return found
 
 
 @jupyter_errors
@@ -124,10 +150,8 @@ async def start_kernel(request: Request) -> Response:
     body = await read_model(
         request, StartKernelRequest, settings.max_body_bytes, settings, optional=True
     )
-    name = body.name or KERNEL_NAME
-    if name != KERNEL_NAME:
-        raise NotFound(f"no kernelspec named {name!r}; this gateway has {KERNEL_NAME!r}")
-    session = await registry.create_session()
+    language = _language(request, body.name or KERNEL_NAME)
+    session = await registry.create_session(language.name)
     model = _hub(request).model(session)
     return JSONResponse(model, status_code=201, headers={"Location": f"/api/kernels/{model['id']}"})
 
