@@ -38,7 +38,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from tests.support.backends import settings_for
-from tests.support.jupyter import execute_content, jupyter_process
+from tests.support.jupyter import Outputs, execute_content, jupyter_process, run_cell
 from tests.support.server import ServerThread
 
 TOKEN = "gateway-token"
@@ -350,51 +350,6 @@ def test_notebook_files_reach_the_files_api(
 
 
 # -- jupyter_client's client API over the WebSocket, through the Jupyter server ---------------
-
-
-class Outputs:
-    def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = []
-
-    def __call__(self, message: dict[str, Any]) -> None:
-        self.messages.append(message)
-
-    def of(self, msg_type: str) -> list[dict[str, Any]]:
-        return [m["content"] for m in self.messages if m["msg_type"] == msg_type]
-
-
-async def run_cell(
-    kc: Any, code: str, output_hook: Outputs | None = None, seconds: float = 60
-) -> dict[str, Any]:
-    """jupyter_client's request loop: `execute`, then IOPub until idle, then the shell reply.
-
-    (`execute_interactive` polls ZMQ sockets, which jupyter_server's WebSocket-backed
-    gateway client does not have, so its channel API is driven directly.)
-    """
-    outputs = output_hook or Outputs()
-    msg_id = kc.execute(code)
-    deadline = time.monotonic() + seconds
-    idle = False
-    while not idle:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no idle status for {code!r}")
-        try:
-            message = await kc.get_iopub_msg(timeout=1)
-        except Exception:
-            continue
-        parent = message["parent_header"].get("msg_id")
-        if parent is None and message["msg_type"] == "status":
-            outputs(message)  # the kernel's own state (restarting, dead), for no request
-        if parent != msg_id:
-            continue
-        outputs(message)
-        idle = message["msg_type"] == "status" and message["content"]["execution_state"] == "idle"
-    while True:
-        reply: dict[str, Any] = await kc.get_shell_msg(
-            timeout=max(1.0, deadline - time.monotonic())
-        )
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return reply
 
 
 def test_interrupt_restart_and_a_dying_kernel(

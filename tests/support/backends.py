@@ -13,6 +13,7 @@ from kernel_gateway.settings import DEFAULT_IMAGE, Settings
 
 REQUIRE_DOCKER = os.environ.get("KG_REQUIRE_DOCKER") == "1"
 REQUIRE_GVISOR = os.environ.get("KG_REQUIRE_GVISOR") == "1"
+REQUIRE_LANGUAGES = os.environ.get("KG_REQUIRE_LANGUAGES") == "1"
 # Test backend name -> (settings backend, OCI runtime)
 BACKENDS: dict[str, tuple[str, str | None]] = {
     "local": ("local", None),
@@ -64,6 +65,34 @@ def require_gvisor() -> None:
     reason = "gVisor's runsc is not registered with Docker (see .ci/run)"
     if REQUIRE_GVISOR:
         pytest.fail(f"KG_REQUIRE_GVISOR=1 but {reason}")
+    pytest.skip(reason)
+
+
+def require_languages(*languages: str) -> None:
+    """Docker, and the language images `build-image` makes for `languages`."""
+    import docker
+    import docker.errors
+
+    from kernel_gateway.kernels.languages import family_image, family_of
+
+    require_docker()
+    client = docker.from_env(timeout=10)
+    try:
+        missing = []
+        for language in languages:
+            family = family_of(language)
+            image = family_image(IMAGE, family) if family else f"(no image for {language})"
+            try:
+                client.images.get(image)
+            except docker.errors.ImageNotFound:
+                missing.append(image)
+    finally:
+        client.close()
+    if not missing:
+        return
+    reason = f"language images missing: {', '.join(missing)} (run `kernel-gateway build-image`)"
+    if REQUIRE_LANGUAGES:
+        pytest.fail(f"KG_REQUIRE_LANGUAGES=1 but {reason}")
     pytest.skip(reason)
 
 

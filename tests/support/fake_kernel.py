@@ -37,7 +37,6 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import Session as JupyterSession
 
-from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.backends.base import (
     Backend,
@@ -47,6 +46,7 @@ from kernel_gateway.kernels.backends.base import (
     SessionStorage,
     ipc_connection,
 )
+from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language
 from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
