@@ -27,7 +27,7 @@ import pytest
 from kernel_gateway.client import Client
 from kernel_gateway.kernels.storage import loop_devices_of, mounts_under
 from tests.support.api import parse_sse
-from tests.support.backends import require_docker
+from tests.support.backends import require_docker, require_languages
 from tests.support.ports import free_port
 from tests.support.processes import Gateway as GatewayProcess
 from tests.support.processes import serve_command
@@ -168,6 +168,40 @@ def test_variables_files_and_counts_survive_a_restart(gw: Gateway, how: str) -> 
     assert [e["id"] for e in listed] == ["2"]  # ids go on; earlier events were not kept
     gone = httpx.get(f"{gw.url}/sessions/{sid}/executions/1/events")
     assert gone.status_code == 410 and gone.json()["error"]["type"] == "execution_expired"
+
+
+def test_sessions_of_other_languages_are_adopted_with_their_variables(gw: Gateway) -> None:
+    """An R, a TypeScript and a Bash session survive a restart: same kernels, same variables,
+    same language; and a language the new gateway no longer serves is reported lost."""
+    require_languages("r", "typescript", "bash")
+    gw.start()
+    cells = {
+        "r": ("x <- 41", "cat(x + 1)"),
+        "typescript": ("const n: number = 41", "console.log(n + 1)"),
+        "bash": ("X=41", "echo $((X+1))"),
+    }
+    sids = {}
+    for language, (assign, _) in cells.items():
+        response = httpx.post(gw.url + "/sessions", json={"language": language}, timeout=120)
+        assert response.status_code == 201, response.text
+        sids[language] = response.json()["id"]
+        events, _ = run(gw.url, sids[language], assign)
+        assert done(events)["status"] == "ok", events
+    gw.restart()
+    for language, (_, read) in cells.items():
+        info = httpx.get(f"{gw.url}/sessions/{sids[language]}").json()
+        assert info["language"] == language, info
+        events, _ = run(gw.url, sids[language], read)
+        assert stdout(events).strip() == "42", (language, events)
+        assert not done(events)["restarted"]
+    # Served no more: the session is lost, and says why.
+    gw.restart("--languages", "python,r,typescript")
+    lost = httpx.get(f"{gw.url}/sessions/{sids['bash']}")
+    assert lost.status_code == 410, lost.text
+    assert "does not serve its language, bash" in lost.json()["error"]["message"]
+    assert httpx.get(f"{gw.url}/sessions/{sids['r']}").status_code == 200
+    for language in ("r", "typescript"):
+        assert httpx.delete(f"{gw.url}/sessions/{sids[language]}").status_code == 204
 
 
 def test_the_idle_clock_counts_from_the_last_real_activity(gw: Gateway) -> None:

@@ -212,7 +212,7 @@ async def session_request(request: Request) -> Response:
 
 
 async def any_node(request: Request) -> Response:
-    """Public pages every node serves alike (the web UI, the OpenAPI document)."""
+    """What every node serves alike (the web UI, the OpenAPI document, the languages)."""
     _, directory, proxy, _ = _state(request)
     path = _raw_path(request)
     for node in sorted(directory.up(), key=lambda n: n.sessions):
@@ -277,6 +277,7 @@ routes = [
     Route("/metrics", metrics, methods=["GET"]),
     Route("/", any_node, methods=["GET"]),
     Route("/openapi.json", any_node, methods=["GET"]),
+    Route("/languages", any_node, methods=["GET"]),
     Route("/static/{path:path}", any_node, methods=["GET"]),
     Route("/execute", execute_stateless, methods=["POST"]),
     Route("/sessions", create_session, methods=["POST"]),

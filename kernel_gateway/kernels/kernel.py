@@ -214,17 +214,20 @@ class Kernel:
             self.forget(sent)
 
     async def probe(self, seconds: float) -> bool:
-        """Whether the kernel answers a kernel_info_request on its control channel in time.
+        """Whether the kernel answers a kernel_info_request in time.
 
-        The control channel is served even while a cell runs, so a busy kernel answers.
+        Asked on the control channel, which ipykernel and Deno serve even while a cell
+        runs, and on shell too: IRkernel answers kernel_info on shell only.
         """
-        msg_id, reply = await self._send(self._control, "kernel_info_request", {})
+        control_id, control = await self._send(self._control, "kernel_info_request", {})
+        shell_id, shell = await self._send(self._shell, "kernel_info_request", {})
         try:
-            waiting: set[asyncio.Future[Any]] = {reply, self.exited}
+            waiting: set[asyncio.Future[Any]] = {control, shell, self.exited}
             await asyncio.wait(waiting, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-            return reply.done() and not reply.cancelled()
+            return any(r.done() and not r.cancelled() for r in (control, shell))
         finally:
-            self.forget(msg_id)
+            self.forget(control_id)
+            self.forget(shell_id)
 
     def forget(self, msg_id: str) -> None:
         """Stop routing messages for a finished request (late output is dropped)."""
