@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.backends import IMAGE, require_docker
+from tests.support.backends import IMAGE, require_docker, require_languages
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,3 +63,24 @@ def test_bench_image_only_measures_the_given_image(tmp_path: Path) -> None:
     assert figures["image"] == IMAGE
     assert figures["cold_start"]["n"] == 3 and figures["first_chart"]["n"] == 3
     assert f"{IMAGE}  first_chart" in result.stdout
+
+
+def test_bench_languages_measures_every_language(tmp_path: Path) -> None:
+    require_languages("javascript", "typescript", "r", "bash")
+    out = tmp_path / "languages.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.languages", "--smoke", "--image", IMAGE, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    assert list(figures["languages"]) == ["python", "javascript", "typescript", "r", "bash"]
+    for name, entry in figures["languages"].items():
+        for key in ("cold_start", "warm_first_result", "round_trip"):
+            assert entry[key]["n"] > 0, (name, key)
+    assert figures["languages"]["r"]["first_chart"]["n"] > 0
+    assert figures["images"]["bash"]["added_mb"] < figures["images"]["r"]["added_mb"]
+    assert "| r |" in result.stdout

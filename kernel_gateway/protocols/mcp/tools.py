@@ -206,17 +206,35 @@ def run_python_tool(
             "past its timeout is interrupted; cancelling the call interrupts it too."
             + _other_languages(languages or ["python"])
         ),
-        input_schema=input_schema(arguments, Timeouts(default_timeout, max_timeout)),
+        input_schema=_with_languages(
+            input_schema(arguments, Timeouts(default_timeout, max_timeout)), languages
+        ),
         annotations=types.ToolAnnotations(
             title="Run Python", read_only_hint=False, destructive_hint=False, open_world_hint=False
         ),
     )
 
 
+def _with_languages(schema: JSON, languages: list[str] | None) -> JSON:
+    """`language` offered with the gateway's languages as its enum; left out where Python is
+    the only one (a model is not shown a choice it does not have)."""
+    properties = schema["properties"]
+    if not languages or len(languages) < 2:
+        properties.pop("language", None)
+        return schema
+    properties["language"] = {
+        **properties["language"],
+        "type": "string",
+        "enum": list(languages),
+        "default": "python",
+    }
+    return schema
+
+
 def _other_languages(languages: list[str]) -> str:
     others = [name for name in languages if name != "python"]
     if not others:
-        return " Only Python is available: leave `language` out."
+        return ""
     return (
         " Other languages run the same way with `language` set to one of: "
         + ", ".join(others)
