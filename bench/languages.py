@@ -45,6 +45,7 @@ ONE_PLUS_ONE = {
     "typescript": "const two: number = 1 + 1; two",
     "r": "1 + 1",
     "bash": "echo $((1 + 1))",
+    "java": "1 + 1",
 }
 FIRST_CHART = {
     "python": "import matplotlib.pyplot as plt\nplt.plot([1, 4, 9, 16])\nplt.show()",
@@ -183,8 +184,8 @@ def main() -> int:
     parser.add_argument("--image", default=DEFAULT_IMAGE, help="the Python kernel image")
     parser.add_argument(
         "--languages",
-        default="python,javascript,typescript,r,bash",
-        help="comma-separated (default: all five)",
+        default="python,javascript,typescript,r,bash,java",
+        help="comma-separated (default: all six)",
     )
     parser.add_argument("--json", type=Path, default=ROOT / "results" / "languages.json")
     args = parser.parse_args()

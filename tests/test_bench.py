@@ -66,7 +66,7 @@ def test_bench_image_only_measures_the_given_image(tmp_path: Path) -> None:
 
 
 def test_bench_languages_measures_every_language(tmp_path: Path) -> None:
-    require_languages("javascript", "typescript", "r", "bash")
+    require_languages("javascript", "typescript", "r", "bash", "java")
     out = tmp_path / "languages.json"
     result = subprocess.run(
         [sys.executable, "-m", "bench.languages", "--smoke", "--image", IMAGE, "--json", str(out)],
@@ -77,7 +77,7 @@ def test_bench_languages_measures_every_language(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(out.read_text())
-    assert list(figures["languages"]) == ["python", "javascript", "typescript", "r", "bash"]
+    assert list(figures["languages"]) == ["python", "javascript", "typescript", "r", "bash", "java"]
     for name, entry in figures["languages"].items():
         for key in ("cold_start", "warm_first_result", "round_trip"):
             assert entry[key]["n"] > 0, (name, key)

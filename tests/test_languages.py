@@ -1,4 +1,4 @@
-"""JavaScript, TypeScript, R and Bash kernels: real kernels in their images, docker backend.
+"""JavaScript, TypeScript, R, Bash and Java kernels: real kernels in their images, docker backend.
 
 Each language gets the same checks as Python's: state across cells, stdout streamed live,
 errors with the language's own name, rich display, a runaway loop stopped by its timeout
@@ -32,7 +32,7 @@ from tests.support.server import ServerFactory, ServerThread
 
 TOKEN = "languages-token"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-LANGUAGES = ("javascript", "typescript", "r", "bash")
+LANGUAGES = ("javascript", "typescript", "r", "bash", "java")
 
 
 @dataclass(frozen=True)
@@ -101,12 +101,26 @@ CASES = {
         display=None,
         display_mime=None,
     ),
+    "java": Case(
+        assign="int x = 41;",
+        read="x + 1",
+        live='System.out.println("first"); Thread.sleep(3000); System.out.println("second");',
+        error='throw new IllegalStateException("boom");',
+        error_name="IllegalStateException",
+        loop="while (true) {}",
+        write_file='java.nio.file.Files.writeString(java.nio.file.Path.of("from-java.txt"), '
+        '"hello from java");',
+        display="var img = new java.awt.image.BufferedImage(8, 8, "
+        "java.awt.image.BufferedImage.TYPE_INT_RGB); display(img);",
+        display_mime="image/png",
+    ),
 }
 FILES = {
     "javascript": ("from-js.txt", "text/plain"),
     "typescript": ("from-ts.txt", "text/plain"),
     "r": ("from-r.png", "image/png"),
     "bash": ("from-bash.txt", "text/plain"),
+    "java": ("from-java.txt", "text/plain"),
 }
 
 
@@ -221,7 +235,9 @@ def test_an_error_is_an_error_event_with_the_languages_name(
     stream = execute(http, session, CASES[language].error)
     assert stream.done["status"] == "error", stream.events
     errors = stream.named("error")
-    assert errors and errors[0]["ename"] == CASES[language].error_name, errors
+    # JJava names the wrapper (RuntimeException) and puts the exception's class in evalue.
+    assert errors, stream.events
+    assert CASES[language].error_name in f"{errors[0]['ename']} {errors[0]['evalue']}", errors
     if language != "bash":  # bash_kernel reports the exit status, with no traceback
         assert errors[0]["traceback"], errors
         assert "boom" in errors[0]["evalue"] + "".join(errors[0]["traceback"])

@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--languages",
         help="languages to build images for, comma-separated: python (always), javascript "
-        "and typescript (one Deno image), r, bash (default: all of them)",
+        "and typescript (one Deno image), r, bash, java (default: all of them)",
     )
     build.add_argument(
         "--no-download",

@@ -43,8 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, help="seconds the cell may run")
     parser.add_argument(
         "--language",
-        help="the code's language: python, javascript, typescript, r, bash, ... (default: from "
-        "the -f file's extension, else python; a --session keeps its own)",
+        help="the code's language: python, javascript, typescript, r, bash, java, ... "
+        "(default: from the -f file's extension, else python; a --session keeps its own)",
     )
     parser.add_argument(
         "--out", type=Path, default=Path("kg-output"), help="folder for images (kg-output)"
@@ -116,6 +116,8 @@ EXTENSIONS = {
     ".mts": "typescript",
     ".sh": "bash",
     ".bash": "bash",
+    ".java": "java",
+    ".jsh": "java",
 }
 """The language a file's extension names, for `run -f FILE` without `--language`."""
 

@@ -20,12 +20,12 @@ container (which has a loopback and nothing else), and forwards each channel:
 Messages are passed as frames, never parsed.
 
 Signals. The gateway interrupts a cell with SIGINT to the container, which reaches
-this process (Docker's init forwards it). A kernel whose kernelspec has
-`"interrupt_mode": "signal"` gets the SIGINT; one with `"message"` (Deno's: a SIGINT
-would end it) gets a signed `interrupt_request` on its control channel instead,
-sent from here with the connection's key. SIGTERM and SIGHUP are passed on; when
-the kernel ends, this process ends with the same status, so the gateway sees the
-kernel's death as the container's.
+this process (Docker's init forwards it). While a cell runs (see `Watcher`), a kernel
+whose kernelspec has `"interrupt_mode": "signal"` gets the SIGINT; one with `"message"`
+(Deno's and JJava's: a SIGINT would end them) gets a signed `interrupt_request` on its
+control channel instead, sent from here with the connection's key. SIGTERM and SIGHUP
+are passed on; when the kernel ends, this process ends with the same status, so the
+gateway sees the kernel's death as the container's.
 
 This file is copied into the container and imports nothing of the gateway.
 """
@@ -200,6 +200,51 @@ class Router:
         return back
 
 
+class Watcher:
+    """Which cell the kernel runs now, from the `status` messages it publishes on IOPub.
+
+    An interrupt is passed on only while a cell runs. Python's kernel ignores SIGINT
+    between cells, and the gateway relies on that (it repeats an interrupt until the
+    cell is idle, so the last one can land just after); Deno's kernel would instead
+    terminate whatever it runs next, so interrupts that arrive between cells stop here.
+    """
+
+    def __init__(self, url: str) -> None:
+        import zmq
+
+        self.running: str | None = None
+        """The msg_id of the execute_request being run, or None between cells."""
+        self._socket: Any = zmq.Context.instance().socket(zmq.SUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SUBSCRIBE, b"")
+        _reconnect_quickly(self._socket)
+        self._socket.connect(url)
+        threading.Thread(target=self._run, name="bridge-watcher", daemon=True).start()
+
+    def _run(self) -> None:
+        import zmq
+
+        try:
+            while True:
+                self.see(self._socket.recv_multipart())
+        except zmq.ZMQError:
+            pass
+
+    def see(self, frames: list[bytes]) -> None:
+        try:
+            i = frames.index(b"<IDS|MSG>")
+            header, parent, content = (json.loads(frames[i + n]) for n in (2, 3, 5))
+        except (ValueError, IndexError):
+            return
+        if header.get("msg_type") != "status" or parent.get("msg_type") != "execute_request":
+            return
+        state = content.get("execution_state")
+        if state == "busy":
+            self.running = parent.get("msg_id")
+        elif state == "idle" and self.running == parent.get("msg_id"):
+            self.running = None
+
+
 class Interrupter:
     """Sends a signed `interrupt_request` on the kernel's control channel."""
 
@@ -257,16 +302,21 @@ def main(argv: list[str]) -> int:
         kernel_file = os.path.join(os.path.dirname(connection_file), "kernel-tcp.json")
         info = tcp_connection(ipc, kernel_file)
         start_proxies(ipc, info)
+    # The gateway's own IOPub socket: the kernel's when it binds ipc itself, else this
+    # process's XPUB (Deno's kernel serves a second subscriber of its own badly).
+    watcher = Watcher(ipc_url(ipc, "iopub"))
     interrupter = None
     if spec.get("interrupt_mode") == "message":
-        url = ipc_url(ipc, "control") if direct else tcp_url(info, "control")
-        interrupter = Interrupter(info, url)
+        control = ipc_url(ipc, "control") if direct else tcp_url(info, "control")
+        interrupter = Interrupter(info, control)
     command = [str(arg).replace("{connection_file}", kernel_file) for arg in spec["argv"]]
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
     child = subprocess.Popen(command, env=env)
 
     def on_interrupt(signum: int, frame: Any) -> None:
+        if watcher.running is None:
+            return  # between cells: see Watcher
         if interrupter is not None:
             interrupter.send()
         else:

@@ -258,7 +258,10 @@ class Kernel:
         """Wait until the kernel answers on shell and its IOPub output reaches us.
 
         A SUB socket misses what is published before its subscription lands, so
-        readiness needs an IOPub message for our own kernel_info_request too.
+        readiness needs an IOPub message for our own kernel_info_request too: its
+        `idle` status, the kernel's word that it is done with the request. (Deno's
+        kernel, sent a cell while it still handled kernel_info, ran the next cell
+        without publishing its result.)
         """
         deadline = time.monotonic() + seconds
         while True:
@@ -266,7 +269,9 @@ class Kernel:
                 exit_info = self.exited.result().describe()
                 raise KernelUnavailable(f"kernel died while starting: {exit_info}")
             seen = asyncio.Event()
-            msg_id, reply = await self._send(self._shell, "kernel_info_request", {}, _setter(seen))
+            msg_id, reply = await self._send(
+                self._shell, "kernel_info_request", {}, _idle_setter(seen)
+            )
             try:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -279,7 +284,7 @@ class Kernel:
                 )
                 if reply in done:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(seen.wait(), 0.25)
+                        await asyncio.wait_for(seen.wait(), 1.0)
                     if seen.is_set():
                         self.language_info = reply.result()["content"].get("language_info", {})
                         return
@@ -340,5 +345,9 @@ def _router(sink: OutputSink) -> Listener:
     return route
 
 
-def _setter(event: asyncio.Event) -> Listener:
-    return lambda _msg: event.set()
+def _idle_setter(event: asyncio.Event) -> Listener:
+    def on_message(msg: Message) -> None:
+        if is_idle(msg):
+            event.set()
+
+    return on_message

@@ -39,6 +39,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "r": ("r",),
     "deno": ("javascript", "typescript"),
     "bash": ("bash",),
+    "java": ("java",),
 }
 """The language images `build-image` makes, by image suffix, and what each provides."""
 

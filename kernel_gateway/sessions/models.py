@@ -236,7 +236,7 @@ LanguageName = Annotated[
     Field(
         max_length=32,
         description="The kernel's language: one of `GET /languages` (python, javascript, "
-        "typescript, r, bash where their images are built); default python. One this "
+        "typescript, r, bash, java where their images are built); default python. One this "
         "gateway lacks is refused with 400 `unknown_language`, naming those it has.",
     ),
 ]
@@ -427,7 +427,7 @@ class LanguagePool(TypedDict):
 @_closed
 class LanguageInfo(TypedDict):
     name: str
-    """What `language` takes: python, javascript, typescript, r, bash, ..."""
+    """What `language` takes: python, javascript, typescript, r, bash, java, ..."""
     display_name: str
     version: str
     """The language's version in its image (empty when the image does not say)."""
