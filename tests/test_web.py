@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.backends import settings_for
+from tests.support.backends import require_languages, settings_for
 from tests.support.server import CuttableProxy, ServerFactory, ServerThread
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -308,3 +308,40 @@ def test_the_ui_picks_up_a_running_cell_after_a_reload(page: Any) -> None:
     resumed.locator(".done").wait_for(timeout=40_000)
     assert resumed.get_attribute("data-status") == "ok"
     assert resumed.locator(".stream.stdout").inner_text() == SLOW_TEXT
+
+
+def test_a_session_of_another_language_is_picked_in_the_header(
+    browser: Any, servers: ServerFactory
+) -> None:
+    """The language menu lists what the gateway runs; picking R starts an R session, whose
+    output and charts render as Python's do, and a reload keeps it."""
+    require_languages("r")
+    server = servers("docker", pool_size=1, max_sessions=8)
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(server.url + "/")
+        page.wait_for_selector("#session-state:has-text('idle')")
+        options = page.eval_on_selector_all("#language option", "os => os.map(o => o.value)")
+        assert options[0] == "python" and "r" in options
+        assert page.input_value("#language") == "python"
+        page.select_option("#language", "r")
+        page.wait_for_selector("#session-id:has-text('R session')")
+        page.wait_for_selector("#session-state:has-text('idle')")
+        assert "New R session started" in page.inner_text("#chat")
+        assert page.get_attribute("#code", "placeholder").startswith("R code")
+        answer = run_cell(page, "x <- 41\ncat(x + 1, '\\n')")
+        assert answer.locator(".stream.stdout").inner_text().strip() == "42"
+        answer = run_cell(page, "plot(1:10)")
+        assert answer.locator("img").first.get_attribute("src").startswith("data:image/png")
+        sid = page.evaluate("sessionStorage.getItem('kg-session')")
+        assert httpx.get(f"{server.url}/sessions/{sid}").json()["language"] == "r"
+        page.reload()
+        page.wait_for_selector("#session-state:has-text('idle')")
+        assert page.input_value("#language") == "r"
+        answer = run_cell(page, "cat(x, '\\n')")
+        assert answer.locator(".stream.stdout").inner_text().strip() == "41"
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(OUTPUT / "language-picker.png"), full_page=True)
+    finally:
+        context.close()
