@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,8 +26,9 @@ from jupyter_server.gateway.managers import GatewayKernelManager
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from kernel_gateway.kernels.languages import family_image
 from tests.support.api import Stream, execute, parse_sse
-from tests.support.backends import require_languages
+from tests.support.backends import IMAGE, require_languages
 from tests.support.jupyter import Outputs, jupyter_process, run_cell
 from tests.support.server import ServerFactory, ServerThread
 
@@ -422,3 +424,38 @@ def test_mcp_lists_the_languages_and_refuses_an_unknown_one(gateway: ServerThrea
     assert refused.is_error
     text = "".join(c.text for c in refused.content if isinstance(c, types.TextContent))
     assert "'cobol'" in text and "javascript" in text
+
+
+def test_an_operators_image_adds_a_language(servers: ServerFactory) -> None:
+    """`--language-images`: a kernelspec in an image of one's own is a language, read at
+    startup without running the image; naming a missing image stops the gateway."""
+    import docker
+
+    require_languages("bash")
+    tag = "kg-test-operator-language:latest"
+    dockerfile = (
+        f"FROM {family_image(IMAGE, 'bash')}\n"
+        "USER root\n"
+        "RUN mkdir -p /opt/kernel/kernelspecs/shell"
+        ' && sed \'s/"Bash"/"Shell (ours)"/\' /opt/kernel/kernelspecs/bash/kernel.json'
+        " > /opt/kernel/kernelspecs/shell/kernel.json"
+        " && echo 9.9.9 > /opt/kernel/kernelspecs/shell/version\n"
+        "USER sandbox\n"
+    )
+    client = docker.from_env()
+    try:
+        client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
+        gateway = servers("docker", pool_size=0, languages="python,shell", language_images=tag)
+        with httpx.Client(base_url=gateway.url, timeout=120) as http:
+            languages = {lang["name"]: lang for lang in http.get("/languages").json()["languages"]}
+            assert list(languages) == ["python", "shell"]
+            assert languages["shell"]["version"] == "9.9.9"
+            assert languages["shell"]["display_name"] == "Shell (ours)"
+            assert languages["shell"]["image"] == tag
+            sid = http.post("/sessions", json={"language": "shell"}).json()["id"]
+            assert execute(http, sid, "echo $((6 * 7))").stdout == "42\n"
+            refused = http.post("/sessions", json={"language": "bash"})
+            assert refused.status_code == 400  # not asked for in --languages
+    finally:
+        client.images.remove(tag, force=True)
+        client.close()

@@ -51,6 +51,7 @@ from kernel_gateway.kernels.languages import (
     Language,
     Languages,
     family_image,
+    family_of,
     parse_kernelspecs,
 )
 from kernel_gateway.kernels.storage import (
@@ -267,10 +268,16 @@ class DockerBackend(Backend):
         if wanted is not None:
             missing = [name for name in wanted if name not in found]
             if missing:
+                buildable = [name for name in missing if family_of(name) is not None]
+                how = (
+                    f"build it (kernel-gateway build-image --languages {','.join(buildable)})"
+                    " or name an image with its kernelspec in --language-images"
+                    if buildable
+                    else "name an image with its kernelspec in --language-images"
+                )
                 raise BackendUnavailable(
                     f"--languages asks for {', '.join(missing)}, which no kernel image "
-                    "provides: build it (kernel-gateway build-image --languages "
-                    f"{','.join(wanted)}) or name its image in --language-images"
+                    f"provides: {how} (see docs/languages.md)"
                 )
             found = {name: found[name] for name in wanted}
         return Languages(found.values())
