@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -459,3 +461,54 @@ def test_an_operators_image_adds_a_language(servers: ServerFactory) -> None:
     finally:
         client.images.remove(tag, force=True)
         client.close()
+
+
+DEATHS = {
+    "javascript": "Deno.exit(3)",
+    "typescript": "Deno.exit(3)",
+    "r": "tools::pskill(Sys.getpid(), tools::SIGKILL)",
+    "bash": "kill -9 $PPID",  # bash_kernel's own process: the kernel dies
+    "java": "System.exit(3);",
+}
+
+
+def test_a_kernel_that_dies_is_reported_and_the_session_recovers(
+    http: httpx.Client, language: str
+) -> None:
+    response = http.post("/sessions", json={"language": language})
+    sid = response.json()["id"]
+    try:
+        assert execute(http, sid, CASES[language].assign).done["status"] == "ok"
+        died = execute(http, sid, DEATHS[language], timeout=30)
+        assert died.done["status"] == "died", died.events
+        assert died.named("error")[-1]["ename"] == "KernelDied", died.events
+        after = execute(http, sid, CASES[language].read)
+        assert after.done["restarted"] is True  # this cell runs on the replacement kernel
+        assert "42" not in text_of(after)  # a fresh kernel: the variable is gone
+        info = http.get(f"/sessions/{sid}").json()
+        assert info["language"] == language and info["restarts"] == 1
+    finally:
+        http.delete(f"/sessions/{sid}")
+
+
+def test_the_client_and_the_command_line_take_a_language(gateway: ServerThread) -> None:
+    from kernel_gateway.client import Client, UnknownLanguageError
+
+    with Client(gateway.url, token=TOKEN) as client:
+        names = [lang["name"] for lang in client.languages()]
+        assert names[0] == "python" and set(LANGUAGES) <= set(names)
+        with client.session(language="r") as session:
+            assert session.info()["language"] == "r"
+            assert session.run("cat(6 * 7)").stdout == "42"
+        assert client.run("echo $((6 * 7))", language="bash").stdout == "42\n"
+        with pytest.raises(UnknownLanguageError, match="'cobol'"):
+            client.create_session("cobol")
+    command = [sys.executable, "-m", "kernel_gateway", "run", "--url", gateway.url]
+    result = subprocess.run(
+        [*command, "--token", TOKEN, "--language", "typescript", "console.log(6 * 7)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "42\n"
