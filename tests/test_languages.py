@@ -315,6 +315,31 @@ def test_stateless_execute_takes_a_language(http: httpx.Client, language: str) -
     assert "42" in text_of(stream), events
 
 
+def test_a_kernel_behind_the_bridge_has_pythons_hardening(http: httpx.Client) -> None:
+    """R, whose kernel listens on the container's loopback behind the bridge: the same
+    user, no capabilities, no network but the loopback, read-only root."""
+    response = http.post("/sessions", json={"language": "r"})
+    sid = response.json()["id"]
+    try:
+        code = (
+            'cat(system("id -u; grep CapEff /proc/self/status; ls /sys/class/net; '
+            'touch /usr/evil 2>&1", intern = TRUE), sep = "\n")'
+        )
+        out = execute(http, sid, code).stdout.splitlines()
+        assert out[0] == "1000", out
+        assert out[1] == "CapEff:\t0000000000000000", out
+        assert out[2] == "lo" and "Read-only file system" in out[3], out
+        reach = execute(
+            http,
+            sid,
+            'tryCatch(readLines(url("http://1.1.1.1/")), '
+            'error = function(e) cat("refused:", conditionMessage(e)))',
+        )
+        assert "refused:" in reach.stdout, reach.events
+    finally:
+        http.delete(f"/sessions/{sid}")
+
+
 def test_a_non_python_kernel_has_pythons_hardening(http: httpx.Client) -> None:
     """Bash, where the checks are easy to write: same user, no capabilities, no network,
     read-only root."""

@@ -351,6 +351,7 @@ def build_image(
 
 NPM_REGISTRY = "https://registry.npmjs.org"
 DENO_LOCK = "deno.lock.json"
+MAX_DENO_TARBALL = 256 * 2**20
 
 
 def language_families(languages: list[str] | None) -> list[str]:
@@ -449,15 +450,20 @@ def fetch_deno(stage: Path, arch: str, out: Printer = _print) -> None:
     out(f"deno: fetching {name}@{version} from {url}")
     try:
         with urllib.request.urlopen(url, timeout=120) as response:
-            data = response.read()
+            data = response.read(MAX_DENO_TARBALL + 1)
     except OSError as exc:
         raise SystemExit(f"deno: could not fetch {url}: {exc}") from None
+    if len(data) > MAX_DENO_TARBALL:
+        raise SystemExit(f"deno: {url} is over {MAX_DENO_TARBALL // 2**20} MiB")
     algorithm, _, expected = integrity.partition("-")
     actual = base64.b64encode(hashlib.new(algorithm, data).digest()).decode()
     if actual != expected:
         raise SystemExit(f"deno: {url} does not match its integrity hash in {DENO_LOCK}")
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        member = tar.extractfile("package/deno")
+        try:
+            member = tar.extractfile("package/deno")
+        except KeyError:
+            member = None
         if member is None:
             raise SystemExit(f"deno: {url} holds no package/deno")
         binary.write_bytes(member.read())

@@ -6,26 +6,28 @@ Usage (the container's command, as the gateway writes it):
 
 The gateway talks to every kernel over ZMQ ipc sockets in the bind-mounted `/conn`
 (`k-1` ... `k-5`), because the container has no network. Not every kernel can bind
-those: Deno's kernel listens with `Deno.listen` (TCP only), and IRkernel names ipc
-sockets its own way. So unless the kernelspec says the kernel speaks ipc itself
+those: Deno's kernel listens with `Deno.listen` (TCP only), and IRkernel and JJava name
+ipc sockets their own way. So unless the kernelspec says the kernel speaks ipc itself
 (`metadata.kernel_gateway.transport == "ipc"`, as ipykernel-based kernels do), this
 process binds the ipc sockets, starts the kernel on loopback TCP ports inside the
 container (which has a loopback and nothing else), and forwards each channel:
 
-    iopub:                      XPUB   (ipc, bound)  <->  XSUB (tcp), by `zmq.proxy`
-                                (libzmq's own loop, in C with the GIL released)
-    shell, control, stdin, hb:  ROUTER (ipc, bound)  <->  one DEALER (tcp) per client
-                                socket on the gateway's side (see `Router`)
+    iopub:                      XPUB (ipc, bound) <-> XSUB (tcp), by `zmq.proxy` (libzmq's
+                                own loop, in C); through `Router` for `late_results` kernels
+    shell, control, stdin, hb:  ROUTER (ipc, bound) <-> one DEALER (tcp) per client socket
+                                on the gateway's side (see `Router`)
 
-Messages are passed as frames, never parsed.
+Messages are passed as frames; only their headers are read, where said.
 
 Signals. The gateway interrupts a cell with SIGINT to the container, which reaches
-this process (Docker's init forwards it). While a cell runs (see `Watcher`), a kernel
-whose kernelspec has `"interrupt_mode": "signal"` gets the SIGINT; one with `"message"`
-(Deno's and JJava's: a SIGINT would end them) gets a signed `interrupt_request` on its
-control channel instead, sent from here with the connection's key. SIGTERM and SIGHUP
-are passed on; when the kernel ends, this process ends with the same status, so the
-gateway sees the kernel's death as the container's.
+this process (Docker's init forwards it). The handler only wakes the `Relay` thread,
+which passes the interrupt on while a cell runs (see `Watcher`): SIGINT to a kernel
+whose kernelspec has `"interrupt_mode": "signal"`, a signed `interrupt_request` on its
+control channel for `"message"` (Deno's and JJava's: a SIGINT would end them). SIGTERM
+and SIGHUP are passed on; when the kernel ends, this process ends with the same status,
+so the gateway sees the kernel's death as the container's. If forwarding breaks (a
+thread dies), the kernel is killed, for the same reason: never a live kernel that
+cannot be reached.
 
 This file is copied into the container and imports nothing of the gateway.
 """
@@ -36,17 +38,29 @@ import hashlib
 import hmac
 import json
 import os
+import random
 import signal
 import socket
+import string
 import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
+from collections import OrderedDict
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
+PORTS = (20000, 32000)
+"""Where the kernel's loopback ports are chosen: below Linux's ephemeral range (32768 and
+up), so no outgoing connection's own port can be one of them."""
+MAX_CLIENTS = 64
+"""Connections to the kernel kept per channel, one per gateway-side socket (LRU beyond)."""
+HOLD_SECONDS = 1.0
+"""The longest an `idle` is held back waiting for a late result."""
 
 
 def load(path: str) -> dict[str, Any]:
@@ -59,14 +73,16 @@ def load(path: str) -> dict[str, Any]:
 
 def free_ports(count: int) -> list[int]:
     """Loopback ports nothing listens on (the container's own network namespace)."""
-    holders = []
-    for _ in range(count):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        holders.append(sock)
-    ports = [s.getsockname()[1] for s in holders]
-    for sock in holders:
-        sock.close()
+    ports: list[int] = []
+    while len(ports) < count:
+        port = random.randint(*PORTS)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if port not in ports:
+            ports.append(port)
     return ports
 
 
@@ -89,15 +105,194 @@ def tcp_connection(ipc: dict[str, Any], path: str) -> dict[str, Any]:
     return info
 
 
-MAX_CLIENTS = 64
-"""Connections to the kernel kept per channel, one per gateway-side socket (LRU beyond)."""
+def command_of(spec: dict[str, Any], spec_file: str, connection_file: str) -> list[str]:
+    """The kernelspec's argv, with Jupyter's `{connection_file}` and `{resource_dir}`."""
+    resource_dir = os.path.dirname(os.path.abspath(spec_file))
+    return [
+        str(arg)
+        .replace("{connection_file}", connection_file)
+        .replace("{resource_dir}", resource_dir)
+        for arg in spec["argv"]
+    ]
 
 
-def start_proxies(ipc: dict[str, Any], tcp: dict[str, Any], *, late_results: bool = False) -> Any:
+def env_of(spec: dict[str, Any], environ: dict[str, str]) -> dict[str, str]:
+    """The environment with the kernelspec's `env`, `${VAR}` expanded as Jupyter does."""
+    env = dict(environ)
+    for key, value in (spec.get("env") or {}).items():
+        env[str(key)] = string.Template(str(value)).safe_substitute(environ)
+    return env
+
+
+def peek(frames: list[bytes]) -> tuple[str, str, str, str]:
+    """(msg_type, parent msg_id, parent msg_type, execution_state) of a message's frames.
+
+    Only the header is parsed for every message; the parent header and the content only
+    for `status` messages (small), never a display's megabytes.
+    """
+    try:
+        i = frames.index(b"<IDS|MSG>")
+        header = json.loads(frames[i + 2])
+        kind = str(header.get("msg_type", ""))
+        if kind not in ("status", "execute_result"):
+            return kind, "", "", ""
+        parent = json.loads(frames[i + 3])
+        state = ""
+        if kind == "status":
+            state = str(json.loads(frames[i + 5]).get("execution_state", ""))
+        return kind, str(parent.get("msg_id", "")), str(parent.get("msg_type", "")), state
+    except (ValueError, IndexError, AttributeError, TypeError):
+        return "", "", "", ""
+
+
+def _bytes(frames: list[Any]) -> list[bytes]:
+    return [f.bytes if hasattr(f, "bytes") else f for f in frames]
+
+
+class Watcher:
+    """Which cell the kernel runs now, from the `status` messages it publishes on IOPub.
+
+    An interrupt is passed on only while a cell runs. Python's kernel ignores SIGINT
+    between cells, and the gateway relies on that (it repeats an interrupt until the
+    cell is idle, so the last one can land just after); Deno's kernel would instead
+    terminate whatever it runs next, so interrupts that arrive between cells stop here.
+    It sees the kernel's own order: fed by `LateResults` where IOPub passes through
+    `Router`, else subscribed to the gateway's IOPub socket.
+    """
+
+    def __init__(self) -> None:
+        self.running: str | None = None
+        """The msg_id of the execute_request being run, or None between cells."""
+
+    def see(self, frames: list[bytes]) -> None:
+        kind, parent, parent_type, state = peek(frames)
+        if kind != "status" or parent_type != "execute_request":
+            return
+        if state == "busy":
+            self.running = parent
+        elif state == "idle" and self.running == parent:
+            self.running = None
+
+    def subscribe(self, url: str, on_failure: Callable[[], None]) -> None:
+        """Follow IOPub on a SUB socket of its own, on a thread of its own."""
+
+        def run() -> None:
+            import zmq
+
+            sock: Any = zmq.Context.instance().socket(zmq.SUB)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+            _reconnect_quickly(sock)
+            sock.connect(url)
+            while True:
+                self.see(sock.recv_multipart())
+
+        _thread("bridge-watcher", run, on_failure)
+
+
+class Requester:
+    """Signed requests of the bridge's own (interrupts, probes) on one of the kernel's
+    channels, with the connection's key. Used from one thread only (ZMQ sockets are not
+    thread-safe): the one that also reads and drops its replies."""
+
+    def __init__(self, info: dict[str, Any], url: str, context: Any) -> None:
+        import zmq
+
+        self._key = str(info["key"]).encode()
+        self._digest = getattr(hashlib, str(info.get("signature_scheme", "hmac-sha256"))[5:])
+        self._session = uuid.uuid4().hex
+        self.socket: Any = context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        _reconnect_quickly(self.socket)
+        self.socket.connect(url)
+        self.sent: set[str] = set()
+        """msg_ids sent and not yet seen idle (kept small by their owner)."""
+
+    def send(self, msg_type: str) -> str:
+        msg_id = uuid.uuid4().hex
+        header = {
+            "msg_id": msg_id,
+            "session": self._session,
+            "username": "kernel-gateway",
+            "date": datetime.now(timezone.utc).isoformat(),  # noqa: UP017 - any Python 3
+            "msg_type": msg_type,
+            "version": "5.3",
+        }
+        parts = [json.dumps(p).encode() for p in (header, {}, {}, {})]
+        mac = hmac.new(self._key, digestmod=self._digest)
+        for part in parts:
+            mac.update(part)
+        self.socket.send_multipart([b"<IDS|MSG>", mac.hexdigest().encode(), *parts])
+        if len(self.sent) > 1000:
+            self.sent.clear()
+        self.sent.add(msg_id)
+        return msg_id
+
+
+class Relay:
+    """Passes the container's SIGINTs on to the kernel, from a thread of its own.
+
+    The signal handler only writes a byte to a pipe (nothing in a handler may take a
+    lock or touch a ZMQ socket); this thread wakes on it and, while `watcher` says a
+    cell runs, sends SIGINT or an `interrupt_request` (its socket is this thread's
+    alone, and so is the reading of the replies).
+    """
+
+    def __init__(
+        self,
+        watcher: Watcher,
+        child: subprocess.Popen[bytes],
+        interrupter: Requester | None,
+    ) -> None:
+        self.watcher = watcher
+        self.child = child
+        self.interrupter = interrupter
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.write_fd, False)
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        try:
+            os.write(self.write_fd, b"i")
+        except BlockingIOError:
+            pass  # a wake-up is already pending
+
+    def run(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self.read_fd, zmq.POLLIN)
+        if self.interrupter is not None:
+            poller.register(self.interrupter.socket, zmq.POLLIN)
+        while True:
+            for item, _ in poller.poll():
+                if item == self.read_fd:
+                    os.read(self.read_fd, 64)
+                    self._interrupt()
+                elif self.interrupter is not None:
+                    self.interrupter.socket.recv_multipart()  # a reply: dropped
+
+    def _interrupt(self) -> None:
+        if self.watcher.running is None:
+            return  # between cells: see Watcher
+        if self.interrupter is not None:
+            self.interrupter.send("interrupt_request")
+        else:
+            _kill(self.child, signal.SIGINT)
+
+
+def start_proxies(
+    ipc: dict[str, Any],
+    tcp: dict[str, Any],
+    watcher: Watcher,
+    on_failure: Callable[[], None],
+    *,
+    late_results: bool = False,
+) -> Any:
     """Bind the gateway's ipc sockets and forward each to the kernel's TCP port.
 
     `late_results`: IOPub goes through `Router` too, which keeps each cell's results
-    ahead of its `idle` (see `LateResults`); else libzmq's own proxy forwards it.
+    ahead of its `idle` (see `LateResults`) and tells `watcher` the kernel's own order;
+    else libzmq's own proxy forwards it and `watcher` subscribes to the forwarded stream.
     """
     import zmq
 
@@ -115,9 +310,8 @@ def start_proxies(ipc: dict[str, Any], tcp: dict[str, Any], *, late_results: boo
     _reconnect_quickly(back)
     back.connect(tcp_url(tcp, "iopub"))
     if not late_results:
-        threading.Thread(
-            target=_proxy, args=(front, back), name="bridge-iopub", daemon=True
-        ).start()
+        _thread("bridge-iopub", lambda: zmq.proxy(front, back), on_failure)
+        watcher.subscribe(ipc_url(ipc, "iopub"), on_failure)
     fronts = {}
     for channel in ("shell", "control", "stdin", "hb"):
         router_front = context.socket(zmq.ROUTER)
@@ -126,9 +320,10 @@ def start_proxies(ipc: dict[str, Any], tcp: dict[str, Any], *, late_results: boo
         fronts[channel] = router_front
     late = None
     if late_results:
-        late = LateResults(front, back, Requester(tcp, tcp_url(tcp, "shell"), context))
+        prober = Requester(tcp, tcp_url(tcp, "shell"), context)
+        late = LateResults(front, back, prober, watcher)
     router = Router(context, fronts, {c: tcp_url(tcp, c) for c in fronts}, late)
-    threading.Thread(target=router.run, name="bridge-router", daemon=True).start()
+    _thread("bridge-router", router.run, on_failure)
     return context
 
 
@@ -139,35 +334,18 @@ def _reconnect_quickly(sock: Any) -> None:
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 100)
 
 
-def _proxy(front: Any, back: Any) -> None:
-    import zmq
+def _thread(name: str, target: Callable[[], object], on_failure: Callable[[], None]) -> None:
+    """Run `target` on a daemon thread; if it ever returns or raises, `on_failure`."""
 
-    try:
-        zmq.proxy(front, back)
-    except zmq.ContextTerminated:
-        pass
+    def run() -> None:
+        try:
+            target()
+        except BaseException:
+            traceback.print_exc()
+        print(f"bridge: {name} stopped; ending the kernel", file=sys.stderr, flush=True)
+        on_failure()
 
-
-def peek(frames: list[bytes]) -> tuple[str, str, str, str]:
-    """(msg_type, parent msg_id, parent msg_type, execution_state) of a message's frames."""
-    try:
-        i = frames.index(b"<IDS|MSG>")
-        header, parent = json.loads(frames[i + 2]), json.loads(frames[i + 3])
-        state = ""
-        if header.get("msg_type") == "status":
-            state = str(json.loads(frames[i + 5]).get("execution_state", ""))
-        return (
-            str(header.get("msg_type", "")),
-            str(parent.get("msg_id", "")),
-            str(parent.get("msg_type", "")),
-            state,
-        )
-    except (ValueError, IndexError, AttributeError):
-        return "", "", "", ""
-
-
-HOLD_SECONDS = 1.0
-"""The longest an `idle` is held back waiting for a late result."""
+    threading.Thread(target=run, name=name, daemon=True).start()
 
 
 class LateResults:
@@ -182,13 +360,17 @@ class LateResults:
     own `idle` comes back, the kernel has published what it had queued before it, the
     late result included, and the held `idle` follows. A result that arrives first
     releases the `idle` at once; none is held past `HOLD_SECONDS`. The probe's
-    messages are never passed on.
+    messages are never passed on. Every message is shown to `watcher` first, in the
+    kernel's own order.
     """
 
-    def __init__(self, front: Any, back: Any, prober: Requester) -> None:
+    def __init__(
+        self, front: Any, back: Any, prober: Requester, watcher: Watcher | None = None
+    ) -> None:
         self.front = front
         self.back = back
         self.prober = prober
+        self.watcher = watcher
         self._results: set[str] = set()
         """Cells whose result went out before their idle."""
         self._held: dict[str, tuple[list[Any], float]] = {}
@@ -196,7 +378,9 @@ class LateResults:
         """probe msg_id -> the cell whose idle it releases"""
 
     def on_message(self, frames: list[Any]) -> None:
-        raw = [f.bytes if hasattr(f, "bytes") else f for f in frames]
+        raw = _bytes(frames)
+        if self.watcher is not None:
+            self.watcher.see(raw)
         kind, parent, parent_type, state = peek(raw)
         cell = self._probes.get(parent)
         if cell is not None or parent in self.prober.sent:
@@ -240,10 +424,6 @@ class LateResults:
             self._probes.clear()
 
 
-MAX_CLIENTS = 64
-"""Connections to the kernel kept per channel, one per gateway-side socket (LRU beyond)."""
-
-
 class Router:
     """Each gateway-side socket gets a connection of its own to the kernel.
 
@@ -251,8 +431,10 @@ class Router:
     Deno's kernel does not route replies by it. So, as a ROUTER front, every client
     identity gets its own DEALER to the kernel, and the kernel sees as many ordinary
     clients as the gateway has sockets (its own, and one per Jupyter WebSocket): each
-    reply goes back over the connection its request came on. With `late`, IOPub is
-    forwarded here too, through `LateResults`.
+    reply goes back over the connection its request came on. A client's own identity
+    (the gateway gives a Jupyter connection's shell and stdin sockets the same one) is
+    kept on its DEALERs, so a kernel's `input_request` finds the client that asked. With
+    `late`, IOPub is forwarded here too, through `LateResults`. All of it on one thread.
     """
 
     def __init__(
@@ -262,8 +444,6 @@ class Router:
         urls: dict[str, str],
         late: LateResults | None = None,
     ) -> None:
-        from collections import OrderedDict
-
         self._context = context
         self._fronts = fronts
         self._urls = urls
@@ -283,28 +463,26 @@ class Router:
         if late is not None:
             poller.register(late.back, zmq.POLLIN)
             poller.register(late.prober.socket, zmq.POLLIN)
-        try:
-            while True:
-                timeout = 50 if late is not None and late.waiting else None
-                for sock, _ in poller.poll(timeout):
-                    if sock in channel_of:
-                        frames = sock.recv_multipart(copy=False)
-                        if len(frames) > 1:
-                            back = self._back(poller, channel_of[sock], frames[0].bytes)
-                            back.send_multipart(frames[1:], copy=False)
-                        continue
-                    if late is not None and sock is late.back:
-                        late.on_message(sock.recv_multipart(copy=False))
-                        continue
-                    owner = self._owner.get(sock)
+        while True:
+            timeout = 50 if late is not None and late.waiting else None
+            for sock, _ in poller.poll(timeout):
+                if sock.closed:
+                    continue  # evicted earlier in this same batch
+                if sock in channel_of:
                     frames = sock.recv_multipart(copy=False)
+                    if len(frames) > 1:
+                        back = self._back(poller, channel_of[sock], frames[0].bytes)
+                        back.send_multipart(frames[1:], copy=False)
+                elif late is not None and sock is late.back:
+                    late.on_message(sock.recv_multipart(copy=False))
+                else:
+                    frames = sock.recv_multipart(copy=False)
+                    owner = self._owner.get(sock)
                     if owner is not None:
                         channel, client = owner
                         self._fronts[channel].send_multipart([client, *frames], copy=False)
-                if late is not None and late.waiting:
-                    late.expire()
-        except zmq.ContextTerminated:
-            pass
+            if late is not None and late.waiting:
+                late.expire()
 
     def _back(self, poller: Any, channel: str, client: bytes) -> Any:
         import zmq
@@ -321,6 +499,8 @@ class Router:
             oldest.close(linger=0)
         back = self._context.socket(zmq.DEALER)
         back.setsockopt(zmq.LINGER, 0)
+        if client and not client.startswith(b"\x00"):  # a client's own, not ZMQ's made-up one
+            back.setsockopt(zmq.IDENTITY, client)
         _reconnect_quickly(back)
         back.connect(self._urls[channel])
         backs[client] = back
@@ -329,143 +509,49 @@ class Router:
         return back
 
 
-class Watcher:
-    """Which cell the kernel runs now, from the `status` messages it publishes on IOPub.
-
-    An interrupt is passed on only while a cell runs. Python's kernel ignores SIGINT
-    between cells, and the gateway relies on that (it repeats an interrupt until the
-    cell is idle, so the last one can land just after); Deno's kernel would instead
-    terminate whatever it runs next, so interrupts that arrive between cells stop here.
-    """
-
-    def __init__(self, url: str) -> None:
-        import zmq
-
-        self.running: str | None = None
-        """The msg_id of the execute_request being run, or None between cells."""
-        self._socket: Any = zmq.Context.instance().socket(zmq.SUB)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.SUBSCRIBE, b"")
-        _reconnect_quickly(self._socket)
-        self._socket.connect(url)
-        threading.Thread(target=self._run, name="bridge-watcher", daemon=True).start()
-
-    def _run(self) -> None:
-        import zmq
-
-        try:
-            while True:
-                self.see(self._socket.recv_multipart())
-        except zmq.ZMQError:
-            pass
-
-    def see(self, frames: list[bytes]) -> None:
-        try:
-            i = frames.index(b"<IDS|MSG>")
-            header, parent, content = (json.loads(frames[i + n]) for n in (2, 3, 5))
-        except (ValueError, IndexError):
-            return
-        if header.get("msg_type") != "status" or parent.get("msg_type") != "execute_request":
-            return
-        state = content.get("execution_state")
-        if state == "busy":
-            self.running = parent.get("msg_id")
-        elif state == "idle" and self.running == parent.get("msg_id"):
-            self.running = None
-
-
-class Requester:
-    """Signed requests of the bridge's own (interrupts, probes) on one of the kernel's
-    channels, with the connection's key; replies are read and dropped."""
-
-    def __init__(self, info: dict[str, Any], url: str, context: Any = None) -> None:
-        import zmq
-
-        self._key = str(info["key"]).encode()
-        self._digest = getattr(hashlib, str(info.get("signature_scheme", "hmac-sha256"))[5:])
-        self._session = uuid.uuid4().hex
-        self.socket: Any = (context or zmq.Context.instance()).socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        _reconnect_quickly(self.socket)
-        self.socket.connect(url)
-        self.sent: set[str] = set()
-        """msg_ids sent and not yet seen idle (kept small by their owner)."""
-        self._lock = threading.Lock()
-
-    def send(self, msg_type: str) -> str:
-        msg_id = uuid.uuid4().hex
-        header = {
-            "msg_id": msg_id,
-            "session": self._session,
-            "username": "kernel-gateway",
-            "date": datetime.now(timezone.utc).isoformat(),  # noqa: UP017 - any Python 3
-            "msg_type": msg_type,
-            "version": "5.3",
-        }
-        parts = [json.dumps(p).encode() for p in (header, {}, {}, {})]
-        mac = hmac.new(self._key, digestmod=self._digest)
-        for part in parts:
-            mac.update(part)
-        with self._lock:
-            self.socket.send_multipart([b"<IDS|MSG>", mac.hexdigest().encode(), *parts])
-        if len(self.sent) > 1000:
-            self.sent.clear()
-        self.sent.add(msg_id)
-        return msg_id
-
-    def drain_in_background(self) -> None:
-        threading.Thread(target=self._drain, name="bridge-replies", daemon=True).start()
-
-    def _drain(self) -> None:
-        import zmq
-
-        try:
-            while True:
-                self.socket.recv_multipart()
-        except zmq.ZMQError:
-            pass
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: bridge.py CONNECTION_FILE KERNELSPEC", file=sys.stderr)
         return 2
+    import zmq
+
     connection_file, spec_file = argv
     ipc = load(connection_file)
     spec = load(spec_file)
-    options = spec.get("metadata", {}).get("kernel_gateway", {})
+    options = (spec.get("metadata") or {}).get("kernel_gateway") or {}
     direct = options.get("transport") == "ipc"
+    child: subprocess.Popen[bytes] | None = None
+
+    def fail() -> None:
+        if child is not None:
+            _kill(child, signal.SIGKILL)
+        else:
+            os._exit(70)
+
+    watcher = Watcher()
     if direct:
         kernel_file, info = connection_file, ipc
+        watcher.subscribe(ipc_url(ipc, "iopub"), fail)
     else:
         kernel_file = os.path.join(os.path.dirname(connection_file), "kernel-tcp.json")
         info = tcp_connection(ipc, kernel_file)
-        start_proxies(ipc, info, late_results=bool(options.get("late_results")))
-    # The gateway's own IOPub socket: the kernel's when it binds ipc itself, else this
-    # process's XPUB (Deno's kernel serves a second subscriber of its own badly).
-    watcher = Watcher(ipc_url(ipc, "iopub"))
+        late = bool(options.get("late_results"))
+        start_proxies(ipc, info, watcher, fail, late_results=late)
     interrupter = None
     if spec.get("interrupt_mode") == "message":
         control = ipc_url(ipc, "control") if direct else tcp_url(info, "control")
-        interrupter = Requester(info, control)
-        interrupter.drain_in_background()
-    command = [str(arg).replace("{connection_file}", kernel_file) for arg in spec["argv"]]
-    env = dict(os.environ)
-    env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
-    child = subprocess.Popen(command, env=env)
-
-    def on_interrupt(signum: int, frame: Any) -> None:
-        if watcher.running is None:
-            return  # between cells: see Watcher
-        if interrupter is not None:
-            interrupter.send("interrupt_request")
-        else:
-            _kill(child, signal.SIGINT)
+        interrupter = Requester(info, control, zmq.Context.instance())
+    child = subprocess.Popen(
+        command_of(spec, spec_file, kernel_file), env=env_of(spec, dict(os.environ))
+    )
+    relay = Relay(watcher, child, interrupter)
+    _thread("bridge-interrupts", relay.run, fail)
 
     def pass_on(signum: int, frame: Any) -> None:
-        _kill(child, signum)
+        if child is not None:
+            _kill(child, signum)
 
-    signal.signal(signal.SIGINT, on_interrupt)
+    signal.signal(signal.SIGINT, relay.on_signal)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, pass_on)
     status = child.wait()

@@ -30,6 +30,7 @@ from jupyter_client.session import Session as JupyterSession
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.backends.base import ExitInfo, KernelProcess
 from kernel_gateway.kernels.events import ExecuteReply, input_count, is_idle, translate
+from kernel_gateway.kernels.languages import PYTHON
 from kernel_gateway.kernels.wire import (
     MAX_MESSAGE_BYTES,
     Signer,
@@ -181,7 +182,7 @@ class Kernel:
         kernel_startup's `_install_outcome_log`); None if the kernel does not know.
 
         Only Python's kernel keeps that log: other languages' kernels do not know."""
-        if self.language != "python" or not all(c.isalnum() or c in "-_" for c in msg_id):
+        if self.language != PYTHON or not all(c.isalnum() or c in "-_" for c in msg_id):
             return None
         content = {
             "code": "",

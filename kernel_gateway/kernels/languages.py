@@ -26,13 +26,15 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from kernel_gateway.errors import UnknownLanguage
 from kernel_gateway.settings import LANGUAGE_NAME
 
 PYTHON = "python"
+RESERVED = frozenset({"python3"})
+"""Names no image may give a language: `python3` is Python's kernelspec name in Jupyter."""
 KERNELSPECS = "/opt/kernel/kernelspecs"
 
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -110,7 +112,7 @@ class Languages(Mapping[str, Language]):
     def __getitem__(self, name: str) -> Language:
         return self._by_name[name]
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[str]:
         return iter(self._by_name)
 
     def __len__(self) -> int:
@@ -138,14 +140,19 @@ def parse_kernelspecs(tar_bytes: bytes, image: str) -> list[Language]:
     with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
         for member in tar.getmembers():
             parts = member.name.strip("/").split("/")
-            if member.isfile() and len(parts) == 3 and parts[0] == "kernelspecs":
+            if (
+                member.isfile()
+                and len(parts) == 3
+                and parts[0] == "kernelspecs"
+                and parts[2] in ("kernel.json", "version")
+            ):
                 handle = tar.extractfile(member)
                 if handle is not None:
                     members["/".join(parts[1:])] = handle.read(1 << 20)
     found = []
     for key in sorted(members):
         name, _, leaf = key.partition("/")
-        if leaf != "kernel.json" or not LANGUAGE_NAME.fullmatch(name):
+        if leaf != "kernel.json" or not LANGUAGE_NAME.fullmatch(name) or name in RESERVED:
             continue
         version = members.get(f"{name}/version", b"").decode("utf-8", "replace").strip()
         spec = _kernelspec(members[key])
@@ -174,6 +181,8 @@ def _kernelspec(data: bytes) -> dict[str, str] | None:
     except ValueError:
         return None
     if not isinstance(spec, dict):
+        return None
+    if not isinstance(spec.get("metadata", {}), dict | None):
         return None
     argv = spec.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):

@@ -218,6 +218,17 @@ class RequestModel(BaseModel):
     )
 
 
+LanguageName = Annotated[
+    str | None,
+    Field(
+        max_length=32,
+        description="The kernel's language: one of `GET /languages` (python, javascript, "
+        "typescript, r, bash, java where their images are built); default python. One this "
+        "gateway lacks is refused with 400 `unknown_language`, naming those it has.",
+    ),
+]
+
+
 class NewSession(RequestModel):
     """A new session: send an empty object (or no body) for Python."""
 
@@ -229,17 +240,6 @@ class ExecuteRequest(RequestModel):
 
     code: Code
     timeout: Timeout = None
-
-
-LanguageName = Annotated[
-    str | None,
-    Field(
-        max_length=32,
-        description="The kernel's language: one of `GET /languages` (python, javascript, "
-        "typescript, r, bash, java where their images are built); default python. One this "
-        "gateway lacks is refused with 400 `unknown_language`, naming those it has.",
-    ),
-]
 
 
 class StatelessFile(RequestModel):

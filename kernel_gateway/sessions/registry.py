@@ -124,7 +124,9 @@ class Registry:
         await self._tasks.join()  # releases under way
         if self.forks is not None:
             await self.forks.close()
-        await asyncio.gather(*(pool.close() for pool in self.pools.values()))
+        await asyncio.gather(
+            *(pool.close() for pool in self.pools.values()), return_exceptions=True
+        )
 
     # -- the steps of a durable stop and start (sessions/durable.py) ------------------------
 

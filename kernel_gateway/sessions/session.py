@@ -48,6 +48,7 @@ from kernel_gateway.kernels.events import (
     parse_reply,
 )
 from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.kernels.languages import PYTHON
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.sessions.execution import Execution, StopReason
 from kernel_gateway.sessions.files import SessionFiles
@@ -76,7 +77,7 @@ class Session:
         ephemeral: bool = False,
         persist: Callable[[Session], None] | None = None,
         metrics: Metrics,
-        language: str = "python",
+        language: str = PYTHON,
     ) -> None:
         self.id = session_id
         self.language = language
@@ -607,7 +608,7 @@ class Session:
             return
         if execution.saw_error or (execution.reply is not None and execution.reply.status == "ok"):
             return
-        if self.language == "python":
+        if self.language == PYTHON:
             event = error_event(
                 "KeyboardInterrupt",
                 "interrupted before the cell's code ran, or between its statements: "

@@ -3,6 +3,7 @@ bridge's message handling, and what each front door makes of a language."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import tarfile
@@ -179,8 +180,7 @@ def test_peek_reads_only_what_it_needs() -> None:
 
 
 def test_the_watcher_knows_which_cell_runs() -> None:
-    watcher = bridge.Watcher.__new__(bridge.Watcher)
-    watcher.running = None
+    watcher = bridge.Watcher()
     watcher.see(frames("status", "c1", execution_state="busy"))
     assert watcher.running == "c1"
     watcher.see(frames("status", "k1", "kernel_info_request", execution_state="idle"))
@@ -250,3 +250,83 @@ def test_a_held_idle_is_released_after_the_cap(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(bridge.time, "monotonic", lambda: now + bridge.HOLD_SECONDS + 0.1)
     late.expire()
     assert sink.sent == [("status", "c1", "execute_request", "idle")] and not late.waiting
+
+
+# -- which languages a docker gateway serves (images stubbed: no engine needed) ---------------
+
+
+def find_languages(
+    tmp_path: Path, images: dict[str, list[Language] | None], **settings: Any
+) -> Languages:
+    from kernel_gateway.kernels.backends.base import RuntimeDir
+    from kernel_gateway.kernels.backends.docker import DockerBackend
+
+    backend = DockerBackend(Settings(runtime_dir=tmp_path, **settings), RuntimeDir(tmp_path))
+
+    async def kernelspecs_of(image: str) -> list[Language] | None:
+        return images.get(image)
+
+    backend._kernelspecs_of = kernelspecs_of  # type: ignore[method-assign]
+    return asyncio.run(backend._find_languages())
+
+
+R = Language("r", "R", "4.5.0", "kernel-gateway-kernel-r:latest", "/k/r/kernel.json")
+SHELL = Language("shell", "Shell", "1", "ops/shell:1", "/k/shell/kernel.json")
+
+
+def test_languages_are_those_of_the_images_found(tmp_path: Path) -> None:
+    images = {"kernel-gateway-kernel-r:latest": [R], "ops/shell:1": [SHELL]}
+    found = find_languages(tmp_path, images, language_images="ops/shell:1")
+    assert list(found) == ["python", "r", "shell"]
+    only = find_languages(tmp_path, images, languages="r", language_images="ops/shell:1")
+    assert list(only) == ["python", "r"]
+
+
+def test_a_language_or_image_asked_for_and_missing_stops_the_gateway(tmp_path: Path) -> None:
+    from kernel_gateway.errors import BackendUnavailable
+
+    with pytest.raises(BackendUnavailable, match=r"build-image --languages r\)"):
+        find_languages(tmp_path, {}, languages="python,r")
+    with pytest.raises(BackendUnavailable, match="name an image with its kernelspec"):
+        find_languages(tmp_path, {}, languages="cobol")
+    with pytest.raises(BackendUnavailable, match="image ops/none:1 not found"):
+        find_languages(tmp_path, {}, language_images="ops/none:1")
+
+
+def test_a_shared_network_namespace_serves_python_only(tmp_path: Path) -> None:
+    from kernel_gateway.errors import BackendUnavailable
+
+    images = {"kernel-gateway-kernel-r:latest": [R]}
+    assert list(find_languages(tmp_path, images, network="host")) == ["python"]
+    with pytest.raises(BackendUnavailable, match="--languages python"):
+        find_languages(tmp_path, images, network="container:other", languages="r")
+    assert list(find_languages(tmp_path, images, network="bridge")) == ["python", "r"]
+
+
+def test_python3_is_reserved_and_jupyter_aliases_start_their_language() -> None:
+    from kernel_gateway.protocols.jupyter.kernels import kernel_name, language_of
+
+    found = parse_kernelspecs(tar_of({"python3/kernel.json": spec()}), "img")
+    assert found == []
+    assert [language_of(n) for n in ("python3", "python", "ir", "deno", "jjava", "r")] == [
+        "python",
+        "python",
+        "r",
+        "typescript",
+        "java",
+        "r",
+    ]
+    assert kernel_name("python") == "python3" and kernel_name("r") == "r"
+
+
+def test_the_bridge_fills_in_a_kernelspec_as_jupyter_does() -> None:
+    kernelspec = {
+        "argv": ["java", "-jar", "{resource_dir}/k.jar", "{connection_file}"],
+        "env": {"PATH": "/opt/bin:${PATH}", "MISSING": "${NOPE}"},
+    }
+    command = bridge.command_of(kernelspec, "/opt/kernel/kernelspecs/java/kernel.json", "/c.json")
+    assert command == ["java", "-jar", "/opt/kernel/kernelspecs/java/k.jar", "/c.json"]
+    env = bridge.env_of(kernelspec, {"PATH": "/usr/bin"})
+    assert env["PATH"] == "/opt/bin:/usr/bin" and env["MISSING"] == "${NOPE}"
+    low, high = bridge.PORTS
+    assert all(low <= p <= high for p in bridge.free_ports(5))

@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import signal
+import tarfile
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -71,12 +72,13 @@ LABEL_MANAGED = "io.kernel-gateway.managed"
 LABEL_INSTANCE = "io.kernel-gateway.instance"
 LABEL_HOST = "io.kernel-gateway.host"
 LABEL_LOCK = "io.kernel-gateway.lock"  # the owner's instance lock: held while it lives
-LABEL_ROLE = "io.kernel-gateway.role"  # "kernel", or "fork-server" (stateless requests)
+LABEL_ROLE = "io.kernel-gateway.role"  # "kernel", "fork-server" (stateless), "probe" (specs)
 LABEL_LANGUAGE = "io.kernel-gateway.language"  # what a kernel container runs
 CONTAINER_UID = 1000  # the image's `sandbox` user
 FORK_SERVER_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
 """What a fork server (root in its container, never running user code) keeps: enough to
 give each request a uid of its own, and to kill and clean up after it."""
+MAX_KERNELSPECS_BYTES = 4 * 2**20  # an image's /opt/kernel/kernelspecs, read at startup
 HOME_TMPFS_SIZE = "64m"  # home as a tmpfs, only when sessions have no disk of their own
 
 
@@ -250,13 +252,13 @@ class DockerBackend(Backend):
         images = [family_image(s.image, family) for family in FAMILIES]
         images += s.language_image_list  # last: they win
         found: dict[str, Language] = {PYTHON: BUILTIN_PYTHON}
-        python = await self.call(self._read_kernelspecs, s.image)
+        python = await self._kernelspecs_of(s.image)
         for language in python or []:
             if language.name == PYTHON:
                 found[PYTHON] = language
         for image, specs in zip(
             images,
-            await asyncio.gather(*(self.call(self._read_kernelspecs, i) for i in images)),
+            await asyncio.gather(*(self._kernelspecs_of(i) for i in images)),
             strict=True,
         ):
             if specs is None and image in s.language_image_list:
@@ -264,6 +266,27 @@ class DockerBackend(Backend):
             for language in specs or []:
                 if language.name != PYTHON:
                     found[language.name] = language
+        if s.network == "host" or s.network.startswith("container:"):
+            # Other languages' kernels listen on the container's loopback (see bridge.py):
+            # in the host's (or another container's) network namespace anyone there
+            # could reach them. Python's uses ipc sockets only.
+            others = sorted(set(found) - {PYTHON})
+            if others and s.language_list is None:
+                logger.warning(
+                    "--network %s: serving Python only (%s would listen on a loopback "
+                    "shared with others)",
+                    s.network,
+                    ", ".join(others),
+                )
+            elif set(s.language_list or ()) - {PYTHON}:
+                raise BackendUnavailable(
+                    f"--network {s.network} shares a loopback with others, where the "
+                    "kernels of languages other than Python listen: use another network, "
+                    "or --languages python"
+                )
+            found = {PYTHON: found[PYTHON]}
+        for name in sorted(set(s.language_pool_sizes) - set(found)):
+            logger.warning("--language-pool names %s, which this gateway does not serve", name)
         wanted = s.language_list
         if wanted is not None:
             missing = [name for name in wanted if name not in found]
@@ -281,6 +304,15 @@ class DockerBackend(Backend):
                 )
             found = {name: found[name] for name in wanted}
         return Languages(found.values())
+
+    async def _kernelspecs_of(self, image: str) -> list[Language] | None:
+        """`_read_kernelspecs`, where an image that cannot be read costs only its own
+        languages (logged), not the gateway's start; a missing image is None."""
+        try:
+            return await self.call(self._read_kernelspecs, image)
+        except (docker.errors.DockerException, OSError, ValueError, tarfile.TarError) as exc:
+            logger.warning("could not read the kernelspecs of image %s: %s", image, exc)
+            return []
 
     def _read_kernelspecs(self, image: str) -> list[Language] | None:
         """The languages `image` declares (None: no such image), without running it."""
@@ -302,7 +334,12 @@ class DockerBackend(Backend):
         )
         try:
             stream, _ = self.client.api.get_archive(container["Id"], KERNELSPECS)
-            return parse_kernelspecs(b"".join(stream), image)
+            data = bytearray()
+            for chunk in stream:
+                data += chunk
+                if len(data) > MAX_KERNELSPECS_BYTES:
+                    raise ValueError(f"{KERNELSPECS} is over {MAX_KERNELSPECS_BYTES // 2**20} MiB")
+            return parse_kernelspecs(bytes(data), image)
         except docker.errors.NotFound:
             return []
         finally:

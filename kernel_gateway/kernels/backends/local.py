@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernel_gateway.errors import KernelUnavailable
+from kernel_gateway.errors import BackendUnavailable, KernelUnavailable
 from kernel_gateway.kernels.backends.base import (
     Backend,
     ExitInfo,
@@ -35,7 +35,7 @@ from kernel_gateway.kernels.backends.base import (
     write_connection_file,
     write_startup_file,
 )
-from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language
+from kernel_gateway.kernels.languages import BUILTIN_PYTHON, PYTHON, Language
 from kernel_gateway.kernels.storage import (
     PlainStorage,
     SessionStorage,
@@ -157,6 +157,12 @@ class LocalBackend(Backend):
         )
 
     async def start(self) -> None:
+        others = [name for name in self._settings.language_list or () if name != PYTHON]
+        if others:
+            raise BackendUnavailable(
+                f"--languages asks for {', '.join(others)}: the local backend runs Python "
+                "only (other languages run in kernel images: the docker backend)"
+            )
         for instance in await asyncio.to_thread(self._runtime.orphaned_instances):
             await asyncio.to_thread(_kill_orphans, self._runtime.root / instance)
             # Its session disks too: unmounted, loop devices detached, images deleted.

@@ -41,6 +41,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kernel_gateway.errors import GatewayError, SessionNotFound
 from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.kernels.languages import PYTHON
 from kernel_gateway.kernels.wire import (
     MAX_MESSAGE_BYTES,
     BadMessage,
@@ -72,12 +73,17 @@ KERNEL_NAME = "python3"
 
 def kernel_name(language: str) -> str:
     """The kernelspec name of a language: `python3` for Python, else the language's name."""
-    return KERNEL_NAME if language == "python" else language
+    return KERNEL_NAME if language == PYTHON else language
+
+
+ALIASES = {KERNEL_NAME: PYTHON, "ir": "r", "deno": "typescript", "jjava": "java"}
+"""Kernelspec names notebooks made elsewhere carry (IRkernel's `ir`, Deno's `deno`, JJava's
+`jjava`), and the gateway's language each starts."""
 
 
 def language_of(name: str) -> str:
-    """The language a kernelspec name starts (`python3` and `python` are Python's)."""
-    return "python" if name in (KERNEL_NAME, "python") else name
+    """The language a kernelspec name starts: its own name, or an alias's (`python3`)."""
+    return ALIASES.get(name, name)
 
 
 PROTOCOL_VERSION = "5.3"
