@@ -17,6 +17,7 @@ from kernel_gateway.kernels.backends.base import Backend, RuntimeDir
 from kernel_gateway.kernels.pools.fork import fork_pool
 from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.metrics import Metrics
+from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.jupyter.kernels import JupyterKernels
 from kernel_gateway.protocols.mcp.server import McpService
 from kernel_gateway.server.error_handlers import exception_handlers
@@ -37,6 +38,7 @@ class State(TypedDict):
     metrics: Metrics
     jupyter: JupyterKernels
     mcp: McpService | None
+    e2b: E2BService
 
 
 async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:

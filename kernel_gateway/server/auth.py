@@ -29,7 +29,9 @@ from kernel_gateway.server.http import error_response
 
 AUTH_SCHEMES = frozenset({"bearer", "token"})
 PUBLIC_PATHS = frozenset({"/health", "/", "/openapi.json"})
-PUBLIC_PREFIXES = ("/static/",)
+# /e2b/ authenticates by itself, in E2B's shapes: the gateway's token as X-API-KEY on the
+# control plane, each sandbox's own access token on the data plane (protocols/e2b/app.py).
+PUBLIC_PREFIXES = ("/static/", "/e2b/")
 # RFC 9110 Host: a bracketed IPv6 literal or a name, then an optional all-digit port.
 _HOST = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[^\[\]:@]+))(?::[0-9]{0,5})?")
 

@@ -39,6 +39,8 @@ UNDOCUMENTED: dict[str, str] = {
     "specification, and its tools describe themselves (tools/list)",
     "/api": "Jupyter Server's kernel API (kernelspecs, kernels, the channels WebSocket): its "
     "contract is Jupyter's REST API and messaging protocol",
+    "/e2b": "E2B's API (sandboxes, the code interpreter, envd) for E2B's own SDKs: its "
+    "contract is E2B's OpenAPI and envd specifications",
 }
 """Route prefixes deliberately left out of the document, each with the reason.
 

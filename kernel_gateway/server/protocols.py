@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TypedDict
 
+from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.jupyter.kernels import JupyterKernels
 from kernel_gateway.protocols.mcp.server import McpService
 from kernel_gateway.sessions.registry import Registry
@@ -20,14 +21,18 @@ from kernel_gateway.settings import Settings
 class ProtocolState(TypedDict):
     jupyter: JupyterKernels
     mcp: McpService | None
+    e2b: E2BService
 
 
 @asynccontextmanager
 async def protocol_state(settings: Settings, registry: Registry) -> AsyncIterator[ProtocolState]:
     jupyter = JupyterKernels(registry)
     mcp = McpService(registry, settings) if settings.mcp != "off" else None
+    e2b = E2BService(registry, settings)
     async with AsyncExitStack() as stack:
         stack.push_async_callback(jupyter.close)
+        e2b.start()
+        stack.push_async_callback(e2b.close)
         if mcp is not None:
             await stack.enter_async_context(mcp.run())
-        yield {"jupyter": jupyter, "mcp": mcp}
+        yield {"jupyter": jupyter, "mcp": mcp, "e2b": e2b}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.routing import Mount, Route
 
 from kernel_gateway.server.routes import (
+    e2b,
     files,
     health,
     jupyter_api,
@@ -41,5 +42,6 @@ routes = [
     Route("/sessions/{session_id}/files/{path:path}", files.upload, methods=["PUT"]),
     Route("/sessions/{session_id}/files/{path:path}", files.delete, methods=["DELETE"]),
     *mcp.routes,
+    *e2b.routes,
     *jupyter_api.routes,
 ]

@@ -1,0 +1,382 @@
+"""`/e2b`: E2B's API, for E2B's own SDKs, on the gateway's sessions.
+
+Users point the SDKs at it with `E2B_API_URL=http://HOST:8888/e2b` and
+`E2B_SANDBOX_URL=http://HOST:8888/e2b` (and `E2B_API_KEY=<the gateway's token>`).
+The SDKs send control-plane calls without sandbox headers, and every data-plane call to
+the same base URL with `E2b-Sandbox-Id` and `E2b-Sandbox-Port`; so requests are told
+apart by those headers, not by path (see design/e2b-wire.md):
+
+    no E2b-Sandbox-Id            the control plane (X-API-KEY)        control routes
+    E2b-Sandbox-Port: 49999      the code interpreter (sandbox token) /execute, /contexts
+    any other port               envd (sandbox token)                 /health, /files, RPC
+
+Every answer is in E2B's shapes, never the gateway's own error document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import math
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route, Router
+from starlette.types import Receive, Scope, Send
+
+from kernel_gateway.errors import GatewayError
+from kernel_gateway.protocols.e2b import ndjson
+from kernel_gateway.protocols.e2b.sandboxes import (
+    ENVD_VERSION,
+    Sandbox,
+    SandboxError,
+    Sandboxes,
+)
+from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.settings import Settings
+from kernel_gateway.types import Record
+
+INTERPRETER_PORT = "49999"
+KEEPALIVE_SECONDS = 5.0
+MAX_BODY_BYTES = 2 * 2**20
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def e2b_error(status: int, message: str) -> JSONResponse:
+    """The control plane's (and envd HTTP's) error document: `code` is the status."""
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+def gone(sandbox_id: str) -> JSONResponse:
+    """What E2B's edge answers for a sandbox that is not there (or is paused): the SDKs
+    read a 502 whose message says "was not found" as "not running"."""
+    return JSONResponse(
+        {"code": 502, "message": "The sandbox was not found", "sandboxId": sandbox_id},
+        status_code=502,
+    )
+
+
+class E2BService:
+    """The `/e2b` ASGI app, and the sandboxes it keeps (started and stopped with the app)."""
+
+    def __init__(self, registry: Registry, settings: Settings) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.sandboxes = Sandboxes(registry)
+        self._key_digest = (
+            hashlib.sha256(settings.token.encode()).digest() if settings.token else None
+        )
+        self._control = Router(routes=_control_routes(self))
+        self._interpreter = Router(routes=_interpreter_routes(self))
+
+    def start(self) -> None:
+        self.sandboxes.start()
+
+    async def close(self) -> None:
+        await self.sandboxes.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        scope = dict(scope)
+        # E2B_SANDBOX_URL with a trailing slash makes the SDKs ask for `/e2b//execute`.
+        scope["path"] = re.sub(r"/{2,}", "/", scope["path"])
+        headers = Headers(scope=scope)
+        sandbox_id = headers.get("e2b-sandbox-id")
+        if sandbox_id is None:
+            await self._control(scope, receive, send)
+            return
+        sandbox = self._data_plane_sandbox(sandbox_id, headers)
+        if isinstance(sandbox, Response):
+            await sandbox(scope, receive, send)
+            return
+        scope.setdefault("state", {})["e2b_sandbox"] = sandbox
+        if headers.get("e2b-sandbox-port") == INTERPRETER_PORT:
+            await self._interpreter(scope, receive, send)
+            return
+        await e2b_error(501, "envd (files, commands) is not served yet")(scope, receive, send)
+
+    # -- authentication -----------------------------------------------------------------
+
+    def api_key_ok(self, request: Request) -> bool:
+        """`X-API-KEY` is the gateway's token (any key when the gateway has none)."""
+        if self._key_digest is None:
+            return True
+        key = request.headers.get("x-api-key", "")
+        return hmac.compare_digest(hashlib.sha256(key.encode()).digest(), self._key_digest)
+
+    def _data_plane_sandbox(self, sandbox_id: str, headers: Headers) -> Sandbox | Response:
+        try:
+            sandbox = self.sandboxes.get(sandbox_id)
+        except SandboxError:
+            return gone(sandbox_id)
+        if sandbox.paused:
+            return gone(sandbox_id)
+        token = headers.get("x-access-token") or headers.get("e2b-traffic-access-token")
+        if not sandbox.accepts(token):
+            return e2b_error(401, "invalid access token for this sandbox")
+        return sandbox
+
+
+# -- the control plane ----------------------------------------------------------------------
+
+
+def _control_routes(service: E2BService) -> list[Route]:
+    def guarded(handler: Callable[[Request, E2BService], Awaitable[Response]]) -> Handler:
+        async def endpoint(request: Request) -> Response:
+            if not service.api_key_ok(request):
+                return e2b_error(401, "invalid API key: it is the gateway's token")
+            try:
+                return await handler(request, service)
+            except SandboxError as exc:
+                return e2b_error(exc.status, exc.message)
+
+        return endpoint
+
+    return [
+        Route("/sandboxes", guarded(create), methods=["POST"]),
+        Route("/v2/sandboxes", guarded(create), methods=["POST"]),
+        Route("/sandboxes", guarded(list_sandboxes), methods=["GET"]),
+        Route("/v2/sandboxes", guarded(list_sandboxes), methods=["GET"]),
+        Route("/sandboxes/{id}", guarded(get_sandbox), methods=["GET"]),
+        Route("/sandboxes/{id}", guarded(kill), methods=["DELETE"]),
+        Route("/sandboxes/{id}/timeout", guarded(set_timeout), methods=["POST"]),
+        Route("/sandboxes/{id}/connect", guarded(connect), methods=["POST"]),
+        Route("/v2/sandboxes/{id}/connect", guarded(connect), methods=["POST"]),
+        Route("/sandboxes/{id}/resume", guarded(connect), methods=["POST"]),
+        Route("/sandboxes/{id}/pause", guarded(pause), methods=["POST"]),
+        Route("/sandboxes/{id}/metrics", guarded(metrics), methods=["GET"]),
+        Route("/{rest:path}", guarded(unsupported)),
+    ]
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise SandboxError(413, "request body too large")
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise SandboxError(400, "the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise SandboxError(400, "the body must be a JSON object")
+    return body
+
+
+def _string_map(body: dict[str, Any], name: str) -> dict[str, str]:
+    value = body.get(name) or {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise SandboxError(400, f"'{name}' must be an object of strings")
+    return dict(value)
+
+
+def _int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SandboxError(400, f"'{name}' must be a number of seconds")
+    return int(value)
+
+
+def sandbox_json(sandbox: Sandbox) -> dict[str, Any]:
+    """What create and connect answer (E2B's `Sandbox`)."""
+    return {
+        "sandboxID": sandbox.id,
+        "templateID": sandbox.template,
+        "alias": sandbox.template,
+        "clientID": "kernel-gateway",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": sandbox.token,
+        "trafficAccessToken": sandbox.token,
+        "domain": None,
+    }
+
+
+def detail_json(sandbox: Sandbox, settings: Settings) -> dict[str, Any]:
+    """What get and list answer (E2B's `SandboxDetail` / `ListedSandbox`)."""
+    from datetime import UTC, datetime
+
+    def rfc3339(moment: datetime) -> str:
+        return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+    return {
+        "sandboxID": sandbox.id,
+        "templateID": sandbox.template,
+        "alias": sandbox.template,
+        "clientID": "kernel-gateway",
+        "startedAt": rfc3339(sandbox.started_at),
+        "endAt": rfc3339(datetime.fromtimestamp(sandbox.end_at, UTC)),
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": max(1, math.ceil(settings.cpu_limit)),
+        "memoryMB": settings.memory_limit_bytes // 2**20,
+        "diskSizeMB": settings.workspace_size_bytes // 2**20,
+        "state": sandbox.state,
+        "metadata": sandbox.metadata,
+        "envdAccessToken": sandbox.token,
+    }
+
+
+async def create(request: Request, service: E2BService) -> Response:
+    body = await _json_body(request)
+    template = body.get("templateID") or "base"
+    if not isinstance(template, str):
+        raise SandboxError(400, "'templateID' must be a string")
+    sandbox = await service.sandboxes.create(
+        template,
+        _int(body, "timeout"),
+        _string_map(body, "metadata"),
+        _string_map(body, "envVars"),
+    )
+    return JSONResponse(sandbox_json(sandbox), status_code=201)
+
+
+async def get_sandbox(request: Request, service: E2BService) -> Response:
+    sandbox = service.sandboxes.get(request.path_params["id"])
+    return JSONResponse(detail_json(sandbox, service.settings))
+
+
+async def kill(request: Request, service: E2BService) -> Response:
+    await service.sandboxes.kill(request.path_params["id"])
+    return Response(status_code=204)
+
+
+async def set_timeout(request: Request, service: E2BService) -> Response:
+    timeout = _int(await _json_body(request), "timeout")
+    if timeout is None:
+        raise SandboxError(400, "'timeout' is required")
+    service.sandboxes.set_timeout(request.path_params["id"], timeout)
+    return Response(status_code=204)
+
+
+async def connect(request: Request, service: E2BService) -> Response:
+    body = await _json_body(request)
+    sandbox, resumed = service.sandboxes.connect(request.path_params["id"], _int(body, "timeout"))
+    return JSONResponse(sandbox_json(sandbox), status_code=201 if resumed else 200)
+
+
+async def pause(request: Request, service: E2BService) -> Response:
+    service.sandboxes.pause(request.path_params["id"])
+    return Response(status_code=204)
+
+
+async def metrics(request: Request, service: E2BService) -> Response:
+    service.sandboxes.get(request.path_params["id"])
+    raise SandboxError(501, "sandbox metrics are not served by this gateway (see /metrics)")
+
+
+async def list_sandboxes(request: Request, service: E2BService) -> Response:
+    from urllib.parse import parse_qsl, unquote
+
+    query = request.query_params
+    states = {s for s in (query.get("state") or "").split(",") if s}
+    wanted_metadata = {unquote(k): unquote(v) for k, v in parse_qsl(query.get("metadata") or "")}
+    found = [
+        s
+        for s in service.sandboxes.all()
+        if (not states or s.state in states)
+        and all(s.metadata.get(k) == v for k, v in wanted_metadata.items())
+    ]
+    found.sort(key=lambda s: (s.started_at, s.id))
+    try:
+        limit = int(query.get("limit") or 100)
+    except ValueError:
+        raise SandboxError(400, "'limit' must be a number") from None
+    if not 1 <= limit <= 100:
+        raise SandboxError(400, "'limit' must be between 1 and 100")
+    start = 0
+    token = query.get("nextToken")
+    if token:
+        ids = [s.id for s in found]
+        if token not in ids:
+            raise SandboxError(400, "'nextToken' does not name a sandbox of this listing")
+        start = ids.index(token)
+    page = found[start : start + limit]
+    headers = {}
+    if start + limit < len(found):
+        headers["X-Next-Token"] = found[start + limit].id
+    return JSONResponse([detail_json(s, service.settings) for s in page], headers=headers)
+
+
+async def unsupported(request: Request, service: E2BService) -> Response:
+    return e2b_error(
+        501, f"{request.method} {request.url.path} is not supported by this gateway's E2B API"
+    )
+
+
+# -- the code interpreter (port 49999) --------------------------------------------------------
+
+
+def _interpreter_routes(service: E2BService) -> list[Route]:
+    async def run(request: Request) -> Response:
+        return await execute(request, service)
+
+    return [Route("/execute", run, methods=["POST"])]
+
+
+async def execute(request: Request, service: E2BService) -> Response:
+    sandbox: Sandbox = request.state.e2b_sandbox
+    raw = await request.body()
+    try:
+        body = json.loads(raw) if len(raw) <= MAX_BODY_BYTES else None
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("code"), str):
+        return PlainTextResponse("the body must be JSON with a string 'code'", status_code=400)
+    language = (body.get("language") or "python").strip().lower()
+    if body.get("context_id") is not None or language != "python":
+        return PlainTextResponse(
+            "contexts and languages other than python are not served yet", status_code=501
+        )
+    try:
+        session = service.sandboxes.session(sandbox)
+        execution = session.submit(body["code"], service.settings.max_exec_timeout)
+    except SandboxError:
+        return gone(sandbox.id)
+    except GatewayError as exc:
+        return PlainTextResponse(exc.message, status_code=exc.status_code)
+
+    async def lines() -> AsyncIterator[bytes]:
+        # The records are read by a task of their own, so waiting for the next one can
+        # time out (a keepalive line) without cancelling the records' generator.
+        queue: asyncio.Queue[Record | None] = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for record in execution.records(None):
+                    queue.put_nowait(record)
+            finally:
+                queue.put_nowait(None)
+
+        session.attach(execution)
+        reader = asyncio.ensure_future(pump())
+        finished = False
+        try:
+            while True:
+                try:
+                    record = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
+                except TimeoutError:
+                    yield ndjson.KEEPALIVE
+                    continue
+                if record is None:
+                    break
+                for out in ndjson.lines_of(record.event.name, record.event.data):
+                    yield out
+                finished = finished or record.event.name == "done"
+        finally:
+            reader.cancel()
+            session.detach(execution)
+            if not finished:
+                session.abandon(execution)  # the client went away: stop the cell now
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")

@@ -1,0 +1,211 @@
+"""E2B sandboxes over the gateway's sessions: one session each, with E2B's own lifetime.
+
+A sandbox is a gateway session (its id is the session's, so a cluster router finds its
+node) plus what E2B says about it: the template it was made from, its metadata and
+environment variables, its access token, its end time (`timeout` seconds after
+creation, moved by `set_timeout`, extended by `connect`), and whether it is paused.
+
+The access token is the sandbox's own secret: E2B's SDKs send it as `X-Access-Token`
+(envd, `/execute`) or `E2B-Traffic-Access-Token` (everything on the data plane); a
+request with another sandbox's token is refused, compared in constant time.
+
+A reaper kills sandboxes past their end time. A sandbox whose session went away (the
+gateway's idle reaper, a `DELETE /sessions/{id}`) is gone for E2B too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from kernel_gateway.errors import GatewayError, SessionLost, SessionNotFound
+from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.sessions.session import Session
+
+logger = logging.getLogger(__name__)
+
+TEMPLATES = frozenset({"code-interpreter-v1", "code-interpreter", "base"})
+"""E2B template names that mean the gateway's kernel image (the SDKs' defaults)."""
+DEFAULT_TIMEOUT = 300
+MAX_TIMEOUT = 24 * 3600
+ENVD_VERSION = "0.5.7"
+"""What the sandboxes claim to run: from 0.4.0 the SDKs send no user by default, and
+0.5.7 is the newest whose features all work here (see design/e2b-wire.md, section 4)."""
+REAP_EVERY = 1.0
+
+
+class SandboxError(Exception):
+    """A control-plane failure, answered as E2B's `{"code": status, "message"}`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def not_found(sandbox_id: str) -> SandboxError:
+    return SandboxError(404, f"sandbox {sandbox_id!r} not found")
+
+
+@dataclass
+class Sandbox:
+    id: str
+    template: str
+    token: str
+    started_at: datetime
+    end_at: float
+    """Wall-clock time the sandbox is killed at (unless moved)."""
+    metadata: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    paused: bool = False
+
+    @property
+    def state(self) -> str:
+        return "paused" if self.paused else "running"
+
+    def accepts(self, token: str | None) -> bool:
+        return token is not None and hmac.compare_digest(token.encode(), self.token.encode())
+
+
+class Sandboxes:
+    """Every E2B sandbox of this gateway, by id; kills them at their end time."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self._by_id: dict[str, Sandbox] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._reaper = asyncio.ensure_future(self._reap())
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+
+    # -- the control plane --------------------------------------------------------------
+
+    async def create(
+        self,
+        template: str,
+        lifetime: int | None,
+        metadata: dict[str, str],
+        env: dict[str, str],
+    ) -> Sandbox:
+        if template not in TEMPLATES:
+            raise SandboxError(
+                400,
+                f"template {template!r} is not available here: this gateway runs its kernel "
+                f"image for the templates {', '.join(sorted(TEMPLATES))}",
+            )
+        seconds = _timeout(lifetime)
+        try:
+            session = await self.registry.create_session()
+        except GatewayError as exc:
+            raise SandboxError(_status(exc), exc.message) from exc
+        sandbox = Sandbox(
+            id=session.id,
+            template=template,
+            token=secrets.token_urlsafe(32),
+            started_at=datetime.now(UTC),
+            end_at=time.time() + seconds,
+            metadata=dict(metadata),
+            env=dict(env),
+        )
+        self._by_id[sandbox.id] = sandbox
+        if env:
+            await self._set_env(session, env)
+        return sandbox
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        sandbox = self._by_id.get(sandbox_id)
+        if sandbox is None or self._session(sandbox_id) is None:
+            self._by_id.pop(sandbox_id, None)
+            raise not_found(sandbox_id)
+        return sandbox
+
+    def session(self, sandbox: Sandbox) -> Session:
+        session = self._session(sandbox.id)
+        if session is None:
+            self._by_id.pop(sandbox.id, None)
+            raise not_found(sandbox.id)
+        return session
+
+    async def kill(self, sandbox_id: str) -> None:
+        self.get(sandbox_id)
+        self._by_id.pop(sandbox_id, None)
+        with contextlib.suppress(SessionNotFound, SessionLost):
+            await self.registry.delete_session(sandbox_id)
+
+    def set_timeout(self, sandbox_id: str, timeout: int) -> None:
+        self.get(sandbox_id).end_at = time.time() + _timeout(timeout)
+
+    def connect(self, sandbox_id: str, timeout: int | None) -> tuple[Sandbox, bool]:
+        """The sandbox, resumed if it was paused (the second value says so); its end time
+        only ever moves later."""
+        sandbox = self.get(sandbox_id)
+        resumed = sandbox.paused
+        sandbox.paused = False
+        if timeout is not None:
+            sandbox.end_at = max(sandbox.end_at, time.time() + _timeout(timeout))
+        return sandbox, resumed
+
+    def pause(self, sandbox_id: str) -> None:
+        sandbox = self.get(sandbox_id)
+        if sandbox.paused:
+            raise SandboxError(409, f"sandbox {sandbox_id!r} is already paused")
+        sandbox.paused = True
+
+    def all(self) -> Iterator[Sandbox]:
+        for sandbox_id in list(self._by_id):
+            with contextlib.suppress(SandboxError):
+                yield self.get(sandbox_id)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _session(self, sandbox_id: str) -> Session | None:
+        try:
+            return self.registry.get(sandbox_id)
+        except (SessionNotFound, SessionLost):
+            return None
+
+    async def _set_env(self, session: Session, env: dict[str, str]) -> None:
+        """The sandbox's environment variables, in its Python kernel's `os.environ`."""
+        kernel = session.slot.kernel
+        if kernel is None:
+            return
+        code = f"import os as __kg_os\n__kg_os.environ.update({env!r})\ndel __kg_os"
+        await kernel.run_silent(code, 30)
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_EVERY)
+            now = time.time()
+            for sandbox in [s for s in self._by_id.values() if s.end_at <= now]:
+                logger.info("E2B sandbox %s reached its timeout; killing it", sandbox.id)
+                try:
+                    await self.kill(sandbox.id)
+                except SandboxError:
+                    pass
+                except Exception:
+                    logger.exception("killing E2B sandbox %s failed", sandbox.id)
+
+
+def _timeout(timeout: int | None) -> int:
+    seconds = DEFAULT_TIMEOUT if timeout is None else timeout
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise SandboxError(400, f"timeout must be between 1 and {MAX_TIMEOUT} seconds")
+    return seconds
+
+
+def _status(exc: GatewayError) -> int:
+    """The gateway's refusal as a status E2B's SDKs map well (429 and 503 are retried)."""
+    return exc.status_code if exc.status_code in (400, 404, 409, 429, 503) else 500
