@@ -42,6 +42,30 @@ Snapshot = dict[str, FileState]
 
 
 @dataclass(frozen=True)
+class Entry:
+    """A file, folder or symlink in the workspace, as `stat` saw it (links not followed)."""
+
+    path: str
+    """Relative to the workspace; "" for the workspace itself."""
+    kind: str
+    """`file`, `dir`, `symlink`, or `other`."""
+    size: int
+    mode: int
+    modified: float
+    link_target: str | None = None
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+@dataclass(frozen=True)
 class FileInfo:
     path: str
     size: int
@@ -188,6 +212,112 @@ class Workspace:
         except OSError as exc:
             raise _translate_oserror(exc, raw_path) from None
 
+    # -- folders (E2B's filesystem service) ---------------------------------------------------
+
+    def entry(self, raw_path: str) -> Entry:
+        """What is at `raw_path` ("" for the workspace itself); NotFound if nothing."""
+        if raw_path.strip("/") in ("", "."):
+            info = os.stat(self.root, follow_symlinks=False)
+            return Entry("", "dir", info.st_size, stat.S_IMODE(info.st_mode), info.st_mtime)
+        parts = split_path(raw_path)
+        try:
+            with self._parent_dir(parts) as dir_fd:
+                return self._entry_at(dir_fd, parts[-1], "/".join(parts))
+        except OSError as exc:
+            raise _translate_oserror(exc, raw_path) from None
+
+    @staticmethod
+    def _entry_at(dir_fd: int, name: str, rel: str) -> Entry:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        kind = _kind(info.st_mode)
+        target = os.readlink(name, dir_fd=dir_fd) if kind == "symlink" else None
+        return Entry(rel, kind, info.st_size, stat.S_IMODE(info.st_mode), info.st_mtime, target)
+
+    def list_dir(self, raw_path: str, depth: int = 1) -> list[Entry]:
+        """The entries under a folder, `depth` levels down (links listed, not followed)."""
+        top = self.entry(raw_path)
+        if top.kind != "dir":
+            raise BadRequest(f"{raw_path!r} is not a folder")
+        out: list[Entry] = []
+        stack = [(top.path, split_path(top.path) if top.path else [], 1)]
+        while stack and len(out) < MAX_SCAN_ENTRIES:
+            rel, parts, level = stack.pop()
+            try:
+                with self._dir(parts) as fd:
+                    names = sorted(os.listdir(fd))
+                    for name in names:
+                        child = f"{rel}/{name}" if rel else name
+                        try:
+                            found = self._entry_at(fd, name, child)
+                        except OSError:
+                            continue
+                        out.append(found)
+                        if found.kind == "dir" and level < depth:
+                            stack.append((child, [*parts, name], level + 1))
+            except OSError as exc:
+                raise _translate_oserror(exc, rel or ".") from None
+        return out
+
+    @contextlib.contextmanager
+    def _dir(self, parts: list[str]) -> Iterator[int]:
+        """An fd of the folder `parts` itself (the workspace for []), links refused."""
+        if not parts:
+            fd = os.open(self.root, DIR_FLAGS)
+            try:
+                yield fd
+            finally:
+                os.close(fd)
+            return
+        with self._parent_dir(parts) as parent:
+            fd = os.open(parts[-1], DIR_FLAGS, dir_fd=parent)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def make_dir(self, raw_path: str) -> bool:
+        """Make a folder and its parents; False if it was already there."""
+        parts = split_path(raw_path)
+        try:
+            with self._parent_dir(parts, create=True) as dir_fd:
+                try:
+                    os.mkdir(parts[-1], 0o755, dir_fd=dir_fd)
+                except FileExistsError:
+                    info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+                    if not stat.S_ISDIR(info.st_mode):
+                        raise Conflict(f"{raw_path!r} exists and is not a folder") from None
+                    return False
+                if self.owner is not None:
+                    os.chown(parts[-1], *self.owner, dir_fd=dir_fd, follow_symlinks=False)
+                return True
+        except OSError as exc:
+            raise _translate_oserror(exc, raw_path) from None
+
+    def move(self, source: str, destination: str) -> None:
+        """Rename a file or folder (to a new parent too, made if missing)."""
+        src, dst = split_path(source), split_path(destination)
+        if dst[: len(src)] == src:
+            raise BadRequest(f"cannot move {source!r} into itself")
+        try:
+            with self._parent_dir(src) as src_fd, self._parent_dir(dst, create=True) as dst_fd:
+                os.stat(src[-1], dir_fd=src_fd, follow_symlinks=False)
+                os.rename(src[-1], dst[-1], src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        except OSError as exc:
+            raise _translate_oserror(exc, source) from None
+
+    def remove(self, raw_path: str) -> None:
+        """Remove a file, a symlink (not what it points to) or a folder with all it holds."""
+        parts = split_path(raw_path)
+        try:
+            with self._parent_dir(parts) as dir_fd:
+                info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    _remove_tree(dir_fd, parts[-1])
+                else:
+                    os.unlink(parts[-1], dir_fd=dir_fd)
+        except OSError as exc:
+            raise _translate_oserror(exc, raw_path) from None
+
     # -- listing and change detection --------------------------------------------------------
 
     def scan(self) -> tuple[Snapshot, dict[str, float]]:
@@ -290,6 +420,22 @@ class Upload:
                 os.unlink(self._tmp, dir_fd=self._dir_fd)
             os.close(self._dir_fd)
             self._dir_fd = -1
+
+
+def _remove_tree(parent_fd: int, name: str) -> None:
+    """Remove the folder `name` under `parent_fd` and everything in it, by fds: a symlink
+    in the tree is unlinked, never followed."""
+    fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    try:
+        for child in os.listdir(fd):
+            info = os.stat(child, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(info.st_mode):
+                _remove_tree(fd, child)
+            else:
+                os.unlink(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
 
 
 def changed_files(before: Snapshot, after: Snapshot) -> list[str]:

@@ -32,6 +32,8 @@ from starlette.types import Receive, Scope, Send
 
 from kernel_gateway.errors import GatewayError
 from kernel_gateway.protocols.e2b import ndjson
+from kernel_gateway.protocols.e2b.connect import ConnectError
+from kernel_gateway.protocols.e2b.envd import Envd
 from kernel_gateway.protocols.e2b.sandboxes import (
     ENVD_VERSION,
     Sandbox,
@@ -39,6 +41,7 @@ from kernel_gateway.protocols.e2b.sandboxes import (
     Sandboxes,
 )
 from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
 from kernel_gateway.types import Record
 
@@ -74,6 +77,14 @@ class E2BService:
         )
         self._control = Router(routes=_control_routes(self))
         self._interpreter = Router(routes=_interpreter_routes(self))
+        self._envd = Router(routes=_envd_routes(self))
+        self._envds: dict[str, Envd] = {}
+
+    def envd(self, sandbox: Sandbox) -> Envd:
+        """The sandbox's envd state (its watchers); dropped with the sandbox."""
+        for gone_id in [i for i in self._envds if i != sandbox.id and not self.sandboxes.has(i)]:
+            del self._envds[gone_id]
+        return self._envds.setdefault(sandbox.id, Envd())
 
     def start(self) -> None:
         self.sandboxes.start()
@@ -100,7 +111,7 @@ class E2BService:
         if headers.get("e2b-sandbox-port") == INTERPRETER_PORT:
             await self._interpreter(scope, receive, send)
             return
-        await e2b_error(501, "envd (files, commands) is not served yet")(scope, receive, send)
+        await self._envd(scope, receive, send)
 
     # -- authentication -----------------------------------------------------------------
 
@@ -380,3 +391,48 @@ async def execute(request: Request, service: E2BService) -> Response:
                 session.abandon(execution)  # the client went away: stop the cell now
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+# -- envd (any other port) ------------------------------------------------------------------
+
+
+def _envd_routes(service: E2BService) -> list[Route]:
+    def with_session(
+        handler: Callable[[Request, Sandbox, Session], Awaitable[Response]],
+    ) -> Handler:
+        async def endpoint(request: Request) -> Response:
+            sandbox: Sandbox = request.state.e2b_sandbox
+            try:
+                session = service.sandboxes.session(sandbox)
+            except SandboxError:
+                return gone(sandbox.id)
+            return await handler(request, sandbox, session)
+
+        return endpoint
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=204)
+
+    async def download(request: Request, sandbox: Sandbox, session: Session) -> Response:
+        return await service.envd(sandbox).download(request, session)
+
+    async def upload(request: Request, sandbox: Sandbox, session: Session) -> Response:
+        return await service.envd(sandbox).upload(
+            request, session, service.settings.max_upload_bytes
+        )
+
+    async def filesystem(request: Request, sandbox: Sandbox, session: Session) -> Response:
+        method = request.path_params["method"]
+        return await service.envd(sandbox).filesystem(method, request, session)
+
+    async def rpc_unsupported(request: Request) -> Response:
+        error = ConnectError("unimplemented", f"{request.url.path} is not served by this gateway")
+        return JSONResponse(error.to_json(), status_code=error.status)
+
+    return [
+        Route("/health", health, methods=["GET"]),
+        Route("/files", with_session(download), methods=["GET"]),
+        Route("/files", with_session(upload), methods=["POST"]),
+        Route("/filesystem.Filesystem/{method}", with_session(filesystem), methods=["POST"]),
+        Route("/{rest:path}", rpc_unsupported),
+    ]

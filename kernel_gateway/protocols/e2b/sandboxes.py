@@ -132,6 +132,9 @@ class Sandboxes:
             raise not_found(sandbox_id)
         return sandbox
 
+    def has(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._by_id
+
     def session(self, sandbox: Sandbox) -> Session:
         session = self._session(sandbox.id)
         if session is None:
