@@ -19,7 +19,7 @@ import shutil
 import socket
 import stat
 import time
-from collections.abc import Awaitable, Collection
+from collections.abc import AsyncIterator, Awaitable, Collection
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -89,6 +89,43 @@ class KernelProcess(abc.ABC):
     @abc.abstractmethod
     async def cleanup(self) -> None:
         """Release everything the kernel held (container, sockets). Idempotent."""
+
+    async def run_command(
+        self, argv: list[str], env: dict[str, str], cwd: str | None, stdin: bool
+    ) -> Command:
+        """Start `argv` beside the kernel, in its sandbox, as its user (E2B's commands).
+
+        Raises only `KernelUnavailable` (also where a backend cannot do it)."""
+        raise KernelUnavailable("commands beside a kernel need the docker backend")
+
+
+STDOUT, STDERR = 1, 2
+
+
+class Command(abc.ABC):
+    """A process started beside a kernel, in the kernel's sandbox (same user, same files,
+    same limits), with its output read as it comes."""
+
+    pid: int
+    """Its pid inside the sandbox."""
+
+    @abc.abstractmethod
+    def output(self) -> AsyncIterator[tuple[int, bytes]]:
+        """(STDOUT or STDERR, bytes) as the process writes them, until both are closed."""
+
+    @abc.abstractmethod
+    async def wait(self) -> int:
+        """Its exit status (128 + N when a signal N ended it), once it has ended."""
+
+    @abc.abstractmethod
+    async def send_stdin(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def close_stdin(self) -> None: ...
+
+    @abc.abstractmethod
+    async def kill(self) -> None:
+        """SIGKILL, from inside the sandbox (whatever its runtime)."""
 
 
 @dataclass

@@ -32,6 +32,7 @@ import docker.types
 from kernel_gateway.errors import BackendUnavailable, KernelUnavailable
 from kernel_gateway.kernels.backends.base import (
     Backend,
+    Command,
     ExitInfo,
     ForkServerHost,
     KernelProcess,
@@ -134,6 +135,20 @@ class DockerKernel(KernelProcess):
 
     async def last_output(self) -> str:
         return await self._backend.call(self._backend.container_log, self.name)
+
+    async def run_command(
+        self, argv: list[str], env: dict[str, str], cwd: str | None, stdin: bool
+    ) -> Command:
+        """`docker exec` in this kernel's container, as its user (see docker_exec.py)."""
+        from kernel_gateway.kernels.backends.docker_exec import DockerCommand
+
+        if self._exit.done():
+            raise KernelUnavailable("the kernel's container has ended")
+        command = DockerCommand(
+            self._backend.client, self._backend.call, self.name, self._backend.user
+        )
+        await command.start(argv, env, cwd, stdin)
+        return command
 
     async def cleanup(self) -> None:
         if self._removed:
@@ -623,6 +638,11 @@ class DockerBackend(Backend):
             shutil.rmtree(conn_dir, ignore_errors=True)
             raise
         return kernel_id, conn_dir, info
+
+    @property
+    def user(self) -> str:
+        """uid:gid the kernels run as."""
+        return self._user
 
     @property
     def _uid(self) -> str:

@@ -34,6 +34,7 @@ from kernel_gateway.errors import GatewayError
 from kernel_gateway.protocols.e2b import ndjson
 from kernel_gateway.protocols.e2b.connect import ConnectError
 from kernel_gateway.protocols.e2b.envd import Envd
+from kernel_gateway.protocols.e2b.process import Processes
 from kernel_gateway.protocols.e2b.sandboxes import (
     ENVD_VERSION,
     Sandbox,
@@ -79,12 +80,22 @@ class E2BService:
         self._interpreter = Router(routes=_interpreter_routes(self))
         self._envd = Router(routes=_envd_routes(self))
         self._envds: dict[str, Envd] = {}
+        self._processes: dict[str, Processes] = {}
 
     def envd(self, sandbox: Sandbox) -> Envd:
         """The sandbox's envd state (its watchers); dropped with the sandbox."""
-        for gone_id in [i for i in self._envds if i != sandbox.id and not self.sandboxes.has(i)]:
-            del self._envds[gone_id]
+        self._forget_gone(sandbox.id)
         return self._envds.setdefault(sandbox.id, Envd())
+
+    def processes(self, sandbox: Sandbox) -> Processes:
+        """The sandbox's commands; dropped with the sandbox (its container goes with it)."""
+        self._forget_gone(sandbox.id)
+        return self._processes.setdefault(sandbox.id, Processes(sandbox.env))
+
+    def _forget_gone(self, keep: str) -> None:
+        for table in (self._envds, self._processes):
+            for gone_id in [i for i in table if i != keep and not self.sandboxes.has(i)]:
+                del table[gone_id]
 
     def start(self) -> None:
         self.sandboxes.start()
@@ -425,6 +436,10 @@ def _envd_routes(service: E2BService) -> list[Route]:
         method = request.path_params["method"]
         return await service.envd(sandbox).filesystem(method, request, session)
 
+    async def process(request: Request, sandbox: Sandbox, session: Session) -> Response:
+        method = request.path_params["method"]
+        return await service.processes(sandbox).handle(method, request, session)
+
     async def rpc_unsupported(request: Request) -> Response:
         error = ConnectError("unimplemented", f"{request.url.path} is not served by this gateway")
         return JSONResponse(error.to_json(), status_code=error.status)
@@ -434,5 +449,6 @@ def _envd_routes(service: E2BService) -> list[Route]:
         Route("/files", with_session(download), methods=["GET"]),
         Route("/files", with_session(upload), methods=["POST"]),
         Route("/filesystem.Filesystem/{method}", with_session(filesystem), methods=["POST"]),
+        Route("/process.Process/{method}", with_session(process), methods=["POST"]),
         Route("/{rest:path}", rpc_unsupported),
     ]

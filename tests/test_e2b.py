@@ -1,0 +1,178 @@
+"""E2B's own Python SDK (`e2b-code-interpreter`), unchanged, against `/e2b` on the docker
+backend: only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY point it at the gateway."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.server import ServerFactory, ServerThread
+
+TOKEN = "e2b-test-token"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+e2b = pytest.importorskip("e2b_code_interpreter")
+exceptions = pytest.importorskip("e2b.exceptions")
+e2b_core = pytest.importorskip("e2b")
+
+
+@pytest.fixture(scope="module")
+def gateway(servers: ServerFactory) -> Iterator[ServerThread]:
+    server = servers("docker", token=TOKEN, pool_size=2, max_sessions=16)
+    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
+    os.environ["E2B_API_URL"] = os.environ["E2B_SANDBOX_URL"] = server.url + "/e2b"
+    os.environ["E2B_API_KEY"] = TOKEN
+    try:
+        yield server
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture
+def sandbox(gateway: ServerThread) -> Iterator[Any]:
+    sbx = e2b.Sandbox.create(timeout=120)
+    try:
+        yield sbx
+    finally:
+        sbx.kill()
+
+
+def test_state_live_output_charts_and_errors(sandbox: Any) -> None:
+    assert sandbox.run_code("x = 41").error is None
+    assert sandbox.run_code("x + 1").text == "42"
+    arrivals: list[tuple[float, str]] = []
+    started = time.monotonic()
+    execution = sandbox.run_code(
+        "import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')",
+        on_stdout=lambda out: arrivals.append((time.monotonic() - started, str(out.line))),
+    )
+    assert execution.logs.stdout == ["first\n", "second\n"]
+    assert arrivals[1][0] - arrivals[0][0] > 1.5, arrivals  # the first came live
+    chart = sandbox.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")
+    import base64
+
+    assert chart.results and base64.b64decode(chart.results[0].png).startswith(PNG_MAGIC)
+    failed = sandbox.run_code("1 / 0")
+    assert failed.error.name == "ZeroDivisionError" and "1 / 0" in failed.error.traceback
+    assert sandbox.run_code("x").text == "41"  # the kernel lives on
+
+
+def test_files_both_ways(sandbox: Any) -> None:
+    sandbox.files.write("/home/user/data/in.csv", "a,b\n1,2\n")
+    shown = sandbox.run_code("import pandas as pd\nprint(pd.read_csv('data/in.csv').sum().sum())")
+    assert shown.logs.stdout == ["3\n"]
+    sandbox.run_code("open('out.txt', 'w').write('from the kernel')")
+    assert sandbox.files.read("out.txt") == "from the kernel"
+    assert sandbox.files.read("/home/user/out.txt", format="bytes") == bytearray(b"from the kernel")
+    names = {entry.name for entry in sandbox.files.list("/home/user")}
+    assert {"data", "out.txt"} <= names
+    assert sandbox.files.exists("out.txt") and not sandbox.files.exists("nope.txt")
+    with pytest.raises(exceptions.FileNotFoundException):
+        sandbox.files.read("missing.txt")
+
+
+def test_commands(sandbox: Any) -> None:
+    done = sandbox.commands.run("echo hello; echo oops >&2; pwd; id -u")
+    assert done.exit_code == 0
+    assert done.stdout.split() == ["hello", "/home/user", "1000"]
+    assert done.stderr == "oops\n"
+    with pytest.raises(e2b_core.CommandExitException) as caught:
+        sandbox.commands.run("exit 3")
+    assert caught.value.exit_code == 3
+    seen: list[tuple[float, str]] = []
+    started = time.monotonic()
+    sandbox.commands.run(
+        "echo one; sleep 2; echo two",
+        on_stdout=lambda line: seen.append((time.monotonic() - started, line)),
+    )
+    assert [line.strip() for _, line in seen] == ["one", "two"]
+    assert seen[1][0] - seen[0][0] > 1.5  # streamed, not collected at the end
+    sandbox.commands.run("echo made-by-bash > from-bash.txt")
+    assert sandbox.run_code("print(open('from-bash.txt').read())").logs.stdout == [
+        "made-by-bash\n\n"
+    ]
+    background = sandbox.commands.run("sleep 60", background=True)
+    assert background.pid in [p.pid for p in sandbox.commands.list()]
+    assert sandbox.commands.kill(background.pid)
+    assert not sandbox.commands.kill(999999)
+
+
+def test_connect_list_timeout_pause_kill(gateway: ServerThread) -> None:
+    sbx = e2b.Sandbox.create(timeout=60, metadata={"owner": "tests"})
+    try:
+        sbx.run_code("kept = 'yes'")
+        again = e2b.Sandbox.connect(sbx.sandbox_id)  # a second client
+        assert again.run_code("kept").text == "yes"
+        listed = [s.sandbox_id for s in e2b.Sandbox.list(query=None).next_items()]
+        assert sbx.sandbox_id in listed
+        info = sbx.get_info()
+        assert info.metadata == {"owner": "tests"} and info.state == "running"
+        assert sbx.pause()
+        assert sbx.get_info().state == "paused"
+        resumed = e2b.Sandbox.connect(sbx.sandbox_id)
+        assert resumed.run_code("kept").text == "yes"  # a paused sandbox keeps its variables
+        sbx.set_timeout(2)
+        deadline = time.monotonic() + 15
+        while sbx.is_running():
+            assert time.monotonic() < deadline, "the sandbox outlived its timeout"
+            time.sleep(0.5)
+        with pytest.raises(exceptions.SandboxException):
+            sbx.get_info()
+    finally:
+        sbx.kill()
+    assert e2b.Sandbox.kill(sbx.sandbox_id) is False  # already gone: False, as E2B says
+
+
+def test_a_wrong_api_key_is_an_authentication_error(gateway: ServerThread) -> None:
+    with pytest.raises(exceptions.AuthenticationException):
+        e2b.Sandbox.create(api_key="not-the-token")
+
+
+def test_one_sandboxs_token_cannot_drive_another(gateway: ServerThread) -> None:
+    first = e2b.Sandbox.create(timeout=60)
+    second = e2b.Sandbox.create(timeout=60)
+    try:
+        stolen = first._envd_access_token
+        response = httpx.post(
+            gateway.url + "/e2b/execute",
+            json={"code": "print('owned')"},
+            headers={
+                "E2b-Sandbox-Id": second.sandbox_id,
+                "E2b-Sandbox-Port": "49999",
+                "X-Access-Token": stolen,
+            },
+            timeout=30,
+        )
+        assert response.status_code == 401, response.text
+        assert "owned" not in response.text
+    finally:
+        first.kill()
+        second.kill()
+
+
+def test_two_sandboxes_run_at_once(gateway: ServerThread) -> None:
+    results: dict[str, str] = {}
+
+    def run(name: str) -> None:
+        sbx = e2b.Sandbox.create(timeout=60)
+        try:
+            results[name] = sbx.run_code(f"import time; time.sleep(1); '{name}'").text
+        finally:
+            sbx.kill()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == {"a": "a", "b": "b"}
