@@ -176,3 +176,40 @@ def test_two_sandboxes_run_at_once(gateway: ServerThread) -> None:
     for thread in threads:
         thread.join(60)
     assert results == {"a": "a", "b": "b"}
+
+
+def test_contexts_are_namespaces_of_their_own_on_the_same_files(sandbox: Any) -> None:
+    sandbox.run_code("x = 'default'")
+    other = sandbox.create_code_context()
+    assert other.language == "python" and other.cwd == "/home/user"
+    sandbox.run_code("x = 'other'", context=other)
+    assert sandbox.run_code("x").text == "default"
+    assert sandbox.run_code("x", context=other).text == "other"
+    sandbox.run_code("open('shared.txt', 'w').write('seen by all')", context=other)
+    assert sandbox.run_code("open('shared.txt').read()").text == "seen by all"
+    ids = {c.id for c in sandbox.list_code_contexts()}
+    assert other.id in ids
+    sandbox.restart_code_context(other)
+    assert sandbox.run_code("'x' in globals()", context=other).text == "False"
+    sandbox.remove_code_context(other)
+    assert other.id not in {c.id for c in sandbox.list_code_contexts()}
+    with pytest.raises(exceptions.NotFoundException):
+        sandbox.run_code("1", context=other)
+
+
+def test_run_code_takes_a_language(sandbox: Any) -> None:
+    r = sandbox.run_code("x <- 41; cat(x + 1)", language="r")
+    assert r.logs.stdout == ["42"]
+    js = sandbox.run_code("const y: number = 2; y * 21", language="typescript")
+    assert js.text == "42"
+    shell = sandbox.run_code("echo $((6 * 7))", language="bash")
+    assert shell.logs.stdout == ["42\n"]
+    assert sandbox.run_code("x <- x + 1; cat(x)", language="r").logs.stdout == ["42"]
+    with pytest.raises(exceptions.SandboxException, match="cobol"):
+        sandbox.run_code("1", language="cobol")
+
+
+def test_env_vars_apply_to_one_execution(sandbox: Any) -> None:
+    shown = sandbox.run_code("import os; os.environ['ONLY_NOW']", envs={"ONLY_NOW": "yes"})
+    assert shown.text == "yes"
+    assert sandbox.run_code("import os; os.environ.get('ONLY_NOW', 'gone')").text == "gone"

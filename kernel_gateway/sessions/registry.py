@@ -85,6 +85,8 @@ class Registry:
         """Sessions a predecessor persisted that could not be adopted, and why."""
         self._ephemeral: set[Session] = set()
         self._leases: dict[Session, Lease] = {}
+        self._companions: dict[str, list[Session]] = {}
+        """Sessions whose kernels run on another session's storage, by that session's id."""
         """Where each session's kernel came from: released when the session closes."""
         self._reserved = 0
         self._reserved_stateless = 0
@@ -118,8 +120,11 @@ class Registry:
     async def close(self) -> None:
         await self.stop_reaping()
         # Taken out first, so a stateless cell that ends meanwhile starts no release of its own.
+        companions = [c for group in self._companions.values() for c in group]
         sessions = [*self._sessions.values(), *self._ephemeral]
-        self._sessions, self._ephemeral = {}, set()
+        self._sessions, self._ephemeral, self._companions = {}, set(), {}
+        # Companions first: their kernels run on their owners' storage.
+        await asyncio.gather(*(self._close(c) for c in companions), return_exceptions=True)
         await asyncio.gather(*(self._close(s) for s in sessions), return_exceptions=True)
         await self._tasks.join()  # releases under way
         if self.forks is not None:
@@ -256,6 +261,46 @@ class Registry:
         if self.store is not None:  # first: a crash from here on must not bring it back
             self.store.delete(session_id)
             await self.store.flush()
+        companions = self._companions.pop(session_id, [])
+        await asyncio.gather(*(self._close(c) for c in companions), return_exceptions=True)
+        await self._close(session)
+
+    # -- companions: more kernels on one session's files ---------------------------------------
+
+    async def create_companion(self, owner_id: str, language: str | None = None) -> Session:
+        """A session of `language` whose kernel runs on session `owner_id`'s storage: the same
+        files, variables of its own (E2B's contexts). Closed with its owner; not persisted
+        (a restarted gateway adopts the owner only). Counts towards `--max-sessions`."""
+        self._refuse_if_draining()
+        owner = self.get(owner_id)
+        pool = self.pool(language)
+        held = len(self._sessions) + sum(len(c) for c in self._companions.values())
+        if held + self._reserved >= self.settings.max_sessions:
+            raise TooManySessions(
+                f"the gateway holds its maximum of {self.settings.max_sessions} sessions "
+                "(contexts count); delete one or retry later",
+                retry_after=5,
+            )
+        self._reserved += 1
+        try:
+            lease = await pool.launch_on(owner.slot.storage)
+        finally:
+            self._reserved -= 1
+        if self._sessions.get(owner_id) is not owner:  # deleted while the kernel started
+            await lease.kernel.close()
+            raise self._missing(owner_id)
+        session = self._session_on(lease, ephemeral=False, language=pool.language.name)
+        self._companions.setdefault(owner_id, []).append(session)
+        return session
+
+    def companions(self, owner_id: str) -> list[Session]:
+        return list(self._companions.get(owner_id, ()))
+
+    async def close_companion(self, owner_id: str, session: Session) -> None:
+        companions = self._companions.get(owner_id, [])
+        if session not in companions:
+            raise SessionNotFound(f"no context {session.id!r} in session {owner_id!r}")
+        companions.remove(session)
         await self._close(session)
 
     # -- stateless ---------------------------------------------------------------------------

@@ -51,6 +51,27 @@ class WarmKernel:
         await self.pool.remove_storage(self.storage)
 
 
+@dataclass
+class SharedKernel:
+    """A kernel on another lease's storage (an E2B context beside its sandbox's kernel); as a
+    `Lease`: relaunchable, and released by nothing (the storage is its owner's)."""
+
+    kernel: Kernel
+    storage: SessionStorage
+    pool: WarmPool = field(repr=False)
+
+    @property
+    def relaunchable(self) -> bool:
+        return True
+
+    @property
+    def files_owner(self) -> tuple[int, int] | None:
+        return self.pool.backend.workspace_owner
+
+    async def release(self) -> None:
+        pass  # the storage stays: it is the owner's
+
+
 class WarmPool:
     def __init__(
         self,
@@ -152,6 +173,10 @@ class WarmPool:
                 return warm
             self._refill.tasks.spawn(self.discard(warm))
         return await self._refill.wait(self.settings.kernel_start_timeout)
+
+    async def launch_on(self, storage: SessionStorage) -> SharedKernel:
+        """A fresh kernel of this pool's language on `storage`, which another lease holds."""
+        return SharedKernel(await self.launch(storage), storage, self)
 
     async def launch(self, storage: SessionStorage) -> Kernel:
         """Start a kernel on `storage`, wait until it answers, and preload modules.

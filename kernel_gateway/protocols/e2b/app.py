@@ -340,33 +340,102 @@ async def unsupported(request: Request, service: E2BService) -> Response:
 
 
 def _interpreter_routes(service: E2BService) -> list[Route]:
-    async def run(request: Request) -> Response:
-        return await execute(request, service)
+    def handled(handler: Callable[[Request, E2BService], Awaitable[Response]]) -> Handler:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(request, service)
+            except SandboxError as exc:
+                # The SDKs read this port's errors from the status and the body's text.
+                return PlainTextResponse(exc.message, status_code=exc.status)
 
-    return [Route("/execute", run, methods=["POST"])]
+        return endpoint
+
+    return [
+        Route("/execute", handled(execute), methods=["POST"]),
+        Route("/contexts", handled(create_context), methods=["POST"]),
+        Route("/contexts", handled(list_contexts), methods=["GET"]),
+        Route("/contexts/{id}", handled(remove_context), methods=["DELETE"]),
+        Route("/contexts/{id}/restart", handled(restart_context), methods=["POST"]),
+    ]
+
+
+LANGUAGE_ALIASES = {"js": "javascript", "ts": "typescript"}
+
+
+def _language(value: Any) -> str:
+    if value is None:
+        return "python"
+    if not isinstance(value, str):
+        raise SandboxError(400, "'language' must be a string")
+    name = value.strip().lower()
+    return LANGUAGE_ALIASES.get(name, name)
+
+
+async def create_context(request: Request, service: E2BService) -> Response:
+    sandbox: Sandbox = request.state.e2b_sandbox
+    body = await _json_body(request)
+    cwd = body.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise SandboxError(400, "'cwd' must be a string")
+    context = await service.sandboxes.create_context(sandbox, _language(body.get("language")), cwd)
+    return JSONResponse(context.to_json())
+
+
+async def list_contexts(request: Request, service: E2BService) -> Response:
+    sandbox: Sandbox = request.state.e2b_sandbox
+    return JSONResponse([c.to_json() for c in sandbox.contexts.values()])
+
+
+async def remove_context(request: Request, service: E2BService) -> Response:
+    sandbox: Sandbox = request.state.e2b_sandbox
+    await service.sandboxes.remove_context(sandbox, request.path_params["id"])
+    return JSONResponse(None)
+
+
+async def restart_context(request: Request, service: E2BService) -> Response:
+    sandbox: Sandbox = request.state.e2b_sandbox
+    session = service.sandboxes.context_session(sandbox, request.path_params["id"])
+    try:
+        await session.restart()
+    except GatewayError as exc:
+        raise SandboxError(exc.status_code, exc.message) from exc
+    return JSONResponse(None)
 
 
 async def execute(request: Request, service: E2BService) -> Response:
     sandbox: Sandbox = request.state.e2b_sandbox
-    raw = await request.body()
+    body = await _json_body(request)
+    if not isinstance(body.get("code"), str):
+        raise SandboxError(400, "the body must be JSON with a string 'code'")
+    context_id = body.get("context_id")
+    if context_id is not None and body.get("language") is not None:
+        raise SandboxError(400, "give 'context_id' or 'language', not both")
+    env = body.get("env_vars") or {}
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise SandboxError(400, "'env_vars' must be an object of strings")
+    if context_id is not None:
+        session = service.sandboxes.context_session(sandbox, str(context_id))
+    else:
+        language = _language(body.get("language"))
+        try:
+            service.registry.languages.get_or_raise(language)
+        except GatewayError as exc:
+            raise SandboxError(400, exc.message) from exc
+        context = await service.sandboxes.default_context(sandbox, language)
+        session = service.sandboxes.context_session(sandbox, context.id)
+    code = body["code"]
+    if env:
+        if session.language != "python":
+            raise SandboxError(400, "'env_vars' are applied to Python contexts only")
+        code = _with_env(code, env)
     try:
-        body = json.loads(raw) if len(raw) <= MAX_BODY_BYTES else None
-    except ValueError:
-        body = None
-    if not isinstance(body, dict) or not isinstance(body.get("code"), str):
-        return PlainTextResponse("the body must be JSON with a string 'code'", status_code=400)
-    language = (body.get("language") or "python").strip().lower()
-    if body.get("context_id") is not None or language != "python":
-        return PlainTextResponse(
-            "contexts and languages other than python are not served yet", status_code=501
-        )
-    try:
-        session = service.sandboxes.session(sandbox)
-        execution = session.submit(body["code"], service.settings.max_exec_timeout)
-    except SandboxError:
-        return gone(sandbox.id)
+        owner = service.sandboxes.session(sandbox)
+        owner.touch()  # a context's work keeps its sandbox from the gateway's idle reaper
+        execution = session.submit(code, service.settings.max_exec_timeout)
     except GatewayError as exc:
-        return PlainTextResponse(exc.message, status_code=exc.status_code)
+        raise SandboxError(exc.status_code, exc.message) from exc
 
     async def lines() -> AsyncIterator[bytes]:
         # The records are read by a task of their own, so waiting for the next one can
@@ -402,6 +471,24 @@ async def execute(request: Request, service: E2BService) -> Response:
                 session.abandon(execution)  # the client went away: stop the cell now
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+def _with_env(code: str, env: dict[str, str]) -> str:
+    """The cell with `env` in `os.environ` while it runs (then as before), as E2B does."""
+    return (
+        "import os as __kg_os\n"
+        f"__kg_saved = {{k: __kg_os.environ.get(k) for k in {list(env)!r}}}\n"
+        f"__kg_os.environ.update({env!r})\n"
+        "try:\n"
+        f"    get_ipython().run_cell({code!r}, store_history=False)\n"
+        "finally:\n"
+        "    for __kg_k, __kg_v in __kg_saved.items():\n"
+        "        if __kg_v is None:\n"
+        "            __kg_os.environ.pop(__kg_k, None)\n"
+        "        else:\n"
+        "            __kg_os.environ[__kg_k] = __kg_v\n"
+        "    del __kg_os, __kg_saved"
+    )
 
 
 # -- envd (any other port) ------------------------------------------------------------------

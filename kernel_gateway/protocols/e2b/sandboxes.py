@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import secrets
 import time
@@ -39,6 +40,15 @@ ENVD_VERSION = "0.5.7"
 """What the sandboxes claim to run: from 0.4.0 the SDKs send no user by default, and
 0.5.7 is the newest whose features all work here (see design/e2b-wire.md, section 4)."""
 REAP_EVERY = 1.0
+HOME = "/home/user"
+CHDIR = {
+    "python": "import os as __kg_os\n__kg_os.chdir({path})\ndel __kg_os",
+    "r": "setwd({path})",
+    "javascript": "Deno.chdir({path})",
+    "typescript": "Deno.chdir({path})",
+    "bash": "cd {path}",
+}
+"""How each language's kernel changes directory (a JSON string is a literal in all of them)."""
 
 
 class SandboxError(Exception):
@@ -54,6 +64,19 @@ def not_found(sandbox_id: str) -> SandboxError:
     return SandboxError(404, f"sandbox {sandbox_id!r} not found")
 
 
+@dataclass(frozen=True)
+class Context:
+    """A code context: a kernel of its own in the sandbox (same files, its own variables);
+    its id is its session's."""
+
+    id: str
+    language: str
+    cwd: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"id": self.id, "language": self.language, "cwd": self.cwd}
+
+
 @dataclass
 class Sandbox:
     id: str
@@ -65,6 +88,11 @@ class Sandbox:
     metadata: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     paused: bool = False
+    contexts: dict[str, Context] = field(default_factory=dict)
+    """By id; the first is the sandbox's own Python kernel (its session's)."""
+    defaults: dict[str, str] = field(default_factory=dict)
+    """Language -> the id of the context `/execute` uses for it when given no context."""
+    context_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @property
     def state(self) -> str:
@@ -120,10 +148,68 @@ class Sandboxes:
             metadata=dict(metadata),
             env=dict(env),
         )
+        main = Context(session.id, "python", HOME)
+        sandbox.contexts[main.id] = main
+        sandbox.defaults["python"] = main.id
         self._by_id[sandbox.id] = sandbox
         if env:
             await self._set_env(session, env)
         return sandbox
+
+    # -- contexts -------------------------------------------------------------------------
+
+    async def create_context(self, sandbox: Sandbox, language: str, cwd: str | None) -> Context:
+        """A new kernel of `language` on the sandbox's files, in `cwd` (default /home/user)."""
+        cwd = cwd or HOME
+        try:
+            session = await self.registry.create_companion(sandbox.id, language)
+        except GatewayError as exc:
+            raise SandboxError(_status(exc), exc.message) from exc
+        context = Context(session.id, session.language, cwd)
+        sandbox.contexts[context.id] = context
+        if sandbox.env and session.language == "python":
+            await self._set_env(session, sandbox.env)
+        if cwd != HOME:
+            await self._chdir(session, cwd)
+        return context
+
+    async def default_context(self, sandbox: Sandbox, language: str) -> Context:
+        """The context `/execute` uses for `language` when given none: made on first use."""
+        async with sandbox.context_lock:
+            found = sandbox.contexts.get(sandbox.defaults.get(language, ""))
+            if found is None:
+                found = await self.create_context(sandbox, language, None)
+                sandbox.defaults[language] = found.id
+            return found
+
+    def context_session(self, sandbox: Sandbox, context_id: str) -> Session:
+        if context_id not in sandbox.contexts:
+            raise SandboxError(404, f"context {context_id!r} not found")
+        if context_id == sandbox.id:
+            return self.session(sandbox)
+        for session in self.registry.companions(sandbox.id):
+            if session.id == context_id:
+                return session
+        sandbox.contexts.pop(context_id, None)
+        raise SandboxError(404, f"context {context_id!r} not found")
+
+    async def remove_context(self, sandbox: Sandbox, context_id: str) -> None:
+        session = self.context_session(sandbox, context_id)
+        if context_id == sandbox.id:
+            raise SandboxError(400, "the sandbox's own context cannot be removed (kill it instead)")
+        del sandbox.contexts[context_id]
+        for language, default in list(sandbox.defaults.items()):
+            if default == context_id:
+                del sandbox.defaults[language]
+        await self.registry.close_companion(sandbox.id, session)
+
+    async def _chdir(self, session: Session, cwd: str) -> None:
+        code = CHDIR.get(session.language)
+        kernel = session.slot.kernel
+        if code is None or kernel is None:
+            raise SandboxError(400, f"a working directory cannot be set for {session.language}")
+        if not await kernel.run_silent(code.format(path=json.dumps(cwd)), 30):
+            raise SandboxError(400, f"cannot change into {cwd!r}")
 
     def get(self, sandbox_id: str) -> Sandbox:
         sandbox = self._by_id.get(sandbox_id)
