@@ -47,6 +47,7 @@ from kernel_gateway.settings import Settings
 from kernel_gateway.types import Record
 
 INTERPRETER_PORT = "49999"
+ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
 KEEPALIVE_SECONDS = 5.0
 MAX_BODY_BYTES = 2 * 2**20
 Handler = Callable[[Request], Awaitable[Response]]
@@ -174,7 +175,7 @@ def _control_routes(service: E2BService) -> list[Route]:
         Route("/sandboxes/{id}/resume", guarded(connect), methods=["POST"]),
         Route("/sandboxes/{id}/pause", guarded(pause), methods=["POST"]),
         Route("/sandboxes/{id}/metrics", guarded(metrics), methods=["GET"]),
-        Route("/{rest:path}", guarded(unsupported)),
+        Route("/{rest:path}", guarded(unsupported), methods=ALL_METHODS),
     ]
 
 
@@ -537,5 +538,5 @@ def _envd_routes(service: E2BService) -> list[Route]:
         Route("/files", with_session(upload), methods=["POST"]),
         Route("/filesystem.Filesystem/{method}", with_session(filesystem), methods=["POST"]),
         Route("/process.Process/{method}", with_session(process), methods=["POST"]),
-        Route("/{rest:path}", rpc_unsupported),
+        Route("/{rest:path}", rpc_unsupported, methods=ALL_METHODS),
     ]

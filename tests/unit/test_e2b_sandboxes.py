@@ -1,0 +1,143 @@
+"""E2B sandboxes over fake kernels: lifetime, pause, tokens, contexts, the control plane's
+answers in E2B's shapes (no Docker, no SDK)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kernel_gateway.protocols.e2b import sandboxes as sandboxes_module
+from kernel_gateway.protocols.e2b.app import E2BService
+from kernel_gateway.protocols.e2b.sandboxes import SandboxError, Sandboxes
+from kernel_gateway.sessions.registry import Registry
+from tests.support.fake_kernel import fake_registry, until
+
+
+@pytest.fixture
+async def registry(tmp_path: Path) -> AsyncIterator[Registry]:
+    async with fake_registry(tmp_path, max_sessions=6, token="tok") as (registry, _):
+        yield registry
+
+
+async def test_a_sandbox_lives_until_its_timeout(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sandboxes_module, "REAP_EVERY", 0.05)
+    sandboxes = Sandboxes(registry)
+    sandboxes.start()
+    try:
+        sandbox = await sandboxes.create("code-interpreter-v1", 60, {"a": "b"}, {})
+        assert registry.get(sandbox.id) is not None
+        assert sandbox.accepts(sandbox.token) and not sandbox.accepts("nope")
+        assert not sandbox.accepts(None)
+        before = sandbox.end_at
+        _, resumed = sandboxes.connect(sandbox.id, 10)  # connect never shortens
+        assert sandbox.end_at == before and not resumed
+        sandboxes.pause(sandbox.id)
+        with pytest.raises(SandboxError) as again:
+            sandboxes.pause(sandbox.id)
+        assert again.value.status == 409
+        _, resumed = sandboxes.connect(sandbox.id, None)
+        assert resumed and not sandbox.paused
+        sandboxes.set_timeout(sandbox.id, 1)
+        await until(lambda: not sandboxes.has(sandbox.id), 5)
+        assert sandbox.id not in {s.id for s in registry.sessions()}
+        with pytest.raises(SandboxError) as gone:
+            sandboxes.get(sandbox.id)
+        assert gone.value.status == 404
+    finally:
+        await sandboxes.close()
+
+
+async def test_bad_templates_and_timeouts_are_400s(registry: Registry) -> None:
+    sandboxes = Sandboxes(registry)
+    for template, lifetime in (("my-template", 60), ("base", 0), ("base", 10**9)):
+        with pytest.raises(SandboxError) as caught:
+            await sandboxes.create(template, lifetime, {}, {})
+        assert caught.value.status == 400
+    assert registry.sessions() == []
+
+
+async def test_contexts_share_the_files_and_close_with_the_sandbox(registry: Registry) -> None:
+    sandboxes = Sandboxes(registry)
+    sandbox = await sandboxes.create("base", 60, {}, {})
+    context = await sandboxes.create_context(sandbox, "python", None)
+    session = sandboxes.context_session(sandbox, context.id)
+    owner = sandboxes.session(sandbox)
+    assert session.slot.storage.root == owner.slot.storage.root
+    assert context.id in sandbox.contexts and context.cwd == "/home/user"
+    with pytest.raises(SandboxError, match="cannot be removed"):
+        await sandboxes.remove_context(sandbox, sandbox.id)
+    await sandboxes.kill(sandbox.id)
+    assert registry.companions(sandbox.id) == []
+    assert session.closed
+
+
+async def test_the_control_plane_answers_in_e2bs_shapes(registry: Registry) -> None:
+    service = E2BService(registry, registry.settings)
+    transport = httpx.ASGITransport(app=_with_state(service))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
+        refused = await http.post("/v2/sandboxes", json={}, headers={"X-API-KEY": "wrong"})
+        assert refused.status_code == 401 and refused.json()["code"] == 401
+        key = {"X-API-KEY": "tok"}
+        made = await http.post("/v2/sandboxes", json={"templateID": "base"}, headers=key)
+        assert made.status_code == 201, made.text
+        body = made.json()
+        assert body["envdVersion"] and body["envdAccessToken"] == body["trafficAccessToken"]
+        sandbox_id = body["sandboxID"]
+        info = (await http.get(f"/sandboxes/{sandbox_id}", headers=key)).json()
+        assert info["state"] == "running" and info["endAt"].endswith("Z")
+        bad = await http.post("/v2/sandboxes", content=b"[1", headers=key)
+        assert bad.status_code == 400 and bad.json()["code"] == 400
+        missing = await http.get("/sandboxes/nope", headers=key)
+        assert missing.status_code == 404 and missing.json() == {
+            "code": 404,
+            "message": "sandbox 'nope' not found",
+        }
+        unknown = await http.post("/templates", json={}, headers=key)
+        assert unknown.status_code == 501 and "not supported" in unknown.json()["message"]
+        data_plane = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49983"}
+        no_token = await http.get("/health", headers=data_plane)
+        assert no_token.status_code == 401
+        ok = await http.get(
+            "/health", headers={**data_plane, "X-Access-Token": body["envdAccessToken"]}
+        )
+        assert ok.status_code == 204
+        stranger = await http.get(
+            "/health", headers={"E2b-Sandbox-Id": "nope", "E2b-Sandbox-Port": "49983"}
+        )
+        assert stranger.status_code == 502 and "was not found" in stranger.json()["message"]
+        assert (await http.delete(f"/sandboxes/{sandbox_id}", headers=key)).status_code == 204
+        assert (await http.delete(f"/sandboxes/{sandbox_id}", headers=key)).status_code == 404
+    await service.close()
+
+
+def _with_state(service: E2BService):  # type: ignore[no-untyped-def]
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        scope = dict(scope, root_path="/e2b", path=scope["path"])
+        await service(scope, receive, send)
+
+    return app
+
+
+async def test_list_pages_by_next_token(registry: Registry) -> None:
+    service = E2BService(registry, registry.settings)
+    made = [await service.sandboxes.create("base", 60, {"n": str(i)}, {}) for i in range(3)]
+    transport = httpx.ASGITransport(app=_with_state(service))
+    key = {"X-API-KEY": "tok"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
+        first = await http.get("/v2/sandboxes", params={"limit": 2}, headers=key)
+        assert len(first.json()) == 2 and first.headers["x-next-token"]
+        rest = await http.get(
+            "/v2/sandboxes",
+            params={"limit": 2, "nextToken": first.headers["x-next-token"]},
+            headers=key,
+        )
+        assert len(rest.json()) == 1 and "x-next-token" not in rest.headers
+        listed = {s["sandboxID"] for s in first.json() + rest.json()}
+        assert listed == {s.id for s in made}
+        only = await http.get("/v2/sandboxes", params={"metadata": "n=1"}, headers=key)
+        assert [s["metadata"] for s in only.json()] == [{"n": "1"}]
