@@ -24,6 +24,7 @@ reason, so leaving a route out is always a visible decision.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kernel_gateway import __version__
@@ -78,6 +79,23 @@ def _schemas(settings: Settings) -> JSON:
     """Every model's schema (with the limits of these settings), and the event stream."""
     schemas = models.definitions(REQUESTS, RESPONSES, settings, ref_template=REF_TEMPLATE)
     return {**schemas, "ServerSentEvent": _server_sent_event()}
+
+
+def _with_languages(schemas: JSON, languages: Sequence[str] | None) -> JSON:
+    """`language` as an enum of the gateway's languages, in every request that takes one:
+    the contract says exactly what is accepted (anything else is 400 `unknown_language`)."""
+    if not languages:
+        return schemas
+    for schema in schemas.values():
+        prop = schema.get("properties", {}).get("language") if isinstance(schema, dict) else None
+        if not isinstance(prop, dict):
+            continue
+        kinds = prop.get("type")
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        if "string" in kinds:
+            prop["enum"] = [*languages, *([None] if "null" in kinds else [])]
+            prop.pop("maxLength", None)
+    return schemas
 
 
 def _server_sent_event() -> JSON:
@@ -543,8 +561,9 @@ def _operations(settings: Settings) -> list[tuple[str, str, JSON]]:
     ]
 
 
-def build(settings: Settings) -> JSON:
-    """The OpenAPI 3.1 document for a gateway with these settings."""
+def build(settings: Settings, languages: Sequence[str] | None = None) -> JSON:
+    """The OpenAPI 3.1 document for a gateway with these settings (and, when given, these
+    languages: `language` then lists exactly them)."""
     token = settings.token is not None
     paths: JSON = {}
     for path, method, operation in _operations(settings):
@@ -570,7 +589,7 @@ def build(settings: Settings) -> JSON:
         },
         "paths": paths,
         "components": {
-            "schemas": _schemas(settings),
+            "schemas": _with_languages(_schemas(settings), languages),
             "headers": {
                 "RequestId": {
                     "description": "This request's id: the client's own `X-Request-Id` when "

@@ -155,7 +155,12 @@ class TestASwarm:
             assert get(node, probe_port, "/")["node"] == [node.node_id]
             # tasks.<svc> resolves, inside a task, to the 3 tasks; each answers over the overlay
             # (worker to worker included).
+            # Swarm's DNS learns of tasks over a few seconds: wait for the third.
+            deadline = time.monotonic() + 30
             peers = get(node, probe_port, "/peers")["peer"]
+            while len(peers) < 3 and time.monotonic() < deadline:
+                time.sleep(1)
+                peers = get(node, probe_port, "/peers")["peer"]
             assert len(peers) == 3, peers
             assert {p.split("node=")[-1] for p in peers} == ids, peers
             # Trap 1: {NODE_ROOT}/docker.sock is the node's own engine on every node.

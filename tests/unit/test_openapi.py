@@ -122,3 +122,12 @@ def test_limits_in_force_are_stated(tmp_path: Path) -> None:
     timeout = document["components"]["schemas"]["ExecuteRequest"]["properties"]["timeout"]
     assert timeout["maximum"] == 7.0
     assert "3" in timeout["description"]
+
+
+def test_language_is_an_enum_of_the_gateways_languages(tmp_path: Path) -> None:
+    document = build(settings_for("local", tmp_path), ["python", "r"])
+    schemas = document["components"]["schemas"]
+    for name in ("NewSession", "StatelessExecuteRequest"):
+        assert schemas[name]["properties"]["language"]["enum"] == ["python", "r", None]
+    plain = build(settings_for("local", tmp_path))
+    assert "enum" not in plain["components"]["schemas"]["NewSession"]["properties"]["language"]

@@ -7,9 +7,11 @@ from starlette.responses import Response
 
 from kernel_gateway.server.http import JSONResponse
 from kernel_gateway.server.openapi import build
+from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
 
 
 async def openapi_json(request: Request) -> Response:
     settings: Settings = request.state.settings
-    return JSONResponse(build(settings))
+    registry: Registry = request.state.registry
+    return JSONResponse(build(settings, list(registry.languages)))
