@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlencode
 
 import httpx
 from starlette.requests import ClientDisconnect, Request
@@ -161,9 +162,13 @@ async def list_sessions(request: Request) -> Response:
 
 async def session_request(request: Request) -> Response:
     """Any request on `/sessions/{id}...`: sent to the node named in the id."""
+    return await _to_session_node(request, request.path_params["session_id"])
+
+
+async def _to_session_node(request: Request, session_id: str) -> Response:
+    """The request, sent as it is to the node named in `session_id`."""
     settings, directory, proxy, router_metrics = _state(request)
     path = _raw_path(request)
-    session_id = request.path_params["session_id"]
     name, dot, rest = session_id.partition(".")
     if not (dot and rest and NODE_NAME.fullmatch(name)):
         raise SessionNotFound(f"no session with id {session_id!r}")
@@ -270,6 +275,106 @@ def _replay(upstream: httpx.Response) -> Response:
     return Response(upstream.content, status_code=upstream.status_code, headers=headers)
 
 
+# -- E2B's API (`/e2b`, protocols/e2b on each node) --------------------------------------------
+
+E2B_SANDBOX_PATH = re.compile(r"^/e2b/+(?:v2/+)?sandboxes/+(?P<id>[^/?]+)")
+E2B_COLLECTION = re.compile(r"^/e2b/+(?:v2/+)?sandboxes/*$")
+
+
+async def e2b_request(request: Request) -> Response:
+    """`/e2b/...`: a sandbox's calls go to its node (its id names it, in the E2b-Sandbox-Id
+    header or the path), creates are placed as sessions are, lists gather every node's.
+    The router's own refusals are in E2B's shape, `{"code": status, "message"}`."""
+    try:
+        return await _e2b(request)
+    except GatewayError as exc:
+        if request.headers.get("e2b-sandbox-id") and exc.status_code in (404, 410):
+            # A data-plane call for a sandbox that is not there: what E2B's edge answers.
+            body = {"code": 502, "message": "The sandbox was not found: " + exc.message}
+            return JSONResponse(body, status_code=502)
+        headers = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after else {}
+        return JSONResponse(
+            {"code": exc.status_code, "message": exc.message},
+            status_code=exc.status_code,
+            headers=headers,
+        )
+
+
+async def _e2b(request: Request) -> Response:
+    path = request.url.path
+    sandbox_id = request.headers.get("e2b-sandbox-id")
+    if sandbox_id is None and (match := E2B_SANDBOX_PATH.match(path)):
+        sandbox_id = match["id"]
+    if sandbox_id is not None:
+        return await _to_session_node(request, sandbox_id)
+    if E2B_COLLECTION.match(path) and request.method == "POST":
+        directory = request.state.directory
+        nodes = placement.for_session(directory.up())
+        offered = await _offer(request, "session", _raw_path(request), nodes, CREATE_ANSWER_SECONDS)
+        if isinstance(offered, tuple):
+            return Relayed(offered[1])
+        if offered is not None:
+            return _replay(offered)
+        raise NodeUnavailable(_no_node(directory), retry_after=RETRY_AFTER)
+    if E2B_COLLECTION.match(path) and request.method == "GET":
+        return await _e2b_list(request)
+    raise NotFound(f"{request.method} {path} is not routed: it names no sandbox")
+
+
+async def _e2b_list(request: Request) -> Response:
+    """Every node's sandboxes, merged and paged here (`limit`, `nextToken` = the id that
+    starts the next page, `X-Next-Token`)."""
+    _, directory, proxy, _ = _state(request)
+    query = [
+        (k, v) for k, v in request.query_params.multi_items() if k not in ("limit", "nextToken")
+    ]
+    path = request.url.path + "?" + urlencode([*query, ("limit", "100")])
+
+    async def ask(node: Node) -> list[Any]:
+        collected: list[Any] = []
+        token: str | None = None
+        while True:
+            page = path + (f"&{urlencode([('nextToken', token)])}" if token else "")
+            try:
+                upstream = await proxy.send(
+                    node, request, page, None, answer_within=QUICK_ANSWER_SECONDS
+                )
+            except NodeUnreachable:
+                return collected
+            try:
+                await upstream.aread()
+                found = upstream.json() if upstream.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                found = None
+            finally:
+                await upstream.aclose()
+            if not isinstance(found, list):
+                if upstream.status_code in (400, 401):
+                    raise BadRequest(upstream.text[:500])
+                return collected
+            collected += found
+            token = upstream.headers.get("x-next-token")
+            if not token:
+                return collected
+
+    answers = await asyncio.gather(*(ask(n) for n in directory.up()))
+    found = sorted(
+        (s for listed in answers for s in listed if isinstance(s, dict)),
+        key=lambda s: (str(s.get("startedAt", "")), str(s.get("sandboxID", ""))),
+    )
+    try:
+        limit = int(request.query_params.get("limit") or 100)
+    except ValueError:
+        raise BadRequest("'limit' must be a number") from None
+    ids = [str(s.get("sandboxID")) for s in found]
+    start = ids.index(token) if (token := request.query_params.get("nextToken")) in ids else 0
+    page = found[start : start + max(1, min(limit, 100))]
+    headers = {}
+    if start + len(page) < len(found):
+        headers["X-Next-Token"] = ids[start + len(page)]
+    return JSONResponse(page, headers=headers)
+
+
 SESSION_METHODS = ["GET", "POST", "PUT", "DELETE"]
 
 routes = [
@@ -287,4 +392,5 @@ routes = [
     Route("/mcp", not_routed),
     Route("/mcp/{rest:path}", not_routed),
     Route("/api/{rest:path}", not_routed),
+    Route("/e2b/{rest:path}", e2b_request, methods=["GET", "HEAD", "POST", "PUT", "DELETE"]),
 ]
