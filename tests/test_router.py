@@ -385,3 +385,30 @@ def test_a_fresh_router_waits_for_nodes_it_has_not_met(tmp_path: Path) -> None:
         assert young.json()["error"]["type"] == "node_unavailable"
         time.sleep(3)
         assert c.get("/sessions/n7.0123abcd").status_code == 404
+
+
+def test_e2bs_sdk_through_a_router(tmp_path: Path) -> None:
+    """E2B's own SDK, pointed at a router: sandboxes are placed on the nodes, each call goes
+    to its sandbox's node, and lists gather every node's sandboxes."""
+    sdk = pytest.importorskip("e2b_code_interpreter")
+    with (
+        nodes(tmp_path, "n1", "n2", max_sessions=3) as gws,
+        router(tmp_path, [g.url.removeprefix("http://") for g in gws], *FAST, token=TOKEN) as r,
+    ):
+        _wait_up(r, 2)
+        options = {"api_key": TOKEN, "api_url": r.url + "/e2b", "sandbox_url": r.url + "/e2b"}
+        first = sdk.Sandbox.create(**options)
+        second = sdk.Sandbox.create(**options)
+        try:
+            assert {_node_of(first.sandbox_id), _node_of(second.sandbox_id)} == {"n1", "n2"}
+            first.run_code("x = 41")
+            assert first.run_code("x + 1").text == "42"
+            first.files.write("note.txt", "on n1 or n2")
+            assert first.files.read("note.txt") == "on n1 or n2"
+            listed = {s.sandbox_id for s in sdk.Sandbox.list(**options).next_items()}
+            assert {first.sandbox_id, second.sandbox_id} <= listed
+            assert sdk.Sandbox.connect(second.sandbox_id, **options).run_code("6 * 7").text == "42"
+        finally:
+            first.kill()
+            second.kill()
+        assert sdk.Sandbox.kill(first.sandbox_id, **options) is False
