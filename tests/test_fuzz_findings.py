@@ -152,12 +152,19 @@ def test_a_loop_device_freed_by_autoclear_during_detach_is_not_an_error(
         raise OSError(6, "losetup: /dev/loop99: detach failed: No such device or address")
 
     monkeypatch.setattr(storage, "_run", losetup_fails)
-    monkeypatch.setattr(storage, "attached", lambda device: False)
+    monkeypatch.setattr(storage, "attached", lambda device, backing=None: False)
     storage.LoopStorage.release(object.__new__(storage.LoopStorage), root)
     assert not image.exists()
 
     image.write_bytes(b"disk")  # still attached after the failure: a real error, image gone
-    monkeypatch.setattr(storage, "attached", lambda device: True)
+    monkeypatch.setattr(storage, "attached", lambda device, backing=None: True)
     with pytest.raises(OSError):
         storage.LoopStorage.release(object.__new__(storage.LoopStorage), root)
+    assert not image.exists()
+
+    # Freed, then at once taken by another session's disk: attached, but not to ours.
+    image.write_bytes(b"disk")
+    ours = image.resolve()
+    monkeypatch.setattr(storage, "attached", lambda device, backing=None: backing != ours)
+    storage.LoopStorage.release(object.__new__(storage.LoopStorage), root)
     assert not image.exists()

@@ -192,7 +192,7 @@ class LoopStorage(StorageProvider):
             if os.path.ismount(root):
                 unmount(root)
             for device in loop_devices_of(lambda backing: backing == backing_file):
-                detach(device)  # left attached only when a mount failed half-way
+                detach(device, backing_file)  # left attached only when a mount failed half-way
         finally:
             image.unlink(missing_ok=True)  # an attached loop keeps its own reference
 
@@ -296,22 +296,29 @@ def set_direct_io(root: Path) -> None:
         os.close(fd)
 
 
-def detach(device: str) -> None:
+def detach(device: str, backing: Path | None = None) -> None:
     """Detach a loop device; one that autoclear detached meanwhile is fine.
 
     Right after an unmount the kernel may still list the device as attached and
-    then free it while `losetup -d` runs, which then fails with ENXIO.
+    then free it while `losetup -d` runs, which then fails with ENXIO; and a device
+    freed so is at once free for another session's disk. So a failure counts only if
+    the device is still attached to `backing` (to anything, when no backing is given).
     """
     try:
         _run("losetup", "-d", device)
     except OSError:
-        if attached(device):
+        if attached(device, backing):
             raise
 
 
-def attached(device: str) -> bool:
+def attached(device: str, backing: Path | None = None) -> bool:
+    """Whether the loop device is attached (to `backing`, when given)."""
     name = device.removeprefix("/dev/")
-    return Path(f"/sys/block/{name}/loop/backing_file").exists()
+    try:
+        found = Path(f"/sys/block/{name}/loop/backing_file").read_text().strip()
+    except OSError:
+        return False
+    return backing is None or Path(found.removesuffix(" (deleted)")) == backing
 
 
 def loop_devices_of(match: Callable[[Path], bool]) -> list[str]:
