@@ -19,7 +19,6 @@ Asserts nothing; prints a table and writes bench/results/languages.json.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import shutil
 import sys
@@ -31,13 +30,10 @@ from typing import Any
 import docker
 import httpx
 
-from bench.run import ROOT, free_port, machine, serving, summary, wait_until
+from bench.run import ROOT, cold_starts, free_port, machine, serving, summary, wait_until
 from kernel_gateway.client import Client, Display, Done
-from kernel_gateway.kernels.backends.base import RuntimeDir
-from kernel_gateway.kernels.backends.docker import DockerBackend
-from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import family_image, family_of
-from kernel_gateway.settings import DEFAULT_IMAGE, Settings
+from kernel_gateway.settings import DEFAULT_IMAGE
 
 ONE_PLUS_ONE = {
     "python": "1 + 1",
@@ -68,37 +64,6 @@ def image_sizes(image: str, languages: list[str]) -> dict[str, Any]:
         return out
     finally:
         client.close()
-
-
-def cold_start(image: str, runtime: Path, language: str, n: int) -> dict[str, Any]:
-    """Container create -> kernel answers, on the backend itself (no pool)."""
-
-    async def measure() -> list[float]:
-        rt = RuntimeDir(runtime / f"cold-{language}")
-        rt.open()
-        backend = DockerBackend(Settings(image=image, runtime_dir=rt.root), rt)
-        await backend.start()
-        import zmq.asyncio
-
-        context = zmq.asyncio.Context()
-        samples = []
-        try:
-            lang = backend.languages.get_or_raise(language)
-            for _ in range(n):
-                storage = await backend.prepare_storage(rt.new_workspace())
-                t = time.perf_counter()
-                kernel = Kernel(await backend.launch(storage, lang), context)
-                await kernel.wait_ready(120)
-                samples.append(time.perf_counter() - t)
-                await kernel.close()
-                await backend.release_storage(storage)
-        finally:
-            await backend.close()
-            context.destroy(linger=0)
-            rt.close()
-        return samples
-
-    return summary(asyncio.run(measure()))
 
 
 def warm_pools(url: str, want: dict[str, int]) -> bool:
@@ -204,7 +169,9 @@ def main() -> int:
         for language in languages:
             print(f"{language}: cold start…", flush=True)
             results["languages"][language] = {
-                "cold_start": cold_start(args.image, runtime, language, small)
+                "cold_start": cold_starts(
+                    args.image, runtime / f"cold-{language}", small, language=language
+                )
             }
         port = free_port()
         others = ",".join(f"{name}={pool}" for name in languages if name != "python")

@@ -537,24 +537,31 @@ def streaming_lag_with(url: str, lines: int, token: str | None = None) -> dict[s
 
 def cold_start(args: argparse.Namespace, runtime: Path, n: int) -> dict[str, Any]:
     """Container create -> kernel answers (before any preloading)."""
+    return cold_starts(args.image, runtime / "cold", n, runtime=args.runtime)
+
+
+def cold_starts(
+    image: str, folder: Path, n: int, *, runtime: str | None = None, language: str | None = None
+) -> dict[str, Any]:
+    """Container create -> the kernel of `language` (None: Python) answers, on the backend
+    itself, `n` times; storage is prepared off the clock."""
 
     async def measure() -> list[float]:
-        rt = RuntimeDir(runtime / "cold")
+        rt = RuntimeDir(folder)
         rt.open()
-        backend = DockerBackend(
-            Settings(image=args.image, runtime_dir=runtime / "cold", runtime=args.runtime), rt
-        )
+        backend = DockerBackend(Settings(image=image, runtime_dir=folder, runtime=runtime), rt)
         await backend.start()
         import zmq.asyncio
 
         context = zmq.asyncio.Context()
         samples = []
         try:
+            chosen = backend.languages.get_or_raise(language)
             for _ in range(n):
                 storage = await backend.prepare_storage(rt.new_workspace())  # done off the clock
                 t = time.perf_counter()
-                kernel = Kernel(await backend.launch(storage), context)
-                await kernel.wait_ready(60)
+                kernel = Kernel(await backend.launch(storage, chosen), context)
+                await kernel.wait_ready(120)
                 samples.append(time.perf_counter() - t)
                 await kernel.close()
                 await backend.release_storage(storage)

@@ -38,7 +38,13 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from tests.support.backends import settings_for
-from tests.support.jupyter import Outputs, execute_content, jupyter_process, run_cell
+from tests.support.jupyter import (
+    Outputs,
+    execute_content,
+    gateway_client_for,
+    jupyter_process,
+    run_cell,
+)
 from tests.support.server import ServerThread
 
 TOKEN = "gateway-token"
@@ -68,12 +74,7 @@ def jupyter_server(
 @pytest.fixture
 def through_server(jupyter_server: str) -> GatewayClient:
     """jupyter_server's gateway client in this process, pointed at the Jupyter server."""
-    client = GatewayClient.instance()
-    client.url = jupyter_server
-    client.ws_url = jupyter_server.replace("http", "ws", 1)
-    client.auth_token = ""
-    client.request_timeout = 60
-    client._connection_args = {}
+    client: GatewayClient = gateway_client_for(jupyter_server)
     return client
 
 

@@ -31,7 +31,7 @@ from mcp.client.streamable_http import streamable_http_client
 from kernel_gateway.kernels.languages import family_image
 from tests.support.api import Stream, execute, parse_sse
 from tests.support.backends import IMAGE, require_languages
-from tests.support.jupyter import Outputs, jupyter_process, run_cell
+from tests.support.jupyter import Outputs, gateway_client_for, jupyter_process, run_cell
 from tests.support.server import ServerFactory, ServerThread
 
 TOKEN = "languages-token"
@@ -372,13 +372,7 @@ def through_jupyter_server(
 ) -> Iterator[GatewayClient]:
     root = tmp_path_factory.mktemp("jupyter-languages")
     with jupyter_process("jupyter_server", gateway.url, TOKEN, root) as url:
-        client = GatewayClient.instance()
-        client.url = url
-        client.ws_url = url.replace("http", "ws", 1)
-        client.auth_token = ""
-        client.request_timeout = 120
-        client._connection_args = {}
-        yield client
+        yield gateway_client_for(url, request_timeout=120)
 
 
 def test_jupyter_server_lists_a_kernelspec_per_language(

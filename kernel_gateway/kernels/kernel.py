@@ -285,7 +285,7 @@ class Kernel:
                 )
                 if reply in done:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(seen.wait(), 1.0)
+                        await asyncio.wait_for(seen.wait(), 0.25)
                     if seen.is_set():
                         self.language_info = reply.result()["content"].get("language_info", {})
                         return

@@ -29,6 +29,19 @@ def execute_content(code: str) -> dict[str, Any]:
     }
 
 
+def gateway_client_for(jupyter_url: str, request_timeout: float = 60) -> Any:
+    """jupyter_server's gateway client in this process, pointed at a Jupyter server."""
+    from jupyter_server.gateway.gateway_client import GatewayClient
+
+    client = GatewayClient.instance()
+    client.url = jupyter_url
+    client.ws_url = jupyter_url.replace("http", "ws", 1)
+    client.auth_token = ""
+    client.request_timeout = request_timeout
+    client._connection_args = {}
+    return client
+
+
 @contextmanager
 def jupyter_process(
     module: str, gateway_url: str, gateway_token: str, root: Path, *extra: str
