@@ -4,6 +4,7 @@ backend: only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY point it at the gatew
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -63,7 +64,8 @@ def test_state_live_output_charts_and_errors(sandbox: Any) -> None:
 
     assert chart.results and base64.b64decode(chart.results[0].png).startswith(PNG_MAGIC)
     failed = sandbox.run_code("1 / 0")
-    assert failed.error.name == "ZeroDivisionError" and "1 / 0" in failed.error.traceback
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", failed.error.traceback)  # colored, as E2B's is
+    assert failed.error.name == "ZeroDivisionError" and "1 / 0" in plain, plain
     assert sandbox.run_code("x").text == "41"  # the kernel lives on
 
 
@@ -213,3 +215,34 @@ def test_env_vars_apply_to_one_execution(sandbox: Any) -> None:
     shown = sandbox.run_code("import os; os.environ['ONLY_NOW']", envs={"ONLY_NOW": "yes"})
     assert shown.text == "yes"
     assert sandbox.run_code("import os; os.environ.get('ONLY_NOW', 'gone')").text == "gone"
+    failed = sandbox.run_code("1 / 0", envs={"ONLY_NOW": "again"})
+    assert failed.error.name == "ZeroDivisionError" and "__kg" not in failed.error.traceback
+    assert sandbox.run_code("import os; os.environ.get('ONLY_NOW', 'gone')").text == "gone"
+    assert "__kg" not in sandbox.run_code("print(sorted(globals()))").logs.stdout[0]
+
+
+def test_sandbox_env_vars_reach_code_and_commands(gateway: ServerThread) -> None:
+    sbx = e2b.Sandbox.create(timeout=60, envs={"FROM_CREATE": "set"})
+    try:
+        assert sbx.run_code("import os; os.environ['FROM_CREATE']").text == "set"
+        assert sbx.commands.run("echo $FROM_CREATE").stdout == "set\n"
+        other = sbx.create_code_context()
+        assert sbx.run_code("import os; os.environ['FROM_CREATE']", context=other).text == "set"
+    finally:
+        sbx.kill()
+
+
+def test_a_killed_sandbox_says_so(gateway: ServerThread) -> None:
+    sbx = e2b.Sandbox.create(timeout=60)
+    sbx.run_code("x = 1")
+    sbx.kill()
+    assert not sbx.is_running()
+    with pytest.raises(exceptions.SandboxException) as caught:
+        sbx.run_code("x")
+    assert "not found" in str(caught.value).lower(), caught.value
+    with pytest.raises(exceptions.SandboxException):
+        sbx.files.write("a.txt", "late")
+    with pytest.raises(exceptions.SandboxException):
+        sbx.commands.run("true")
+    with pytest.raises(exceptions.NotFoundException):
+        e2b.Sandbox.connect(sbx.sandbox_id)

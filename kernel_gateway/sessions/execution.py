@@ -87,6 +87,8 @@ class Execution:
         """The kernel was replaced before or during this cell: earlier state is gone."""
         self.session_failed = False
         """This cell's kernel death spent the session's restart budget."""
+        self.around: tuple[str, str] | None = None
+        """Silent code the kernel runs just before and just after the cell (`submit`)."""
         self.idle = asyncio.Event()
         self.signalled_at = -1e9
         """When the gateway last sent this cell a SIGINT (monotonic seconds)."""

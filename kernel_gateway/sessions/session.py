@@ -63,6 +63,7 @@ logger = logging.getLogger(__name__)
 SIGNAL_SPACING = 0.5  # seconds between two SIGINTs to the same cell
 REPLY_WAIT = 2.0  # seconds to wait for the shell reply once IOPub said idle
 PERSIST_ACTIVITY_EVERY = 5.0  # seconds: how stale a persisted idle clock may get
+AROUND_SECONDS = 30.0  # seconds the silent code around a cell may take (`submit`)
 ADOPTED_READY_WAIT = 5.0  # seconds an adopted, idle kernel has to answer on shell
 
 
@@ -114,8 +115,15 @@ class Session:
 
     # -- what the API asks -------------------------------------------------------------------
 
-    def submit(self, code: str, timeout: float | None) -> Execution:
-        """Queue a cell; its events can be read from the returned Execution at once."""
+    def submit(
+        self, code: str, timeout: float | None, around: tuple[str, str] | None = None
+    ) -> Execution:
+        """Queue a cell; its events can be read from the returned Execution at once.
+
+        `around`: code the kernel runs silently just before the cell and just after it
+        (unless the kernel died), in the cell's turn: for example environment variables
+        set for one cell and restored (E2B's `env_vars`).
+        """
         if self.closed:
             raise SessionClosed(f"session {self.id} was deleted")
         if self.draining:
@@ -138,6 +146,7 @@ class Session:
             self._submitted + 1,
             self._next_event_id,
         )
+        execution.around = around
         self._submitted += 1
         self._queue.append(execution)
         self._history.append(execution)
@@ -547,6 +556,12 @@ class Session:
                 execution.emit(error_event("SessionClosed", f"session {self.id} was deleted"))
             return
         execution.restarted = self.slot.take_restart_notice()
+        if execution.around is not None and not await kernel.run_silent(
+            execution.around[0], AROUND_SECONDS
+        ):
+            execution.stop(StopReason.DEATH, "gateway_error")
+            execution.emit(error_event("GatewayError", "the cell's set-up code failed"))
+            return
         execution.start()
         async with self._signalling:  # no SIGINT meant for the previous cell is in flight
             msg_id, reply = await kernel.execute(execution.code, execution)
@@ -563,6 +578,7 @@ class Session:
             if idle.done():
                 await self._take_reply(execution, reply)
                 self._explain_silent_stop(execution)
+                await self._tear_down(execution, kernel)
                 if execution.reply is not None and execution.reply.exit_requested:
                     # exit() asks the frontend to end the kernel; the gateway is the frontend.
                     await self.slot.retire(kernel)
@@ -590,8 +606,17 @@ class Session:
         if await self._interrupt(execution, kernel, self._settings.interrupt_grace):
             await self._take_reply(execution, reply)
             self._explain_silent_stop(execution)
+            await self._tear_down(execution, kernel)
             return
         await self._retire_stuck(execution, kernel)
+
+    async def _tear_down(self, execution: Execution, kernel: Kernel) -> None:
+        """The silent code after the cell (`submit`'s `around`), while the cell still
+        holds the kernel; a failure is logged (the cell's own outcome stands)."""
+        if execution.around is None or kernel.exit_info is not None:
+            return
+        if not await kernel.run_silent(execution.around[1], AROUND_SECONDS):
+            logger.warning("session %s: the code after cell %s failed", self.id, execution.id)
 
     def _explain_silent_stop(self, execution: Execution) -> None:
         """A cell stopped by an interrupt that the kernel answered with neither an error nor

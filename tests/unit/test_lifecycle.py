@@ -146,6 +146,32 @@ async def test_an_error_ends_error(gw: Harness) -> None:
     assert errors_of(events) == ["ValueError"] and done_of(events)["status"] == "error"
 
 
+async def test_code_around_a_cell_runs_silently_in_its_turn(gw: Harness) -> None:
+    session = await gw.session()
+    execution = session.submit("print cell", None, ("print before", "print after"))
+    events = [(e.name, e.data) for e in [e async for e in execution.stream()]]
+    assert [d for n, d in events if n == "stdout"] == [{"text": "cell\n"}]
+    assert done_of(events)["execution_count"] == 1
+    assert gw.process_of(session).executed == ["print before", "print cell", "print after"]
+
+
+async def test_code_after_a_timed_out_cell_still_runs(gw: Harness) -> None:
+    session = await gw.session()
+    execution = session.submit("sleep 30", 0.05, ("print before", "print after"))
+    events = [(e.name, e.data) for e in [e async for e in execution.stream()]]
+    assert done_of(events)["status"] == "timeout"
+    assert gw.process_of(session).executed[-1] == "print after"
+
+
+async def test_code_after_a_dead_kernels_cell_is_not_run(gw: Harness) -> None:
+    session = await gw.session()
+    process = gw.process_of(session)
+    execution = session.submit("die", None, ("print before", "print after"))
+    events = [(e.name, e.data) for e in [e async for e in execution.stream()]]
+    assert done_of(events)["status"] == "died"
+    assert process.executed == ["print before", "die"]
+
+
 async def test_timeout_interrupts_and_keeps_the_kernel(gw: Harness) -> None:
     session = await gw.session()
     kernel = session.slot.kernel

@@ -47,6 +47,7 @@ class DockerCommand(Command):
         self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._sock: socket.socket | None = None
+        self._raw: Any = None  # the SocketIO around it: closed too, or the fd leaks
         self._exec_id = ""
         self._send_lock = asyncio.Lock()
         self.pid = 0
@@ -56,9 +57,10 @@ class DockerCommand(Command):
     ) -> None:
         loop = asyncio.get_running_loop()
         try:
-            self._exec_id, self._sock = await self._call(self._create, argv, env, cwd, stdin)
+            self._exec_id, self._raw = await self._call(self._create, argv, env, cwd, stdin)
         except (docker.errors.DockerException, OSError) as exc:
             raise KernelUnavailable(f"could not start the command: {exc}") from exc
+        self._sock = getattr(self._raw, "_sock", self._raw)  # the SocketIO's own socket
         threading.Thread(target=self._read, args=(loop,), name="docker-exec", daemon=True).start()
         try:
             self.pid = await asyncio.wait_for(asyncio.shield(self._started), 30)
@@ -67,7 +69,7 @@ class DockerCommand(Command):
 
     def _create(
         self, argv: list[str], env: dict[str, str], cwd: str | None, stdin: bool
-    ) -> tuple[str, socket.socket]:
+    ) -> tuple[str, Any]:
         created = self._client.api.exec_create(
             self._container,
             [*WRAPPER, *argv],
@@ -80,8 +82,7 @@ class DockerCommand(Command):
             workdir=cwd,
         )
         raw: Any = self._client.api.exec_start(created["Id"], socket=True, tty=False)
-        sock: socket.socket = getattr(raw, "_sock", raw)  # the SocketIO's own socket
-        return created["Id"], sock
+        return created["Id"], raw
 
     # -- the reading thread -----------------------------------------------------------------
 
@@ -118,6 +119,9 @@ class DockerCommand(Command):
             loop.call_soon_threadsafe(_set, self._exit, code)
             with contextlib.suppress(OSError):
                 self._sock.close()
+            if self._raw is not self._sock:
+                with contextlib.suppress(OSError):
+                    self._raw.close()
 
     def _exit_code(self) -> int:
         for _ in range(50):

@@ -426,15 +426,14 @@ async def execute(request: Request, service: E2BService) -> Response:
             raise SandboxError(400, exc.message) from exc
         context = await service.sandboxes.default_context(sandbox, language)
         session = service.sandboxes.context_session(sandbox, context.id)
-    code = body["code"]
-    if env:
-        if session.language != "python":
-            raise SandboxError(400, "'env_vars' are applied to Python contexts only")
-        code = _with_env(code, env)
+    if env and session.language != "python":
+        raise SandboxError(400, "'env_vars' are applied to Python contexts only")
     try:
         owner = service.sandboxes.session(sandbox)
         owner.touch()  # a context's work keeps its sandbox from the gateway's idle reaper
-        execution = session.submit(code, service.settings.max_exec_timeout)
+        execution = session.submit(
+            body["code"], service.settings.max_exec_timeout, _env_around(env) if env else None
+        )
     except GatewayError as exc:
         raise SandboxError(exc.status_code, exc.message) from exc
 
@@ -474,22 +473,24 @@ async def execute(request: Request, service: E2BService) -> Response:
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
-def _with_env(code: str, env: dict[str, str]) -> str:
-    """The cell with `env` in `os.environ` while it runs (then as before), as E2B does."""
-    return (
+def _env_around(env: dict[str, str]) -> tuple[str, str]:
+    """Silent code that puts `env` in `os.environ` for one cell and then restores it."""
+    setup = (
         "import os as __kg_os\n"
-        f"__kg_saved = {{k: __kg_os.environ.get(k) for k in {list(env)!r}}}\n"
+        f"__kg_env_saved = {{k: __kg_os.environ.get(k) for k in {list(env)!r}}}\n"
         f"__kg_os.environ.update({env!r})\n"
-        "try:\n"
-        f"    get_ipython().run_cell({code!r}, store_history=False)\n"
-        "finally:\n"
-        "    for __kg_k, __kg_v in __kg_saved.items():\n"
-        "        if __kg_v is None:\n"
-        "            __kg_os.environ.pop(__kg_k, None)\n"
-        "        else:\n"
-        "            __kg_os.environ[__kg_k] = __kg_v\n"
-        "    del __kg_os, __kg_saved"
+        "del __kg_os"
     )
+    teardown = (
+        "import os as __kg_os\n"
+        "for __kg_k, __kg_v in __kg_env_saved.items():\n"
+        "    if __kg_v is None:\n"
+        "        __kg_os.environ.pop(__kg_k, None)\n"
+        "    else:\n"
+        "        __kg_os.environ[__kg_k] = __kg_v\n"
+        "del __kg_os, __kg_env_saved, __kg_k, __kg_v"
+    )
+    return setup, teardown
 
 
 # -- envd (any other port) ------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import posixpath
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -191,11 +192,14 @@ class Processes:
         self._forget_ended()
         if len(self._by_pid) >= MAX_COMMANDS:
             raise ConnectError("resource_exhausted", f"at most {MAX_COMMANDS} commands at once")
-        cwd = config.get("cwd") or HOME
+        asked = config.get("cwd") or HOME
+        if not isinstance(asked, str) or "\0" in asked:
+            raise ConnectError("invalid_argument", "'process.cwd' must be a path")
+        cwd = posixpath.join(HOME, asked)  # a relative one is taken from /home/user
         kernel = session.slot.kernel
         if kernel is None:
             raise ConnectError("unavailable", "the sandbox's kernel is starting; retry")
-        env = {"HOME": HOME, **self._env, **envs}
+        env = {"HOME": HOME, **self._env, **envs, "PWD": cwd}  # `pwd` says /home/user
         command = await kernel.process.run_command(
             [config["cmd"], *args], env, cwd, bool(pick(message, "stdin"))
         )
