@@ -10,7 +10,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: serve test test-fast lint docs image setup clean bench lock
+.PHONY: serve test test-fast lint docs image setup clean bench lock e2b-sdks
 
 setup: $(VENV)/.installed
 
@@ -39,11 +39,31 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: image lint docs
+test: image lint docs e2b-sdks
 	$(BIN)/python -m pytest $(ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest tests/unit -q $(ARGS)
+
+# E2B's other SDKs for tests/test_e2b_sdks.py (the newest Python SDK is in .venv): the oldest
+# Python SDK that honours E2B_SANDBOX_URL in a venv of its own, and the JavaScript SDK with
+# npm (skipped, and its test with it, where Node.js is missing).
+E2B_OLDEST := build/e2b-sdks/python-oldest
+E2B_JS     := tests/e2b_sdk/js
+
+e2b-sdks: $(E2B_OLDEST)/.installed $(E2B_JS)/node_modules/.installed
+
+$(E2B_OLDEST)/.installed: tests/e2b_sdk/requirements-oldest.txt
+	$(PYTHON) -m venv $(E2B_OLDEST)
+	$(E2B_OLDEST)/bin/python -m pip install --quiet -r tests/e2b_sdk/requirements-oldest.txt
+	touch $@
+
+$(E2B_JS)/node_modules/.installed: $(E2B_JS)/package.json $(E2B_JS)/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		cd $(E2B_JS) && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else \
+		echo "no npm: skipping E2B's JavaScript SDK (its test will be skipped)"; \
+	fi
 
 # The reference in docs/, built with MkDocs (Material); --strict fails on a broken link.
 docs: setup

@@ -27,6 +27,7 @@ from kernel_gateway.errors import (
     SessionNotFound,
     TooManySessions,
 )
+from kernel_gateway.protocols.e2b.paths import is_control
 from kernel_gateway.server.http import JSONResponse, check_declared_length, read_body
 from kernel_gateway.settings import NODE_NAME
 
@@ -288,7 +289,8 @@ async def e2b_request(request: Request) -> Response:
     try:
         return await _e2b(request)
     except GatewayError as exc:
-        if request.headers.get("e2b-sandbox-id") and exc.status_code in (404, 410):
+        data_plane = not is_control(request.url.path.removeprefix("/e2b"))
+        if request.headers.get("e2b-sandbox-id") and data_plane and exc.status_code in (404, 410):
             # A data-plane call for a sandbox that is not there: what E2B's edge answers.
             body = {"code": 502, "message": "The sandbox was not found: " + exc.message}
             return JSONResponse(body, status_code=502)

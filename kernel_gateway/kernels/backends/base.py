@@ -108,6 +108,8 @@ class Command(abc.ABC):
 
     pid: int
     """Its pid inside the sandbox."""
+    signalled: int | None = None
+    """The signal `kill` sent, if any: an exit status of 128 + it means the signal ended it."""
 
     @abc.abstractmethod
     def output(self) -> AsyncIterator[tuple[int, bytes]]:
@@ -124,8 +126,9 @@ class Command(abc.ABC):
     async def close_stdin(self) -> None: ...
 
     @abc.abstractmethod
-    async def kill(self) -> None:
-        """SIGKILL, from inside the sandbox (whatever its runtime)."""
+    async def kill(self, signum: int = 9) -> None:
+        """Send `signum` (SIGKILL by default, or SIGTERM) to the process and everything it
+        started (its process group), from inside the sandbox (whatever its runtime)."""
 
 
 @dataclass

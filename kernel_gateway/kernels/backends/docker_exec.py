@@ -26,6 +26,7 @@ from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.backends.base import STDERR, STDOUT, Command
 
 WRAPPER = ["/bin/sh", "-c", 'echo "$$" >&2; exec "$@"', "kg-command"]
+KILL_GROUP = ["/bin/sh", "-c", 'kill -s "$1" -- "-$2" 2>/dev/null || kill -s "$1" "$2"', "kg-kill"]
 FRAME = struct.Struct(">BxxxI")
 READ_CHUNK = 64 * 1024
 MAX_PID_LINE = 32
@@ -159,15 +160,18 @@ class DockerCommand(Command):
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(self._sock.shutdown, socket.SHUT_WR)
 
-    async def kill(self) -> None:
+    async def kill(self, signum: int = 9) -> None:
         if self.pid <= 0 or self._exit.done():
             return
-        await self._call(self._kill, self.pid)
+        self.signalled = int(signum)
+        await self._call(self._kill, self.pid, int(signum))
 
-    def _kill(self, pid: int) -> None:
+    def _kill(self, pid: int, signum: int) -> None:
+        # An exec'd process leads its own session and process group: signal the group, so
+        # a shell's children (`bash -c 'sleep 60; ...'`) go too and release the output.
         with contextlib.suppress(docker.errors.DockerException):
             created = self._client.api.exec_create(
-                self._container, ["kill", "-KILL", str(pid)], user=self._user
+                self._container, [*KILL_GROUP, str(signum), str(pid)], user=self._user
             )
             self._client.api.exec_start(created["Id"])
 

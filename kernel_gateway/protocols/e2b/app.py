@@ -6,7 +6,8 @@ The SDKs send control-plane calls without sandbox headers, and every data-plane 
 the same base URL with `E2b-Sandbox-Id` and `E2b-Sandbox-Port`; so requests are told
 apart by those headers, not by path (see design/e2b-wire.md):
 
-    no E2b-Sandbox-Id            the control plane (X-API-KEY)        control routes
+    no E2b-Sandbox-Id, or a      the control plane (X-API-KEY)        control routes
+    control path (`paths.py`)
     E2b-Sandbox-Port: 49999      the code interpreter (sandbox token) /execute, /contexts
     any other port               envd (sandbox token)                 /health, /files, RPC
 
@@ -34,6 +35,7 @@ from kernel_gateway.errors import GatewayError
 from kernel_gateway.protocols.e2b import ndjson
 from kernel_gateway.protocols.e2b.connect import ConnectError
 from kernel_gateway.protocols.e2b.envd import Envd
+from kernel_gateway.protocols.e2b.paths import is_control
 from kernel_gateway.protocols.e2b.process import Processes
 from kernel_gateway.protocols.e2b.sandboxes import (
     ENVD_VERSION,
@@ -112,7 +114,9 @@ class E2BService:
         scope["path"] = re.sub(r"/{2,}", "/", scope["path"])
         headers = Headers(scope=scope)
         sandbox_id = headers.get("e2b-sandbox-id")
-        if sandbox_id is None:
+        root = scope.get("root_path", "")
+        relative = scope["path"][len(root) :] if scope["path"].startswith(root) else scope["path"]
+        if sandbox_id is None or is_control(relative):
             await self._control(scope, receive, send)
             return
         sandbox = self._data_plane_sandbox(sandbox_id, headers)

@@ -44,6 +44,8 @@ from kernel_gateway.protocols.e2b.connect import (
 from kernel_gateway.sessions.session import Session
 
 HOME = "/home/user"
+SIGNALS: dict[object, int] = {"SIGNAL_SIGKILL": 9, 9: 9, "SIGNAL_SIGTERM": 15, 15: 15}
+"""process.Signal's values (JSON names or numbers) and the signal each sends."""
 DEFAULT_KEEPALIVE = 50.0
 MAX_COMMANDS = 64
 MAX_ARG_BYTES = 256 * 1024
@@ -105,9 +107,9 @@ class Processes:
             elif method == "SendSignal":
                 running = self._selected(message)
                 signal = pick(message, "signal")
-                if signal not in ("SIGNAL_SIGKILL", "SIGNAL_SIGTERM", 9, 15):
+                if signal not in SIGNALS:
                     raise ConnectError("invalid_argument", f"unsupported signal {signal!r}")
-                await running.command.kill()
+                await running.command.kill(SIGNALS[signal])
                 answer = {}
             elif method == "Update":
                 raise ConnectError("unimplemented", "PTYs are not supported by this gateway")
@@ -218,8 +220,13 @@ class Processes:
             name = "stdout" if stream == STDOUT else "stderr"
             running.publish({"data": {name: base64.b64encode(data).decode()}})
         code = await running.command.wait()
-        status = f"exit status {code}" if code < 128 else f"signal: {_signal_name(code - 128)}"
-        end: dict[str, Any] = {"exitCode": code, "exited": code < 128, "status": status}
+        signum = running.command.signalled
+        if signum is not None and code == 128 + signum:  # as envd (Go) tells a signal's end
+            status = f"signal: {_signal_name(signum)}"
+            end: dict[str, Any] = {"exitCode": -1, "exited": False, "status": status}
+        else:
+            status = f"exit status {code}"
+            end = {"exitCode": code, "exited": True, "status": status}
         if code != 0:
             end["error"] = status
         running.ended = end
@@ -294,9 +301,10 @@ def _seconds(raw: str | None, default: float, scale: float = 1.0) -> float:
 
 
 def _signal_name(number: int) -> str:
+    """Go's name of a signal, as envd reports it: "killed", "terminated"."""
     import signal
 
     try:
-        return signal.Signals(number).name.removeprefix("SIG").lower()
+        return (signal.strsignal(number) or str(number)).lower()
     except ValueError:
         return str(number)

@@ -1,8 +1,15 @@
-"""E2B's own Python SDK (`e2b-code-interpreter`), unchanged, against `/e2b` on the docker
-backend: only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY point it at the gateway."""
+"""E2B's own Python SDK (`e2b-code-interpreter`), unchanged, against a gateway's `/e2b`: only
+E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY point it at the gateway.
+
+This module imports nothing of ours, so it runs twice: in the project's venv with the newest
+SDK (`conftest.py` here starts a gateway on the docker backend and sets the variables), and
+with the oldest SDK that honours E2B_SANDBOX_URL, in a venv of its own that has only the SDK
+and pytest, driven by `tests/test_e2b_sdks.py` against a gateway it started.
+"""
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import threading
@@ -13,9 +20,6 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.server import ServerFactory, ServerThread
-
-TOKEN = "e2b-test-token"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 e2b = pytest.importorskip("e2b_code_interpreter")
@@ -24,23 +28,13 @@ e2b_core = pytest.importorskip("e2b")
 
 
 @pytest.fixture(scope="module")
-def gateway(servers: ServerFactory) -> Iterator[ServerThread]:
-    server = servers("docker", token=TOKEN, pool_size=2, max_sessions=16)
-    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
-    os.environ["E2B_API_URL"] = os.environ["E2B_SANDBOX_URL"] = server.url + "/e2b"
-    os.environ["E2B_API_KEY"] = TOKEN
-    try:
-        yield server
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+def sandbox_url() -> str:
+    """The gateway's data plane, as the SDK reads it (set by conftest.py or the caller)."""
+    return os.environ["E2B_SANDBOX_URL"]
 
 
 @pytest.fixture
-def sandbox(gateway: ServerThread) -> Iterator[Any]:
+def sandbox() -> Iterator[Any]:
     sbx = e2b.Sandbox.create(timeout=120)
     try:
         yield sbx
@@ -60,8 +54,6 @@ def test_state_live_output_charts_and_errors(sandbox: Any) -> None:
     assert execution.logs.stdout == ["first\n", "second\n"]
     assert arrivals[1][0] - arrivals[0][0] > 1.5, arrivals  # the first came live
     chart = sandbox.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")
-    import base64
-
     assert chart.results and base64.b64decode(chart.results[0].png).startswith(PNG_MAGIC)
     failed = sandbox.run_code("1 / 0")
     plain = re.sub(r"\x1b\[[0-9;]*m", "", failed.error.traceback)  # colored, as E2B's is
@@ -106,10 +98,17 @@ def test_commands(sandbox: Any) -> None:
     background = sandbox.commands.run("sleep 60", background=True)
     assert background.pid in [p.pid for p in sandbox.commands.list()]
     assert sandbox.commands.kill(background.pid)
+    deadline = time.monotonic() + 10
+    while background.pid in [p.pid for p in sandbox.commands.list()]:
+        assert time.monotonic() < deadline, "the killed command still runs"
+        time.sleep(0.1)
+    with pytest.raises(e2b_core.CommandExitException) as killed:
+        background.wait()  # its stream ends with the signal, at once, not after 60 s
+    assert "killed" in str(killed.value.error), killed.value
     assert not sandbox.commands.kill(999999)
 
 
-def test_connect_list_timeout_pause_kill(gateway: ServerThread) -> None:
+def test_connect_list_timeout_pause_kill() -> None:
     sbx = e2b.Sandbox.create(timeout=60, metadata={"owner": "tests"})
     try:
         sbx.run_code("kept = 'yes'")
@@ -119,7 +118,7 @@ def test_connect_list_timeout_pause_kill(gateway: ServerThread) -> None:
         assert sbx.sandbox_id in listed
         info = sbx.get_info()
         assert info.metadata == {"owner": "tests"} and info.state == "running"
-        assert sbx.pause()
+        sbx.pause()  # True from e2b >= 2.46, None before
         assert sbx.get_info().state == "paused"
         resumed = e2b.Sandbox.connect(sbx.sandbox_id)
         assert resumed.run_code("kept").text == "yes"  # a paused sandbox keeps its variables
@@ -135,34 +134,42 @@ def test_connect_list_timeout_pause_kill(gateway: ServerThread) -> None:
     assert e2b.Sandbox.kill(sbx.sandbox_id) is False  # already gone: False, as E2B says
 
 
-def test_a_wrong_api_key_is_an_authentication_error(gateway: ServerThread) -> None:
+def test_a_wrong_api_key_is_an_authentication_error() -> None:
     with pytest.raises(exceptions.AuthenticationException):
         e2b.Sandbox.create(api_key="not-the-token")
 
 
-def test_one_sandboxs_token_cannot_drive_another(gateway: ServerThread) -> None:
+def test_one_sandboxs_token_cannot_drive_another(sandbox_url: str) -> None:
     first = e2b.Sandbox.create(timeout=60)
     second = e2b.Sandbox.create(timeout=60)
     try:
         stolen = first._envd_access_token
+        headers = {
+            "E2b-Sandbox-Id": second.sandbox_id,
+            "E2b-Sandbox-Port": "49999",
+            "X-Access-Token": stolen,
+        }
         response = httpx.post(
-            gateway.url + "/e2b/execute",
-            json={"code": "print('owned')"},
-            headers={
-                "E2b-Sandbox-Id": second.sandbox_id,
-                "E2b-Sandbox-Port": "49999",
-                "X-Access-Token": stolen,
-            },
-            timeout=30,
+            sandbox_url + "/execute", json={"code": "print('owned')"}, headers=headers, timeout=30
         )
         assert response.status_code == 401, response.text
         assert "owned" not in response.text
+        envd = {**headers, "E2b-Sandbox-Port": "49983"}
+        upload = httpx.post(
+            sandbox_url + "/files",
+            params={"path": "/home/user/planted.txt"},
+            content=b"planted",
+            headers={**envd, "Content-Type": "application/octet-stream"},
+            timeout=30,
+        )
+        assert upload.status_code == 401, upload.text
+        assert not second.files.exists("planted.txt")
     finally:
         first.kill()
         second.kill()
 
 
-def test_two_sandboxes_run_at_once(gateway: ServerThread) -> None:
+def test_two_sandboxes_run_at_once() -> None:
     results: dict[str, str] = {}
 
     def run(name: str) -> None:
@@ -221,7 +228,7 @@ def test_env_vars_apply_to_one_execution(sandbox: Any) -> None:
     assert "__kg" not in sandbox.run_code("print(sorted(globals()))").logs.stdout[0]
 
 
-def test_sandbox_env_vars_reach_code_and_commands(gateway: ServerThread) -> None:
+def test_sandbox_env_vars_reach_code_and_commands() -> None:
     sbx = e2b.Sandbox.create(timeout=60, envs={"FROM_CREATE": "set"})
     try:
         assert sbx.run_code("import os; os.environ['FROM_CREATE']").text == "set"
@@ -232,7 +239,7 @@ def test_sandbox_env_vars_reach_code_and_commands(gateway: ServerThread) -> None
         sbx.kill()
 
 
-def test_a_killed_sandbox_says_so(gateway: ServerThread) -> None:
+def test_a_killed_sandbox_says_so() -> None:
     sbx = e2b.Sandbox.create(timeout=60)
     sbx.run_code("x = 1")
     sbx.kill()
