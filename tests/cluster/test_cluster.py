@@ -171,6 +171,36 @@ def test_streams_through_the_router_stay_live(
         assert arrived[-1] - arrived[0] > 1.0  # the first line came before the sleep ended
 
 
+def test_e2bs_sdk_through_the_routers(cluster: Deployment) -> None:
+    """E2B's own SDK pointed at one router: sandboxes placed on the nodes, their code, files
+    and commands served by their node, then driven and killed through other routers."""
+    sdk = pytest.importorskip("e2b_code_interpreter")
+    manager, *workers = cluster.swarm.nodes
+
+    def options(node: Any) -> dict[str, Any]:
+        base = cluster.url(node) + "/e2b"
+        return {"api_key": cluster.token, "api_url": base, "sandbox_url": base}
+
+    made = [sdk.Sandbox.create(timeout=120, **options(manager)) for _ in range(2)]
+    try:
+        assert len({sbx.sandbox_id.partition(".")[0] for sbx in made}) == 2  # two nodes
+        first = made[0]
+        first.run_code("x = 41")
+        first.files.write("/home/user/in.txt", "through the router")
+        assert first.run_code("open('in.txt').read()").text == "through the router"
+        done = first.commands.run("cat in.txt; echo; id -u")
+        assert done.stdout == "through the router\n1000\n", done.stdout
+        for node in workers:  # the same sandbox through each other router
+            again = sdk.Sandbox.connect(first.sandbox_id, **options(node))
+            assert again.run_code("x + 1").text == "42"
+        listed = {s.sandbox_id for s in sdk.Sandbox.list(**options(workers[0])).next_items()}
+        assert {sbx.sandbox_id for sbx in made} <= listed
+    finally:
+        for sbx in made:
+            sdk.Sandbox.kill(sbx.sandbox_id, **options(workers[-1]))
+    assert sdk.Sandbox.kill(made[0].sandbox_id, **options(manager)) is False
+
+
 def test_no_kernel_port_is_reachable_from_the_overlay(cluster: Deployment) -> None:
     swarm = cluster.swarm
     for node in swarm.nodes:
