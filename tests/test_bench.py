@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.backends import IMAGE, require_docker, require_languages
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,3 +86,22 @@ def test_bench_languages_measures_every_language(tmp_path: Path) -> None:
     assert figures["languages"]["r"]["first_chart"]["n"] > 0
     assert figures["images"]["bash"]["added_mb"] < figures["images"]["r"]["added_mb"]
     assert "| r |" in result.stdout
+
+
+def test_bench_e2b_measures_the_sdk_beside_our_client(tmp_path: Path) -> None:
+    pytest.importorskip("e2b_code_interpreter")
+    require_docker()
+    out = tmp_path / "e2b.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.e2b", "--smoke", "--image", IMAGE, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    for key in ("first_result", "round_trip"):
+        for client in ("e2b_sdk", "own_client"):
+            assert figures[key][client]["n"] > 0, (key, client)
+    assert "| create → first result |" in result.stdout
