@@ -170,6 +170,38 @@ def test_variables_files_and_counts_survive_a_restart(gw: Gateway, how: str) -> 
     assert gone.status_code == 410 and gone.json()["error"]["type"] == "execution_expired"
 
 
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_an_e2b_sandbox_survives_a_restart(gw: Gateway, how: str) -> None:
+    """E2B's SDK holds on to a sandbox across the gateway's restart: same id, same access
+    token, its variables, files, metadata and end time; its extra context is reported gone."""
+    sdk = pytest.importorskip("e2b_code_interpreter")
+    exceptions = pytest.importorskip("e2b.exceptions")
+    gw.start()
+    base = gw.url + "/e2b"
+    options = {"api_key": "e2b_00", "api_url": base, "sandbox_url": base}
+    sbx = sdk.Sandbox.create(timeout=600, metadata={"owner": how}, **options)
+    sbx.run_code("kept = 41")
+    sbx.files.write("/home/user/note.txt", "kept too")
+    other = sbx.create_code_context()
+    end = sbx.get_info().end_at
+    gw.stop(getattr(signal, how))
+    gw.start()
+    assert sbx.run_code("kept + 1").text == "42"  # the same object: same URL, same token
+    assert sbx.files.read("note.txt") == "kept too"
+    info = sdk.Sandbox.connect(sbx.sandbox_id, **options).get_info()
+    assert info.metadata == {"owner": how} and info.end_at == end
+    assert [c.id for c in sbx.list_code_contexts()] == [sbx.sandbox_id]
+    with pytest.raises(exceptions.NotFoundException):
+        sbx.run_code("1", context=other)
+    records = gw.runtime / gw.instance() / "e2b"
+    assert (records / f"{sbx.sandbox_id}.json").stat().st_mode & 0o077 == 0
+    sbx.kill()
+    deadline = time.monotonic() + 5
+    while (records / f"{sbx.sandbox_id}.json").exists():
+        assert time.monotonic() < deadline, "a killed sandbox's record stayed"
+        time.sleep(0.05)
+
+
 def test_sessions_of_other_languages_are_adopted_with_their_variables(gw: Gateway) -> None:
     """An R, a TypeScript and a Bash session survive a restart: same kernels, same variables,
     same language; and a language the new gateway no longer serves is reported lost."""

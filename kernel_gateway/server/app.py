@@ -108,7 +108,8 @@ def create_app(settings: Settings) -> Starlette:
                 backend_ready - started,
                 f", adopting {time.monotonic() - backend_ready:.2f} s" if runtime.adopted else "",
             )
-            async with protocol_state(settings, registry) as protocols:
+            records = runtime.path if settings.persist_sessions else None
+            async with protocol_state(settings, registry, records) as protocols:
                 yield {"registry": registry, "settings": settings, "metrics": metrics, **protocols}
         finally:
             if gauges is not None:

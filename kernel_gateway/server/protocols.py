@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import TypedDict
 
 from kernel_gateway.protocols.e2b.app import E2BService
@@ -25,10 +26,14 @@ class ProtocolState(TypedDict):
 
 
 @asynccontextmanager
-async def protocol_state(settings: Settings, registry: Registry) -> AsyncIterator[ProtocolState]:
+async def protocol_state(
+    settings: Settings, registry: Registry, records: Path | None = None
+) -> AsyncIterator[ProtocolState]:
+    """`records`: where front doors keep what must outlive the gateway (E2B's sandboxes),
+    with `--persist-sessions`; None without."""
     jupyter = JupyterKernels(registry)
     mcp = McpService(registry, settings) if settings.mcp != "off" else None
-    e2b = E2BService(registry, settings)
+    e2b = E2BService(registry, settings, records / "e2b" if records is not None else None)
     async with AsyncExitStack() as stack:
         stack.push_async_callback(jupyter.close)
         e2b.start()

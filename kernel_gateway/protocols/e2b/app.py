@@ -23,6 +23,7 @@ import json
 import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -43,6 +44,7 @@ from kernel_gateway.protocols.e2b.sandboxes import (
     SandboxError,
     Sandboxes,
 )
+from kernel_gateway.sessions.persistence import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
@@ -72,10 +74,13 @@ def gone(sandbox_id: str) -> JSONResponse:
 class E2BService:
     """The `/e2b` ASGI app, and the sandboxes it keeps (started and stopped with the app)."""
 
-    def __init__(self, registry: Registry, settings: Settings) -> None:
+    def __init__(self, registry: Registry, settings: Settings, records: Path | None = None) -> None:
+        """`records`: the folder that keeps sandboxes for the next gateway (with
+        `--persist-sessions`), or None."""
         self.registry = registry
         self.settings = settings
-        self.sandboxes = Sandboxes(registry)
+        store = RecordStore(records, Sandbox.from_json) if records is not None else None
+        self.sandboxes = Sandboxes(registry, store)
         self._key_digest = (
             hashlib.sha256(settings.token.encode()).digest() if settings.token else None
         )

@@ -9,6 +9,12 @@ The access token is the sandbox's own secret: E2B's SDKs send it as `X-Access-To
 (envd, `/execute`) or `E2B-Traffic-Access-Token` (everything on the data plane); a
 request with another sandbox's token is refused, compared in constant time.
 
+With `--persist-sessions` each sandbox is recorded beside the sessions (in the instance's
+runtime folder, 0700; the token with it, as the session records hold theirs), so a sandbox
+whose session a later gateway adopts is the same sandbox for E2B: id, token, metadata, end
+time, paused or not. Its own context (the session's kernel) keeps its variables; other
+contexts are kernels that end with the gateway, and are made again on first use.
+
 A reaper kills sandboxes past their end time. A sandbox whose session went away (the
 gateway's idle reaper, a `DELETE /sessions/{id}`) is gone for E2B too.
 """
@@ -25,8 +31,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from kernel_gateway.errors import GatewayError, SessionLost, SessionNotFound
+from kernel_gateway.sessions.persistence import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 
@@ -40,6 +48,7 @@ ENVD_VERSION = "0.5.7"
 """What the sandboxes claim to run: from 0.4.0 the SDKs send no user by default, and
 0.5.7 is the newest whose features all work here (see design/e2b-wire.md, section 4)."""
 REAP_EVERY = 1.0
+RECORD_FORMAT = 1
 HOME = "/home/user"
 CHDIR = {
     "python": "import os as __kg_os\n__kg_os.chdir({path})\ndel __kg_os",
@@ -98,6 +107,40 @@ class Sandbox:
     def state(self) -> str:
         return "paused" if self.paused else "running"
 
+    def to_json(self) -> dict[str, Any]:
+        """What a later gateway needs (with `--persist-sessions`): contexts other than the
+        sandbox's own are kernels that do not outlive the gateway, so they are not kept."""
+        return {
+            "format": RECORD_FORMAT,
+            "id": self.id,
+            "template": self.template,
+            "token": self.token,
+            "started_at": self.started_at.isoformat(),
+            "end_at": self.end_at,
+            "metadata": self.metadata,
+            "env": self.env,
+            "paused": self.paused,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Sandbox:
+        if data.get("format") != RECORD_FORMAT:
+            raise ValueError(f"unknown sandbox record format {data.get('format')!r}")
+        sandbox = cls(
+            id=str(data["id"]),
+            template=str(data["template"]),
+            token=str(data["token"]),
+            started_at=datetime.fromisoformat(str(data["started_at"])),
+            end_at=float(data["end_at"]),
+            metadata={str(k): str(v) for k, v in dict(data["metadata"]).items()},
+            env={str(k): str(v) for k, v in dict(data["env"]).items()},
+            paused=bool(data["paused"]),
+        )
+        main = Context(sandbox.id, "python", HOME)
+        sandbox.contexts[main.id] = main
+        sandbox.defaults["python"] = main.id
+        return sandbox
+
     def accepts(self, token: str | None) -> bool:
         return token is not None and hmac.compare_digest(token.encode(), self.token.encode())
 
@@ -105,12 +148,24 @@ class Sandbox:
 class Sandboxes:
     """Every E2B sandbox of this gateway, by id; kills them at their end time."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, store: RecordStore[Sandbox] | None = None) -> None:
         self.registry = registry
         self._by_id: dict[str, Sandbox] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self._store = store
+        """With `--persist-sessions`: each sandbox's record, for the next gateway."""
 
     def start(self) -> None:
+        """Take the sandboxes a previous gateway recorded whose sessions were adopted
+        (the others are gone: their records go too), then start the reaper."""
+        if self._store is not None:
+            self._store.open()
+            for sandbox in self._store.load():
+                if self._session(sandbox.id) is None:
+                    logger.info("E2B sandbox %s: its session was not adopted", sandbox.id)
+                    self._store.delete(sandbox.id)
+                    continue
+                self._by_id[sandbox.id] = sandbox
         self._reaper = asyncio.ensure_future(self._reap())
 
     async def close(self) -> None:
@@ -118,6 +173,16 @@ class Sandboxes:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        if self._store is not None:
+            await self._store.close()
+
+    def _save(self, sandbox: Sandbox) -> None:
+        if self._store is not None:
+            self._store.save(sandbox)
+
+    def _forget(self, sandbox_id: str) -> None:
+        if self._by_id.pop(sandbox_id, None) is not None and self._store is not None:
+            self._store.delete(sandbox_id)
 
     # -- the control plane --------------------------------------------------------------
 
@@ -152,6 +217,9 @@ class Sandboxes:
         sandbox.contexts[main.id] = main
         sandbox.defaults["python"] = main.id
         self._by_id[sandbox.id] = sandbox
+        self._save(sandbox)
+        if self._store is not None:
+            await self._store.flush()  # on disk before the SDK hears of it
         if env:
             await self._set_env(session, env)
         return sandbox
@@ -214,7 +282,7 @@ class Sandboxes:
     def get(self, sandbox_id: str) -> Sandbox:
         sandbox = self._by_id.get(sandbox_id)
         if sandbox is None or self._session(sandbox_id) is None:
-            self._by_id.pop(sandbox_id, None)
+            self._forget(sandbox_id)
             raise not_found(sandbox_id)
         return sandbox
 
@@ -224,18 +292,20 @@ class Sandboxes:
     def session(self, sandbox: Sandbox) -> Session:
         session = self._session(sandbox.id)
         if session is None:
-            self._by_id.pop(sandbox.id, None)
+            self._forget(sandbox.id)
             raise not_found(sandbox.id)
         return session
 
     async def kill(self, sandbox_id: str) -> None:
         self.get(sandbox_id)
-        self._by_id.pop(sandbox_id, None)
+        self._forget(sandbox_id)
         with contextlib.suppress(SessionNotFound, SessionLost):
             await self.registry.delete_session(sandbox_id)
 
     def set_timeout(self, sandbox_id: str, timeout: int) -> None:
-        self.get(sandbox_id).end_at = time.time() + _timeout(timeout)
+        sandbox = self.get(sandbox_id)
+        sandbox.end_at = time.time() + _timeout(timeout)
+        self._save(sandbox)
 
     def connect(self, sandbox_id: str, timeout: int | None) -> tuple[Sandbox, bool]:
         """The sandbox, resumed if it was paused (the second value says so); its end time
@@ -245,6 +315,7 @@ class Sandboxes:
         sandbox.paused = False
         if timeout is not None:
             sandbox.end_at = max(sandbox.end_at, time.time() + _timeout(timeout))
+        self._save(sandbox)
         return sandbox, resumed
 
     def pause(self, sandbox_id: str) -> None:
@@ -252,6 +323,7 @@ class Sandboxes:
         if sandbox.paused:
             raise SandboxError(409, f"sandbox {sandbox_id!r} is already paused")
         sandbox.paused = True
+        self._save(sandbox)
 
     def all(self) -> Iterator[Sandbox]:
         for sandbox_id in list(self._by_id):
@@ -277,6 +349,8 @@ class Sandboxes:
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(REAP_EVERY)
+            for gone_id in [i for i in self._by_id if self._session(i) is None]:
+                self._forget(gone_id)  # its session was deleted or reaped by the gateway
             now = time.time()
             for sandbox in [s for s in self._by_id.values() if s.end_at <= now]:
                 logger.info("E2B sandbox %s reached its timeout; killing it", sandbox.id)
