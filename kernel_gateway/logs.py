@@ -37,6 +37,12 @@ _context: ContextVar[Mapping[str, str]] = ContextVar(
 )
 
 
+ROUTE_TEMPLATE = "route_template"
+"""The request-state key under which an app mounted under a prefix (E2B's `/e2b`) names the
+route a request went to (`/e2b/sandboxes/{id}`): the access log and the HTTP metrics use it
+instead of the mount's `/e2b/{path}`."""
+
+
 def bind(**ids: str | None) -> None:
     """Name what the current task's log lines are about (None leaves a field as it is)."""
     update = {name: value for name, value in ids.items() if value is not None}

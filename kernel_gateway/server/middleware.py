@@ -117,6 +117,9 @@ class ObserveRequests:
             status = 500
             await _internal_error(rid)(scope, receive, send)
         finally:
+            named = scope.get("state", {}).get(logs.ROUTE_TEMPLATE)
+            if isinstance(named, str) and named.startswith(route.removesuffix("{path}")):
+                route = named  # a mounted app's own route (logs.ROUTE_TEMPLATE)
             self.metrics.request(method, route, status)
             duration = (time.monotonic() - started) * 1000
             logger.info(

@@ -9,9 +9,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kernel_gateway import logs
+from kernel_gateway.logs import ROUTE_TEMPLATE
 from kernel_gateway.protocols.e2b import sandboxes as sandboxes_module
 from kernel_gateway.protocols.e2b.app import E2BService
-from kernel_gateway.protocols.e2b.sandboxes import SandboxError, Sandboxes
+from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError, Sandboxes
+from kernel_gateway.sessions.persistence import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from tests.support.fake_kernel import fake_registry, until
 
@@ -141,3 +144,72 @@ async def test_list_pages_by_next_token(registry: Registry) -> None:
         assert listed == {s.id for s in made}
         only = await http.get("/v2/sandboxes", params={"metadata": "n=1"}, headers=key)
         assert [s["metadata"] for s in only.json()] == [{"n": "1"}]
+
+
+async def test_each_call_names_its_route_and_sandbox_for_logs_and_metrics(
+    registry: Registry,
+) -> None:
+    service = E2BService(registry, registry.settings)
+    seen: list[tuple[str, str | None]] = []
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        state: dict[str, object] = {}
+        await service(dict(scope, root_path="/e2b", state=state), receive, send)
+        seen.append((str(state[ROUTE_TEMPLATE]), logs.current().get("session_id")))
+
+    key = {"X-API-KEY": "tok"}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
+        body = (await http.post("/sandboxes", json={}, headers=key)).json()
+        sid, token = body["sandboxID"], body["envdAccessToken"]
+        data_plane = {"E2b-Sandbox-Id": sid, "X-Access-Token": token}
+        await http.get(f"/sandboxes/{sid}", headers=key)
+        await http.get("/health", headers={**data_plane, "E2b-Sandbox-Port": "49983"})
+        await http.get("/contexts", headers={**data_plane, "E2b-Sandbox-Port": "49999"})
+        await http.get("/no/such/path", headers={**data_plane, "E2b-Sandbox-Port": "49983"})
+        # e2b <= 2.45 sends the sandbox headers on connect too: still the control plane's
+        old = await http.post(
+            f"/sandboxes/{sid}/connect",
+            json={"timeout": 60},
+            headers={**key, "E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983"},
+        )
+        assert old.status_code == 200, old.text
+    assert [route for route, _ in seen] == [
+        "/e2b/sandboxes",
+        "/e2b/sandboxes/{id}",
+        "/e2b/health",
+        "/e2b/contexts",
+        "/e2b/{path}",
+        "/e2b/sandboxes/{id}/connect",
+    ]
+    assert [bound for _, bound in seen[1:]] == [sid] * 5
+    await service.close()
+
+
+async def test_sandboxes_are_kept_for_the_next_gateway(registry: Registry, tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "e2b", Sandbox.from_json)
+    sandboxes = Sandboxes(registry, store)
+    sandboxes.start()
+    kept = await sandboxes.create("base", 600, {"who": "me"}, {"A": "1"})
+    gone = await sandboxes.create("base", 600, {}, {})
+    sandboxes.pause(kept.id)
+    await sandboxes.close()
+    assert sorted(p.name for p in (tmp_path / "e2b").iterdir()) == sorted(
+        [f"{kept.id}.json", f"{gone.id}.json"]
+    )
+    assert all(p.stat().st_mode & 0o077 == 0 for p in (tmp_path / "e2b").iterdir())
+    await registry.delete_session(gone.id)  # its session was not adopted by the next gateway
+
+    after = Sandboxes(registry, RecordStore(tmp_path / "e2b", Sandbox.from_json))
+    after.start()
+    try:
+        again = after.get(kept.id)
+        assert (again.token, again.metadata, again.env) == (kept.token, {"who": "me"}, {"A": "1"})
+        assert again.paused and again.end_at == kept.end_at
+        assert list(again.contexts) == [kept.id]
+        with pytest.raises(SandboxError):
+            after.get(gone.id)
+        await after.kill(kept.id)
+    finally:
+        await after.close()
+    assert list((tmp_path / "e2b").iterdir()) == []

@@ -29,10 +29,12 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route, Router
+from starlette.routing import Match, Route, Router
 from starlette.types import Receive, Scope, Send
 
+from kernel_gateway import logs
 from kernel_gateway.errors import GatewayError
+from kernel_gateway.logs import ROUTE_TEMPLATE
 from kernel_gateway.protocols.e2b import ndjson
 from kernel_gateway.protocols.e2b.connect import ConnectError
 from kernel_gateway.protocols.e2b.envd import Envd
@@ -54,6 +56,9 @@ INTERPRETER_PORT = "49999"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
 KEEPALIVE_SECONDS = 5.0
 MAX_BODY_BYTES = 2 * 2**20
+SANDBOX_IN_PATH = re.compile(r"^/+(?:v\d+/+)?sandboxes/+(?P<id>[^/]+)")
+SANE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+"""A sandbox id worth binding to log lines (anything else is not logged as one)."""
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -121,18 +126,24 @@ class E2BService:
         sandbox_id = headers.get("e2b-sandbox-id")
         root = scope.get("root_path", "")
         relative = scope["path"][len(root) :] if scope["path"].startswith(root) else scope["path"]
+        state = scope.setdefault("state", {})
         if sandbox_id is None or is_control(relative):
+            named = SANDBOX_IN_PATH.match(relative)
+            logs.bind(session_id=named["id"] if named and SANE_ID.fullmatch(named["id"]) else None)
+            state[ROUTE_TEMPLATE] = root + _template(self._control, scope)
             await self._control(scope, receive, send)
             return
+        logs.bind(session_id=sandbox_id if SANE_ID.fullmatch(sandbox_id) else None)
+        router = (
+            self._interpreter if headers.get("e2b-sandbox-port") == INTERPRETER_PORT else self._envd
+        )
+        state[ROUTE_TEMPLATE] = root + _template(router, scope)
         sandbox = self._data_plane_sandbox(sandbox_id, headers)
         if isinstance(sandbox, Response):
             await sandbox(scope, receive, send)
             return
-        scope.setdefault("state", {})["e2b_sandbox"] = sandbox
-        if headers.get("e2b-sandbox-port") == INTERPRETER_PORT:
-            await self._interpreter(scope, receive, send)
-            return
-        await self._envd(scope, receive, send)
+        state["e2b_sandbox"] = sandbox
+        await router(scope, receive, send)
 
     # -- authentication -----------------------------------------------------------------
 
@@ -154,6 +165,15 @@ class E2BService:
         if not sandbox.accepts(token):
             return e2b_error(401, "invalid access token for this sandbox")
         return sandbox
+
+
+def _template(router: Router, scope: Scope) -> str:
+    """The path template of the route `scope` goes to (`/sandboxes/{id}`), for the access
+    log and the HTTP metrics: a fixed set of values, whatever the paths asked for."""
+    for route in router.routes:
+        if isinstance(route, Route) and route.matches(scope)[0] is not Match.NONE:
+            return route.path if route.path != "/{rest:path}" else "/{path}"
+    return "/{path}"
 
 
 # -- the control plane ----------------------------------------------------------------------
