@@ -75,6 +75,55 @@ def test_files_both_ways(sandbox: Any) -> None:
         sandbox.files.read("missing.txt")
 
 
+def test_folders_moves_removals_and_watching(sandbox: Any) -> None:
+    assert sandbox.files.make_dir("/home/user/new/deeper")
+    assert not sandbox.files.make_dir("new/deeper")  # there already: False, as E2B says
+    written = sandbox.files.write("new/deeper/a.txt", "abc")
+    assert written.path == "/home/user/new/deeper/a.txt"
+    info = sandbox.files.get_info("new/deeper/a.txt")
+    assert (info.name, info.size, info.type.value) == ("a.txt", 3, "file")
+    moved = sandbox.files.rename("new/deeper/a.txt", "new/b.txt")
+    assert moved.path == "/home/user/new/b.txt"
+    assert sandbox.run_code("open('new/b.txt').read()").text == "abc"
+    sandbox.files.remove("new")
+    assert not sandbox.files.exists("new/b.txt") and not sandbox.files.exists("new")
+    handle = sandbox.files.watch_dir("/home/user")
+    try:
+        sandbox.run_code("open('watched.txt', 'w').write('1')")
+        deadline = time.monotonic() + 10
+        names: set[str] = set()
+        while "watched.txt" not in names:
+            assert time.monotonic() < deadline, "no event for a file the kernel wrote"
+            names |= {event.name for event in handle.get_new_events()}
+            time.sleep(0.1)
+    finally:
+        handle.stop()
+    with pytest.raises(exceptions.SandboxException):
+        sandbox.files.read("/etc/passwd")  # outside /home/user: refused, not served
+
+
+def test_a_cell_past_its_timeout_is_interrupted_and_the_kernel_lives(sandbox: Any) -> None:
+    sandbox.run_code("kept = 'still here'")
+    started = time.monotonic()
+    with pytest.raises(exceptions.TimeoutException):
+        sandbox.run_code("import time\nwhile True: time.sleep(0.1)", timeout=2)
+    assert time.monotonic() - started < 10
+    assert sandbox.run_code("kept").text == "still here"  # interrupted, not restarted
+
+
+def test_the_sandbox_is_the_gateways_sandbox(sandbox: Any) -> None:
+    shown = sandbox.commands.run(
+        "id -u; ls /sys/class/net; touch /usr/x 2>/dev/null || echo read-only; "
+        "getent hosts pypi.org || echo no-dns"
+    )
+    assert shown.stdout.split() == ["1000", "lo", "read-only", "no-dns"], shown.stdout
+    refused = sandbox.run_code(
+        "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 80), timeout=3)\n"
+        "except OSError as e:\n    print('refused', type(e).__name__)"
+    )
+    assert refused.logs.stdout and refused.logs.stdout[0].startswith("refused")
+
+
 def test_commands(sandbox: Any) -> None:
     done = sandbox.commands.run("echo hello; echo oops >&2; pwd; id -u")
     assert done.exit_code == 0
@@ -95,6 +144,13 @@ def test_commands(sandbox: Any) -> None:
     assert sandbox.run_code("print(open('from-bash.txt').read())").logs.stdout == [
         "made-by-bash\n\n"
     ]
+    piped = sandbox.commands.run("cat", background=True, stdin=True)
+    sandbox.commands.send_stdin(piped.pid, "piped in\n")
+    if hasattr(sandbox.commands, "close_stdin"):  # e2b >= 2.46 (envd 0.5.2)
+        sandbox.commands.close_stdin(piped.pid)
+        assert piped.wait().stdout == "piped in\n"
+    else:
+        piped.kill()
     background = sandbox.commands.run("sleep 60", background=True)
     assert background.pid in [p.pid for p in sandbox.commands.list()]
     assert sandbox.commands.kill(background.pid)
