@@ -213,3 +213,70 @@ async def test_sandboxes_are_kept_for_the_next_gateway(registry: Registry, tmp_p
     finally:
         await after.close()
     assert list((tmp_path / "e2b").iterdir()) == []
+
+
+async def test_what_a_sandbox_cannot_have_is_refused_not_ignored(registry: Registry) -> None:
+    service = E2BService(registry, registry.settings)
+    transport = httpx.ASGITransport(app=_with_state(service))
+    key = {"X-API-KEY": "tok"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
+        for body in (
+            {"allow_internet_access": True},
+            {"network": {"allowOut": ["example.com"]}},
+            {"mcp": {"github": {}}},
+            {"volumeMounts": [{"name": "v", "path": "/data"}]},
+        ):
+            refused = await http.post("/v2/sandboxes", json=body, headers=key)
+            assert refused.status_code == 400, (body, refused.text)
+            assert refused.json()["code"] == 400
+        made = await http.post("/v2/sandboxes", json={"allow_internet_access": False}, headers=key)
+        body = made.json()
+        envd = {
+            "E2b-Sandbox-Id": body["sandboxID"],
+            "E2b-Sandbox-Port": "49983",
+            "X-Access-Token": body["envdAccessToken"],
+        }
+        as_root = {**envd, "Authorization": "Basic cm9vdDo="}  # "root:"
+        files = await http.get("/files", params={"path": "a.txt"}, headers=as_root)
+        assert files.status_code == 400 and "'root' is not available" in files.json()["message"]
+        rpc = await http.post("/process.Process/List", json={}, headers=as_root)
+        assert rpc.status_code == 400 and rpc.json()["code"] == "invalid_argument"
+        as_user = {**envd, "Authorization": "Basic dXNlcjo="}  # "user:"
+        listed = await http.post("/process.Process/List", json={}, headers=as_user)
+        assert listed.status_code != 400, listed.text
+    assert len(registry.sessions()) == 1
+    await service.close()
+
+
+async def test_auto_pause_at_the_end_and_auto_resume_on_a_call(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sandboxes_module, "REAP_EVERY", 0.05)
+    service = E2BService(registry, registry.settings)
+    service.start()
+    transport = httpx.ASGITransport(app=_with_state(service))
+    key = {"X-API-KEY": "tok"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
+        made = await http.post(
+            "/v2/sandboxes",
+            json={"timeout": 1, "autoPause": True, "autoResume": {"enabled": True}},
+            headers=key,
+        )
+        body = made.json()
+        sandbox = service.sandboxes.get(body["sandboxID"])
+        await until(lambda: sandbox.paused, 5)  # paused at its end, not killed
+        assert registry.get(sandbox.id) is not None
+        envd = {
+            "E2b-Sandbox-Id": sandbox.id,
+            "E2b-Sandbox-Port": "49983",
+            "X-Access-Token": body["envdAccessToken"],
+        }
+        assert (await http.get("/health", headers=envd)).status_code == 204  # resumed
+        assert not sandbox.paused
+        plain = await http.post("/v2/sandboxes", json={"timeout": 60}, headers=key)
+        other = service.sandboxes.get(plain.json()["sandboxID"])
+        service.sandboxes.pause(other.id)
+        envd_other = {**envd, "E2b-Sandbox-Id": other.id}
+        envd_other["X-Access-Token"] = plain.json()["envdAccessToken"]
+        assert (await http.get("/health", headers=envd_other)).status_code == 502  # stays paused
+    await service.close()

@@ -17,6 +17,7 @@ Every answer is in E2B's shapes, never the gateway's own error document.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import json
@@ -53,6 +54,8 @@ from kernel_gateway.settings import Settings
 from kernel_gateway.types import Record
 
 INTERPRETER_PORT = "49999"
+SANDBOX_USER = "user"
+"""E2B's default user, and the only one here (the kernel's uid 1000)."""
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
 KEEPALIVE_SECONDS = 5.0
 MAX_BODY_BYTES = 2 * 2**20
@@ -159,7 +162,7 @@ class E2BService:
             sandbox = self.sandboxes.get(sandbox_id)
         except SandboxError:
             return gone(sandbox_id)
-        if sandbox.paused:
+        if sandbox.paused and not self.sandboxes.resume_on_demand(sandbox):
             return gone(sandbox_id)
         token = headers.get("x-access-token") or headers.get("e2b-traffic-access-token")
         if not sandbox.accepts(token):
@@ -284,13 +287,35 @@ async def create(request: Request, service: E2BService) -> Response:
     template = body.get("templateID") or "base"
     if not isinstance(template, str):
         raise SandboxError(400, "'templateID' must be a string")
+    _refuse_what_is_not_here(body)
+    auto_resume = body.get("autoResume") or {}
+    lifecycle = body.get("lifecycle") or {}
+    if not isinstance(auto_resume, dict) or not isinstance(lifecycle, dict):
+        raise SandboxError(400, "'autoResume' and 'lifecycle' must be objects")
     sandbox = await service.sandboxes.create(
         template,
         _int(body, "timeout"),
         _string_map(body, "metadata"),
         _string_map(body, "envVars"),
+        auto_pause=body.get("autoPause") is True or lifecycle.get("onTimeout") == "pause",
+        auto_resume=auto_resume.get("enabled") is True or lifecycle.get("autoResume") is True,
     )
     return JSONResponse(sandbox_json(sandbox), status_code=201)
+
+
+def _refuse_what_is_not_here(body: dict[str, Any]) -> None:
+    """A create asking for what this gateway's sandboxes cannot have: a clear 400, never a
+    sandbox that silently lacks it."""
+    network = body.get("network") or {}
+    if body.get("allow_internet_access") is True or body.get("allowInternetAccess") is True:
+        raise SandboxError(
+            400, "sandboxes here have no network access: allow_internet_access=True cannot be met"
+        )
+    if isinstance(network, dict) and (network.get("allowOut") or network.get("allow_out")):
+        raise SandboxError(400, "sandboxes here have no network access: 'allowOut' cannot be met")
+    for name, what in (("mcp", "MCP servers in a sandbox"), ("volumeMounts", "volumes")):
+        if body.get(name):
+            raise SandboxError(400, f"{what} ('{name}') are not supported by this gateway")
 
 
 async def get_sandbox(request: Request, service: E2BService) -> Response:
@@ -525,12 +550,33 @@ def _env_around(env: dict[str, str]) -> tuple[str, str]:
 # -- envd (any other port) ------------------------------------------------------------------
 
 
+def _basic_user(authorization: str | None) -> str | None:
+    """The user an SDK names (`user=`) in `Authorization: Basic base64("<user>:")`."""
+    if authorization is None or not authorization.lower().startswith("basic "):
+        return None
+    try:
+        decoded = base64.b64decode(authorization[6:].strip(), validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return "?"
+    return decoded.partition(":")[0]
+
+
 def _envd_routes(service: E2BService) -> list[Route]:
     def with_session(
         handler: Callable[[Request, Sandbox, Session], Awaitable[Response]],
     ) -> Handler:
         async def endpoint(request: Request) -> Response:
             sandbox: Sandbox = request.state.e2b_sandbox
+            user = _basic_user(request.headers.get("authorization"))
+            if user not in (None, "", SANDBOX_USER):
+                message = (
+                    f"user {user!r} is not available here: files and commands belong to the "
+                    f"sandbox's only user, {SANDBOX_USER!r} (uid 1000)"
+                )
+                if request.url.path.endswith("/files"):
+                    return e2b_error(400, message)
+                error = ConnectError("invalid_argument", message)
+                return JSONResponse(error.to_json(), status_code=error.status)
             try:
                 session = service.sandboxes.session(sandbox)
             except SandboxError:

@@ -97,6 +97,12 @@ class Sandbox:
     metadata: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     paused: bool = False
+    lifetime: int = 300
+    """The `timeout` it was made with: how far an automatic resume moves its end."""
+    auto_pause: bool = False
+    """`autoPause`: at its end time it is paused, not killed."""
+    auto_resume: bool = False
+    """`autoResume`: a data-plane call to it while paused resumes it."""
     contexts: dict[str, Context] = field(default_factory=dict)
     """By id; the first is the sandbox's own Python kernel (its session's)."""
     defaults: dict[str, str] = field(default_factory=dict)
@@ -120,6 +126,9 @@ class Sandbox:
             "metadata": self.metadata,
             "env": self.env,
             "paused": self.paused,
+            "lifetime": self.lifetime,
+            "auto_pause": self.auto_pause,
+            "auto_resume": self.auto_resume,
         }
 
     @classmethod
@@ -135,6 +144,9 @@ class Sandbox:
             metadata={str(k): str(v) for k, v in dict(data["metadata"]).items()},
             env={str(k): str(v) for k, v in dict(data["env"]).items()},
             paused=bool(data["paused"]),
+            lifetime=int(data.get("lifetime", DEFAULT_TIMEOUT)),
+            auto_pause=bool(data.get("auto_pause", False)),
+            auto_resume=bool(data.get("auto_resume", False)),
         )
         main = Context(sandbox.id, "python", HOME)
         sandbox.contexts[main.id] = main
@@ -192,6 +204,9 @@ class Sandboxes:
         lifetime: int | None,
         metadata: dict[str, str],
         env: dict[str, str],
+        *,
+        auto_pause: bool = False,
+        auto_resume: bool = False,
     ) -> Sandbox:
         if template not in TEMPLATES:
             raise SandboxError(
@@ -212,6 +227,9 @@ class Sandboxes:
             end_at=time.time() + seconds,
             metadata=dict(metadata),
             env=dict(env),
+            lifetime=seconds,
+            auto_pause=auto_pause,
+            auto_resume=auto_resume,
         )
         main = Context(session.id, "python", HOME)
         sandbox.contexts[main.id] = main
@@ -318,6 +336,17 @@ class Sandboxes:
         self._save(sandbox)
         return sandbox, resumed
 
+    def resume_on_demand(self, sandbox: Sandbox) -> bool:
+        """A data-plane call reached a paused sandbox: resume it if it asked for that
+        (`autoResume`), for its lifetime again; False if it stays paused."""
+        if not sandbox.auto_resume:
+            return False
+        sandbox.paused = False
+        sandbox.end_at = max(sandbox.end_at, time.time() + sandbox.lifetime)
+        self._save(sandbox)
+        logger.info("E2B sandbox %s resumed by a call to it", sandbox.id)
+        return True
+
     def pause(self, sandbox_id: str) -> None:
         sandbox = self.get(sandbox_id)
         if sandbox.paused:
@@ -352,7 +381,12 @@ class Sandboxes:
             for gone_id in [i for i in self._by_id if self._session(i) is None]:
                 self._forget(gone_id)  # its session was deleted or reaped by the gateway
             now = time.time()
-            for sandbox in [s for s in self._by_id.values() if s.end_at <= now]:
+            for sandbox in [s for s in self._by_id.values() if s.end_at <= now and not s.paused]:
+                if sandbox.auto_pause:
+                    logger.info("E2B sandbox %s reached its timeout; pausing it", sandbox.id)
+                    sandbox.paused = True
+                    self._save(sandbox)
+                    continue
                 logger.info("E2B sandbox %s reached its timeout; killing it", sandbox.id)
                 try:
                     await self.kill(sandbox.id)
