@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from typing import Any
@@ -26,6 +27,7 @@ from kernel_gateway.errors import (
     NotFound,
     SessionNotFound,
     TooManySessions,
+    Unauthorized,
 )
 from kernel_gateway.protocols.e2b.paths import is_control
 from kernel_gateway.server.http import JSONResponse, check_declared_length, read_body
@@ -323,6 +325,15 @@ async def _e2b(request: Request) -> Response:
     raise NotFound(f"{request.method} {path} is not routed: it names no sandbox")
 
 
+def _e2b_message(text: str) -> str:
+    """The message of a node's E2B error (`{"code", "message"}`), or its text."""
+    try:
+        message = json.loads(text).get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message) if isinstance(message, str) else text[:500]
+
+
 async def _e2b_list(request: Request) -> Response:
     """Every node's sandboxes, merged and paged here (`limit`, `nextToken` = the id that
     starts the next page, `X-Next-Token`)."""
@@ -351,8 +362,9 @@ async def _e2b_list(request: Request) -> Response:
             finally:
                 await upstream.aclose()
             if not isinstance(found, list):
-                if upstream.status_code in (400, 401):
-                    raise BadRequest(upstream.text[:500])
+                if upstream.status_code in (400, 401):  # the same for every node: passed on
+                    error = Unauthorized if upstream.status_code == 401 else BadRequest
+                    raise error(_e2b_message(upstream.text))
                 return collected
             collected += found
             token = upstream.headers.get("x-next-token")

@@ -158,7 +158,10 @@ class Workspace:
         parts = split_path(raw_path)
         try:
             with self._parent_dir(parts) as dir_fd:
-                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+                # O_NONBLOCK: a FIFO the user made must not hold a thread until a writer
+                # comes (it is refused below); on a regular file it changes nothing.
+                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+                fd = os.open(parts[-1], flags, dir_fd=dir_fd)
         except OSError as exc:
             raise _translate_oserror(exc, raw_path) from None
         info = os.fstat(fd)

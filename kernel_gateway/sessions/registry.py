@@ -214,7 +214,7 @@ class Registry:
     async def create_session(self, language: str | None = None) -> Session:
         self._refuse_if_draining()
         pool = self.pool(language)
-        if len(self._sessions) + self._reserved >= self.settings.max_sessions:
+        if self._held() + self._reserved >= self.settings.max_sessions:
             raise TooManySessions(
                 f"the gateway holds its maximum of {self.settings.max_sessions} sessions; "
                 "delete one or retry later",
@@ -274,8 +274,7 @@ class Registry:
         self._refuse_if_draining()
         owner = self.get(owner_id)
         pool = self.pool(language)
-        held = len(self._sessions) + sum(len(c) for c in self._companions.values())
-        if held + self._reserved >= self.settings.max_sessions:
+        if self._held() + self._reserved >= self.settings.max_sessions:
             raise TooManySessions(
                 f"the gateway holds its maximum of {self.settings.max_sessions} sessions "
                 "(contexts count); delete one or retry later",
@@ -292,6 +291,10 @@ class Registry:
         session = self._session_on(lease, ephemeral=False, language=pool.language.name)
         self._companions.setdefault(owner_id, []).append(session)
         return session
+
+    def _held(self) -> int:
+        """Kernels held against `--max-sessions`: sessions and their companions."""
+        return len(self._sessions) + sum(len(c) for c in self._companions.values())
 
     def companions(self, owner_id: str) -> list[Session]:
         return list(self._companions.get(owner_id, ()))

@@ -93,8 +93,13 @@ async def test_the_control_plane_answers_in_e2bs_shapes(registry: Registry) -> N
         sandbox_id = body["sandboxID"]
         info = (await http.get(f"/sandboxes/{sandbox_id}", headers=key)).json()
         assert info["state"] == "running" and info["endAt"].endswith("Z")
-        bad = await http.post("/v2/sandboxes", content=b"[1", headers=key)
+        json_type = {**key, "Content-Type": "application/json"}
+        bad = await http.post("/v2/sandboxes", content=b"[1", headers=json_type)
         assert bad.status_code == 400 and bad.json()["code"] == 400
+        form = await http.post("/v2/sandboxes", data={"templateID": "base"}, headers=key)
+        assert form.status_code == 415 and form.json()["code"] == 415  # not from a web page
+        huge = await http.post("/v2/sandboxes", content=b" " * (3 * 2**20), headers=json_type)
+        assert huge.status_code == 413 and huge.json()["code"] == 413
         missing = await http.get("/sandboxes/nope", headers=key)
         assert missing.status_code == 404 and missing.json() == {
             "code": 404,
@@ -280,3 +285,77 @@ async def test_auto_pause_at_the_end_and_auto_resume_on_a_call(
         envd_other["X-Access-Token"] = plain.json()["envdAccessToken"]
         assert (await http.get("/health", headers=envd_other)).status_code == 502  # stays paused
     await service.close()
+
+
+async def test_without_a_token_a_key_is_still_required(tmp_path: Path) -> None:
+    """A web page cannot send X-API-KEY without the browser asking the gateway first."""
+    async with fake_registry(tmp_path, max_sessions=2) as (registry, _):
+        service = E2BService(registry, registry.settings)
+        transport = httpx.ASGITransport(app=_with_state(service))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
+            assert (await http.post("/sandboxes")).status_code == 401
+            made = await http.post("/sandboxes", headers={"X-API-KEY": "anything"})
+            assert made.status_code == 201, made.text
+        await service.close()
+
+
+async def test_bad_data_plane_input_is_a_clear_error_never_a_500(registry: Registry) -> None:
+    service = E2BService(registry, registry.settings)
+    transport = httpx.ASGITransport(app=_with_state(service))
+    key = {"X-API-KEY": "tok"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
+        body = (await http.post("/sandboxes", headers=key)).json()
+        envd = {
+            "E2b-Sandbox-Id": body["sandboxID"],
+            "E2b-Sandbox-Port": "49983",
+            "X-Access-Token": body["envdAccessToken"],
+        }
+        calls = [
+            ("/filesystem.Filesystem/Stat", {"path": 5}),
+            ("/filesystem.Filesystem/Move", {"source": "a", "destination": ["b"]}),
+            ("/filesystem.Filesystem/ListDir", {"path": "a\\u0000b"}),
+            ("/process.Process/SendSignal", {"process": {"pid": "abc"}, "signal": []}),
+            ("/process.Process/SendSignal", {"process": {"pid": []}}),
+            ("/process.Process/SendInput", {"process": {"tag": 5}}),
+            ("/process.Process/CloseStdin", {"process": {"pid": 12345}}),
+        ]
+        for path, message in calls:
+            answer = await http.post(path, json=message, headers=envd)
+            assert 400 <= answer.status_code < 500, (path, message, answer.text)
+            assert answer.json()["code"] in ("invalid_argument", "not_found"), answer.text
+        big = await http.post(
+            "/files",
+            params={"path": "big.bin"},
+            content=b"x" * (registry.settings.max_upload_bytes + 1),
+            headers={**envd, "Content-Type": "application/octet-stream"},
+        )
+        assert big.status_code == 413, big.text
+    await service.close()
+
+
+async def test_a_sandboxs_env_and_a_contexts_cwd_reach_every_new_kernel(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sandboxes = Sandboxes(registry)
+    sandbox = await sandboxes.create("base", 60, {}, {"A": "1"})
+    session = sandboxes.session(sandbox)
+
+    def executed() -> list[str]:
+        kernel = session.slot.kernel
+        assert kernel is not None
+        return list(kernel.process.executed)  # type: ignore[attr-defined]
+
+    assert any("environ.update({'A': '1'})" in code for code in executed())
+    await session.restart()  # a new kernel: set up again before any cell reaches it
+    assert any("environ.update({'A': '1'})" in code for code in executed())
+    with pytest.raises(SandboxError) as bad:
+        await sandboxes.create("base", 60, {}, {"B=C": "2"})
+    assert bad.value.status == 400 and len(registry.sessions()) == 1
+
+    def cannot(language: str, env: dict[str, str], cwd: str) -> str:
+        raise SandboxError(400, f"a working directory cannot be set for {language}")
+
+    monkeypatch.setattr(sandboxes_module, "setup_code", cannot)
+    with pytest.raises(SandboxError):
+        await sandboxes.create_context(sandbox, "python", "/home/user/sub")
+    assert registry.companions(sandbox.id) == []  # its kernel was not left behind

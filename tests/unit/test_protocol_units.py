@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from pathlib import Path
 
 import mcp_types as types
 import pytest
@@ -240,3 +241,14 @@ def test_run_python_schema() -> None:
     assert "files" in stateless.input_schema["properties"]
     assert "session" not in stateless.input_schema["properties"]
     assert stateless.input_schema["additionalProperties"] is False
+
+
+def test_a_fifo_in_the_workspace_is_refused_at_once_not_waited_on(tmp_path: Path) -> None:
+    import os
+
+    from kernel_gateway.errors import NotFound
+    from kernel_gateway.kernels.workspace import Workspace
+
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(NotFound):
+        Workspace(tmp_path).open_read("pipe")  # without a writer, a plain open blocks forever

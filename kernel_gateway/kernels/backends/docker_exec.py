@@ -62,6 +62,9 @@ class DockerCommand(Command):
         except (docker.errors.DockerException, OSError) as exc:
             raise KernelUnavailable(f"could not start the command: {exc}") from exc
         self._sock = getattr(self._raw, "_sock", self._raw)  # the SocketIO's own socket
+        # docker-py leaves the client's read timeout (30 s) on the exec's socket: a command
+        # quiet for longer would look ended. Its end is the socket's end, however late.
+        self._sock.settimeout(None)
         threading.Thread(target=self._read, args=(loop,), name="docker-exec", daemon=True).start()
         try:
             self.pid = await asyncio.wait_for(asyncio.shield(self._started), 30)
@@ -153,7 +156,10 @@ class DockerCommand(Command):
         if sock is None or self._exit.done():
             raise KernelUnavailable("the command has ended")
         async with self._send_lock:
-            await asyncio.to_thread(sock.sendall, data)
+            try:
+                await asyncio.to_thread(sock.sendall, data)
+            except OSError as exc:  # it ended (or closed its stdin) meanwhile
+                raise KernelUnavailable(f"the command's input is closed: {exc}") from exc
 
     async def close_stdin(self) -> None:
         if self._sock is not None and not self._exit.done():

@@ -37,6 +37,7 @@ from kernel_gateway import logs
 from kernel_gateway.errors import GatewayError
 from kernel_gateway.logs import ROUTE_TEMPLATE
 from kernel_gateway.protocols.e2b import ndjson
+from kernel_gateway.protocols.e2b.bodies import TooLarge, read_capped
 from kernel_gateway.protocols.e2b.connect import ConnectError
 from kernel_gateway.protocols.e2b.envd import Envd
 from kernel_gateway.protocols.e2b.paths import is_control
@@ -46,6 +47,7 @@ from kernel_gateway.protocols.e2b.sandboxes import (
     Sandbox,
     SandboxError,
     Sandboxes,
+    check_env,
 )
 from kernel_gateway.sessions.persistence import RecordStore
 from kernel_gateway.sessions.registry import Registry
@@ -88,7 +90,7 @@ class E2BService:
         self.registry = registry
         self.settings = settings
         store = RecordStore(records, Sandbox.from_json) if records is not None else None
-        self.sandboxes = Sandboxes(registry, store)
+        self.sandboxes = Sandboxes(registry, store, self._commands_running)
         self._key_digest = (
             hashlib.sha256(settings.token.encode()).digest() if settings.token else None
         )
@@ -102,6 +104,10 @@ class E2BService:
         """The sandbox's envd state (its watchers); dropped with the sandbox."""
         self._forget_gone(sandbox.id)
         return self._envds.setdefault(sandbox.id, Envd())
+
+    def _commands_running(self, sandbox_id: str) -> bool:
+        processes = self._processes.get(sandbox_id)
+        return processes is not None and processes.running
 
     def processes(self, sandbox: Sandbox) -> Processes:
         """The sandbox's commands; dropped with the sandbox (its container goes with it)."""
@@ -151,10 +157,14 @@ class E2BService:
     # -- authentication -----------------------------------------------------------------
 
     def api_key_ok(self, request: Request) -> bool:
-        """`X-API-KEY` is the gateway's token (any key when the gateway has none)."""
+        """`X-API-KEY` is the gateway's token (any key when the gateway has none, but one:
+        the SDKs always send it, and a web page cannot without the browser asking first, so
+        a page cannot create or drive sandboxes on a gateway without a token)."""
+        key = request.headers.get("x-api-key")
+        if key is None:
+            return False
         if self._key_digest is None:
             return True
-        key = request.headers.get("x-api-key", "")
         return hmac.compare_digest(hashlib.sha256(key.encode()).digest(), self._key_digest)
 
     def _data_plane_sandbox(self, sandbox_id: str, headers: Headers) -> Sandbox | Response:
@@ -162,11 +172,14 @@ class E2BService:
             sandbox = self.sandboxes.get(sandbox_id)
         except SandboxError:
             return gone(sandbox_id)
-        if sandbox.paused and not self.sandboxes.resume_on_demand(sandbox):
-            return gone(sandbox_id)
         token = headers.get("x-access-token") or headers.get("e2b-traffic-access-token")
+        if sandbox.paused and not (
+            sandbox.accepts(token) and self.sandboxes.resume_on_demand(sandbox)
+        ):
+            return gone(sandbox_id)  # paused: as E2B's edge answers (whatever the token)
         if not sandbox.accepts(token):
             return e2b_error(401, "invalid access token for this sandbox")
+        self.sandboxes.touch(sandbox)
         return sandbox
 
 
@@ -212,11 +225,15 @@ def _control_routes(service: E2BService) -> list[Route]:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise SandboxError(413, "request body too large")
+    try:
+        raw = await read_capped(request, MAX_BODY_BYTES)
+    except TooLarge as exc:
+        raise SandboxError(413, str(exc)) from None
     if not raw.strip():
         return {}
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":  # what the SDKs send; a form post from a web page is not
+        raise SandboxError(415, "a body must be JSON, sent as 'Content-Type: application/json'")
     try:
         body = json.loads(raw)
     except ValueError:
@@ -482,6 +499,7 @@ async def execute(request: Request, service: E2BService) -> Response:
         session = service.sandboxes.context_session(sandbox, context.id)
     if env and session.language != "python":
         raise SandboxError(400, "'env_vars' are applied to Python contexts only")
+    check_env(env, "'env_vars'")
     try:
         owner = service.sandboxes.session(sandbox)
         owner.touch()  # a context's work keeps its sandbox from the gateway's idle reaper
@@ -592,8 +610,9 @@ def _envd_routes(service: E2BService) -> list[Route]:
         return await service.envd(sandbox).download(request, session)
 
     async def upload(request: Request, sandbox: Sandbox, session: Session) -> Response:
+        settings = service.settings
         return await service.envd(sandbox).upload(
-            request, session, service.settings.max_upload_bytes
+            request, session, settings.max_upload_bytes, settings.workspace_size_bytes
         )
 
     async def filesystem(request: Request, sandbox: Sandbox, session: Session) -> Response:

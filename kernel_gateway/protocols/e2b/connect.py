@@ -23,6 +23,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import Request
+
+from kernel_gateway.protocols.e2b.bodies import TooLarge, read_capped
+
 UNARY_TYPE = "application/json"
 STREAM_TYPE = "application/connect+json"
 END_STREAM = 0x02
@@ -114,6 +118,14 @@ class EnvelopeReader:
         """The body ended: anything left over is a truncated envelope."""
         if self._buffer:
             raise ConnectError("invalid_argument", "the request body ends inside a message")
+
+
+async def read_message_body(request: Request) -> bytes:
+    """A Connect request's body, at most MAX_MESSAGE_BYTES (`resource_exhausted` past it)."""
+    try:
+        return await read_capped(request, MAX_MESSAGE_BYTES)
+    except TooLarge as exc:
+        raise ConnectError("resource_exhausted", str(exc)) from None
 
 
 def parse_message(body: bytes) -> dict[str, Any]:

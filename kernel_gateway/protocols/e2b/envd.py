@@ -38,6 +38,7 @@ from kernel_gateway.errors import (
     PayloadTooLarge,
 )
 from kernel_gateway.kernels.workspace import Entry, Workspace
+from kernel_gateway.protocols.e2b.bodies import TooLarge, capped, read_capped
 from kernel_gateway.protocols.e2b.connect import (
     STREAM_TYPE,
     ConnectError,
@@ -46,6 +47,7 @@ from kernel_gateway.protocols.e2b.connect import (
     envelope,
     field,
     parse_message,
+    read_message_body,
 )
 from kernel_gateway.sessions.session import Session
 
@@ -55,10 +57,12 @@ MAX_WATCHERS = 16
 KEEPALIVE_SECONDS = 50.0
 
 
-def to_workspace(path: str | None) -> str:
+def to_workspace(path: object) -> str:
     """An E2B path as a path in the workspace ("" for the workspace itself)."""
     if path is None or path == "":
         return ""
+    if not isinstance(path, str) or "\0" in path:
+        raise ConnectError("invalid_argument", f"{path!r} is not a path")
     if path == HOME or path == HOME + "/":
         return ""
     if path.startswith(HOME + "/"):
@@ -129,6 +133,8 @@ class Envd:
 
     def __init__(self) -> None:
         self._watchers: dict[str, dict[str, Any]] = {}
+        self._watch_streams = 0
+        """WatchDir streams open now (each polls the folder): at most MAX_WATCHERS."""
 
     # -- HTTP ------------------------------------------------------------------------------
 
@@ -146,14 +152,18 @@ class Envd:
         data = await asyncio.to_thread(_read_all, fd)
         return Response(data, media_type="application/octet-stream")
 
-    async def upload(self, request: Request, session: Session, limit: int) -> Response:
+    async def upload(self, request: Request, session: Session, limit: int, total: int) -> Response:
+        """Files from a multipart form (each at most `limit` bytes, all together at most
+        `total`) or one octet-stream body (at most `limit`)."""
         files = session.files
         query_path = request.query_params.get("path")
         kind = request.headers.get("content-type", "")
         written: list[dict[str, str]] = []
         try:
             if kind.startswith("multipart/form-data"):
-                async with request.form(max_files=1000, max_part_size=limit) as form:
+                # All the files of one request together cannot be more than the disk holds.
+                whole = capped(request, max(limit, total))
+                async with whole.form(max_files=1000, max_part_size=limit) as form:
                     parts = [(k, v) for k, v in form.multi_items() if k == "file"]
                     seen: set[str] = set()
                     for _, part in parts:
@@ -171,13 +181,15 @@ class Envd:
                 rel = to_workspace(query_path)
                 if not rel:
                     raise BadRequest("'path' is required for an octet-stream upload")
-                data = await request.body()
+                data = await read_capped(request, limit)
                 if request.headers.get("content-encoding", "").lower() == "gzip":
                     data = _gunzip(data, limit)
                 await files.write(rel, data, limit)
                 written.append(_written(rel))
         except ConnectError as exc:
             return _http_error(403 if exc.code == "permission_denied" else 400, exc.message)
+        except TooLarge as exc:
+            return _http_error(413, str(exc))
         except GatewayError as exc:
             return _http_error(_http_status(exc), exc.message)
         if not written:
@@ -190,7 +202,7 @@ class Envd:
         if method == "WatchDir":
             return await self._watch_dir(request, session)
         try:
-            message = parse_message(await request.body())
+            message = parse_message(await read_message_body(request))
             handler = {
                 "Stat": self._stat,
                 "ListDir": self._list_dir,
@@ -286,7 +298,7 @@ class Envd:
         error: ConnectError | None = None
         try:
             reader = EnvelopeReader()
-            messages = list(reader.feed(await request.body()))
+            messages = list(reader.feed(await read_message_body(request)))
             reader.finish()
             message = messages[0] if messages else {}
             rel = to_workspace(field(message, "path"))
@@ -294,6 +306,8 @@ class Envd:
             entry = await asyncio.to_thread(workspace.entry, rel)
             if entry.kind != "dir":
                 raise ConnectError("invalid_argument", f"{to_e2b(rel)} is not a folder")
+            if self._watch_streams >= MAX_WATCHERS:
+                raise ConnectError("resource_exhausted", f"at most {MAX_WATCHERS} watches at once")
         except ConnectError as exc:
             error = exc
         except GatewayError as exc:
@@ -304,6 +318,14 @@ class Envd:
                 yield end_stream(error)
                 return
             yield envelope({"start": {}})
+            self._watch_streams += 1
+            try:
+                async for out in watching():
+                    yield out
+            finally:
+                self._watch_streams -= 1
+
+        async def watching() -> AsyncIterator[bytes]:
             before = await asyncio.to_thread(_snapshot, workspace, rel, recursive)
             quiet_since = time.monotonic()
             while True:

@@ -37,6 +37,7 @@ from kernel_gateway.protocols.e2b.connect import (
     end_stream,
     envelope,
     parse_message,
+    read_message_body,
 )
 from kernel_gateway.protocols.e2b.connect import (
     field as pick,
@@ -94,7 +95,7 @@ class Processes:
         try:
             if method == "StreamInput":
                 return await self._stream_input(request)
-            message = parse_message(await request.body())
+            message = parse_message(await read_message_body(request))
             if method == "List":
                 answer = self._list()
             elif method == "SendInput":
@@ -107,7 +108,7 @@ class Processes:
             elif method == "SendSignal":
                 running = self._selected(message)
                 signal = pick(message, "signal")
-                if signal not in SIGNALS:
+                if not isinstance(signal, str | int) or signal not in SIGNALS:
                     raise ConnectError("invalid_argument", f"unsupported signal {signal!r}")
                 await running.command.kill(SIGNALS[signal])
                 answer = {}
@@ -132,7 +133,7 @@ class Processes:
         error: ConnectError | None = None
         try:
             reader = EnvelopeReader()
-            messages = list(reader.feed(await request.body()))
+            messages = list(reader.feed(await read_message_body(request)))
             reader.finish()
             message = messages[0] if messages else {}
             if method == "Start":
@@ -189,6 +190,11 @@ class Processes:
             isinstance(k, str) and isinstance(v, str) for k, v in envs.items()
         ):
             raise ConnectError("invalid_argument", "'process.envs' must map strings to strings")
+        for name, value in envs.items():
+            if not name or "=" in name or "\0" in name or "\0" in value:
+                raise ConnectError(
+                    "invalid_argument", f"{name!r} cannot be an environment variable"
+                )
         if sum(len(a) for a in args) > MAX_ARG_BYTES:
             raise ConnectError("resource_exhausted", "the command line is too long")
         self._forget_ended()
@@ -242,6 +248,8 @@ class Processes:
             async for chunk in request.stream():
                 for message in reader.feed(chunk):
                     if "start" in message:
+                        if not isinstance(message["start"], dict):
+                            raise ConnectError("invalid_argument", "'start' must be an object")
                         running = self._selected(message["start"])
                     elif "data" in message:
                         if running is None:
@@ -272,11 +280,23 @@ class Processes:
         selector = pick(message, "process") or {}
         pid = selector.get("pid") if isinstance(selector, dict) else None
         tag = selector.get("tag") if isinstance(selector, dict) else None
+        if pid is not None:
+            try:
+                pid = int(pid)  # a number, or (proto3 JSON) a string of one
+            except (TypeError, ValueError):
+                raise ConnectError("invalid_argument", f"'pid' {pid!r} is not a number") from None
+        if tag is not None and not isinstance(tag, str):
+            raise ConnectError("invalid_argument", "'tag' must be a string")
         self._forget_ended()
         for found_pid, running in self._by_pid.items():
-            if (pid is not None and int(pid) == found_pid) or (tag and tag == running.tag):
+            if (pid is not None and pid == found_pid) or (tag and tag == running.tag):
                 return running
         raise ConnectError("not_found", f"no running process {pid or tag!r}")
+
+    @property
+    def running(self) -> bool:
+        """Whether a command of the sandbox is still running (its sandbox is in use)."""
+        return any(r.ended is None for r in self._by_pid.values())
 
     def _forget_ended(self) -> None:
         for pid in [p for p, r in self._by_pid.items() if r.ended is not None]:

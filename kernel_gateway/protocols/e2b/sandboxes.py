@@ -27,13 +27,15 @@ import hmac
 import json
 import logging
 import secrets
+import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from kernel_gateway.errors import GatewayError, SessionLost, SessionNotFound
+from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.sessions.persistence import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
@@ -48,6 +50,7 @@ ENVD_VERSION = "0.5.7"
 """What the sandboxes claim to run: from 0.4.0 the SDKs send no user by default, and
 0.5.7 is the newest whose features all work here (see design/e2b-wire.md, section 4)."""
 REAP_EVERY = 1.0
+SETUP_SECONDS = 30.0
 RECORD_FORMAT = 1
 HOME = "/home/user"
 CHDIR = {
@@ -160,8 +163,16 @@ class Sandbox:
 class Sandboxes:
     """Every E2B sandbox of this gateway, by id; kills them at their end time."""
 
-    def __init__(self, registry: Registry, store: RecordStore[Sandbox] | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        store: RecordStore[Sandbox] | None = None,
+        commands_running: Callable[[str], bool] | None = None,
+    ) -> None:
+        """`commands_running(sandbox_id)`: whether the sandbox runs commands now (then it
+        is in use, for the gateway's idle reaper, as when a cell runs in any context)."""
         self.registry = registry
+        self._commands_running = commands_running or (lambda _id: False)
         self._by_id: dict[str, Sandbox] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._store = store
@@ -178,6 +189,10 @@ class Sandboxes:
                     self._store.delete(sandbox.id)
                     continue
                 self._by_id[sandbox.id] = sandbox
+                session = self._session(sandbox.id)
+                code = setup_code("python", sandbox.env, HOME)
+                if session is not None and code is not None:
+                    _prepare_new_kernels(session, code)  # the adopted kernel has them already
         self._reaper = asyncio.ensure_future(self._reap())
 
     async def close(self) -> None:
@@ -215,6 +230,7 @@ class Sandboxes:
                 f"image for the templates {', '.join(sorted(TEMPLATES))}",
             )
         seconds = _timeout(lifetime)
+        check_env(env, "'envVars'")
         try:
             session = await self.registry.create_session()
         except GatewayError as exc:
@@ -238,8 +254,11 @@ class Sandboxes:
         self._save(sandbox)
         if self._store is not None:
             await self._store.flush()  # on disk before the SDK hears of it
-        if env:
-            await self._set_env(session, env)
+        try:
+            await self.equip(session, sandbox.env)
+        except SandboxError:
+            await self.kill(sandbox.id)
+            raise
         return sandbox
 
     # -- contexts -------------------------------------------------------------------------
@@ -251,12 +270,13 @@ class Sandboxes:
             session = await self.registry.create_companion(sandbox.id, language)
         except GatewayError as exc:
             raise SandboxError(_status(exc), exc.message) from exc
+        try:
+            await self.equip(session, sandbox.env, cwd)
+        except BaseException:
+            await self.registry.close_companion(sandbox.id, session)  # not left holding a kernel
+            raise
         context = Context(session.id, session.language, cwd)
         sandbox.contexts[context.id] = context
-        if sandbox.env and session.language == "python":
-            await self._set_env(session, sandbox.env)
-        if cwd != HOME:
-            await self._chdir(session, cwd)
         return context
 
     async def default_context(self, sandbox: Sandbox, language: str) -> Context:
@@ -289,13 +309,16 @@ class Sandboxes:
                 del sandbox.defaults[language]
         await self.registry.close_companion(sandbox.id, session)
 
-    async def _chdir(self, session: Session, cwd: str) -> None:
-        code = CHDIR.get(session.language)
+    async def equip(self, session: Session, env: dict[str, str], cwd: str = HOME) -> None:
+        """The sandbox's environment variables and the context's working directory, in the
+        session's kernel now and in every kernel that replaces it (a restart, a revival)."""
+        code = setup_code(session.language, env, cwd)
+        if code is None:
+            return
+        _prepare_new_kernels(session, code)
         kernel = session.slot.kernel
-        if code is None or kernel is None:
-            raise SandboxError(400, f"a working directory cannot be set for {session.language}")
-        if not await kernel.run_silent(code.format(path=json.dumps(cwd)), 30):
-            raise SandboxError(400, f"cannot change into {cwd!r}")
+        if kernel is not None and not await kernel.run_silent(code, SETUP_SECONDS):
+            raise SandboxError(400, f"cannot set up the {session.language} context in {cwd!r}")
 
     def get(self, sandbox_id: str) -> Sandbox:
         sandbox = self._by_id.get(sandbox_id)
@@ -367,21 +390,33 @@ class Sandboxes:
         except (SessionNotFound, SessionLost):
             return None
 
-    async def _set_env(self, session: Session, env: dict[str, str]) -> None:
-        """The sandbox's environment variables, in its Python kernel's `os.environ`."""
-        kernel = session.slot.kernel
-        if kernel is None:
-            return
-        code = f"import os as __kg_os\n__kg_os.environ.update({env!r})\ndel __kg_os"
-        await kernel.run_silent(code, 30)
+    def touch(self, sandbox: Sandbox) -> None:
+        """A data-plane call reached the sandbox: it is in use."""
+        session = self._session(sandbox.id)
+        if session is not None:
+            session.touch()
+
+    def _in_use(self, sandbox_id: str) -> bool:
+        return self._commands_running(sandbox_id) or any(
+            c.busy for c in self.registry.companions(sandbox_id)
+        )
 
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(REAP_EVERY)
-            for gone_id in [i for i in self._by_id if self._session(i) is None]:
-                self._forget(gone_id)  # its session was deleted or reaped by the gateway
-            now = time.time()
-            for sandbox in [s for s in self._by_id.values() if s.end_at <= now and not s.paused]:
+            for sandbox_id in list(self._by_id):
+                session = self._session(sandbox_id)
+                if session is None:
+                    self._forget(sandbox_id)  # its session was deleted or reaped by the gateway
+                elif self._in_use(sandbox_id):
+                    session.touch()  # in use: not idle for the gateway's idle reaper
+            for sandbox in [s for s in self._by_id.values() if s.end_at <= time.time()]:
+                # Acted on one at a time, each checked again: a kill takes seconds, and a
+                # set_timeout, connect or kill may come meanwhile.
+                if self._by_id.get(sandbox.id) is not sandbox:
+                    continue
+                if sandbox.paused or sandbox.end_at > time.time():
+                    continue
                 if sandbox.auto_pause:
                     logger.info("E2B sandbox %s reached its timeout; pausing it", sandbox.id)
                     sandbox.paused = True
@@ -394,6 +429,41 @@ class Sandboxes:
                     pass
                 except Exception:
                     logger.exception("killing E2B sandbox %s failed", sandbox.id)
+
+
+def _prepare_new_kernels(session: Session, code: str) -> None:
+    async def prepare(kernel: Kernel) -> None:
+        if not await kernel.run_silent(code, SETUP_SECONDS):
+            logger.warning("E2B context %s: its set-up failed in a new kernel", session.id)
+
+    session.slot.prepare = prepare
+
+
+def check_env(env: dict[str, str], what: str) -> None:
+    """Environment variables a process can have, or a 400 naming the first that cannot."""
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise SandboxError(400, f"{what}: {name!r} cannot be an environment variable")
+
+
+def setup_code(language: str, env: dict[str, str], cwd: str) -> str | None:
+    """Silent code that sets `env` and moves into `cwd` in a kernel of `language` (a JSON
+    string is a string literal in each of them); None when there is nothing to do."""
+    lines = []
+    if language == "python":
+        if env:
+            lines.append(f"import os as __kg_os\n__kg_os.environ.update({env!r})\ndel __kg_os")
+    elif language == "r":
+        lines += [f"Sys.setenv({json.dumps(k)} = {json.dumps(v)})" for k, v in env.items()]
+    elif language in ("javascript", "typescript"):
+        lines += [f"Deno.env.set({json.dumps(k)}, {json.dumps(v)})" for k, v in env.items()]
+    elif language == "bash":
+        lines += [f"export {shlex.quote(k)}={shlex.quote(v)}" for k, v in env.items()]
+    if cwd != HOME:
+        if language not in CHDIR:
+            raise SandboxError(400, f"a working directory cannot be set for {language}")
+        lines.append(CHDIR[language].format(path=json.dumps(cwd)))
+    return "\n".join(lines) or None
 
 
 def _timeout(timeout: int | None) -> int:
