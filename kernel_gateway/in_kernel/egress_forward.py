@@ -42,9 +42,7 @@ async def forward(
         client_writer.close()
         return
     try:
-        await asyncio.gather(
-            pump(client_reader, proxy_writer), pump(proxy_reader, client_writer)
-        )
+        await asyncio.gather(pump(client_reader, proxy_writer), pump(proxy_reader, client_writer))
     finally:
         for writer in (client_writer, proxy_writer):
             with contextlib.suppress(OSError):

@@ -1,0 +1,210 @@
+"""The relay between one session's kernel and the egress proxy.
+
+The kernel's forwarder (`in_kernel/egress_forward.py`) connects to a Unix socket in the
+kernel's own folder; the relay listens there, for that session only. Each connection
+carries one request (squid closes client connections after one): the relay reads its
+head, removes any `Proxy-Authorization` the kernel sent and adds the session's own (so a
+kernel never holds credentials, and no kernel can speak for another: the socket it can
+reach says which session it is), passes it to squid, and reads squid's answer head to
+learn the decision (squid marks its own answers with `X-Squid-Error`). A refusal's status
+line gets the reason, where clients that print no body (a failed CONNECT) print it. Then
+bytes flow both ways untouched.
+
+Not a proxy: no HTTP semantics beyond one request head and one response head per
+connection; squid decides everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+logger = logging.getLogger(__name__)
+
+HEAD_LIMIT = 64 * 1024
+REQUEST_HEAD_SECONDS = 30.0
+CHUNK = 64 * 1024
+REFUSALS = {
+    "ERR_KG_POLICY": "is not in this session's network allowlist",
+    "ERR_KG_PRIVATE": "resolves to a private, loopback or link-local address",
+    "ERR_KG_LITERAL": "is an IP address: only allowlisted domain names",
+    "ERR_KG_PORT": "only ports 80 and 443",
+    "ERR_ACCESS_DENIED": "refused by the egress proxy",
+    "ERR_CACHE_ACCESS_DENIED": "refused by the egress proxy",
+}
+"""squid's refusals (a decision), by the error it names; any other error it names is a
+failure to reach an allowed host (DNS, connect, timeout)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What became of one connection: `allowed`, `refused` or `failed`, and why."""
+
+    session_id: str
+    host: str
+    method: str
+    outcome: str
+    reason: str | None = None
+
+
+Observer = Callable[[Decision], None]
+
+
+class Relay:
+    """Listens at `listen` for one session's kernel; hands each connection to the proxy
+    at `upstream` as `user` (with `secret`)."""
+
+    def __init__(
+        self, listen: Path, upstream: Path, user: str, secret: str, observe: Observer
+    ) -> None:
+        self.listen = listen
+        self._upstream = upstream
+        self._user = user
+        token = base64.b64encode(f"{user}:{secret}".encode()).decode()
+        self._authorization = f"Proxy-Authorization: Basic {token}".encode()
+        self._observe = observe
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.listen.unlink()  # a socket left by a gateway before this one
+        self._server = await asyncio.start_unix_server(
+            self._accept, path=str(self.listen), limit=HEAD_LIMIT
+        )
+        os.chmod(self.listen, 0o666)  # the kernel's user; its folder admits only that kernel
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        with contextlib.suppress(OSError):
+            self.listen.unlink()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await self._relay(reader, writer)
+        except (ConnectionError, OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._connections.discard(task)
+            with contextlib.suppress(OSError):
+                writer.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_HEAD_SECONDS)
+        except (asyncio.LimitOverrunError, TimeoutError, asyncio.IncompleteReadError):
+            writer.write(_answer(400, "Bad Request", "the request head is missing or too large"))
+            return
+        method, host = _target(head)
+        if not method:
+            writer.write(_answer(400, "Bad Request", "not an HTTP request to a proxy"))
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_unix_connection(
+                str(self._upstream), limit=HEAD_LIMIT
+            )
+        except OSError:
+            self._decided(method, host, "failed", "the egress proxy is not running")
+            writer.write(_answer(502, "Bad Gateway", "the gateway's egress proxy is not running"))
+            return
+        try:
+            up_writer.write(self._with_credentials(head))
+            outgoing = asyncio.ensure_future(_pump(reader, up_writer))  # a body, or TLS
+            try:
+                answer = await up_reader.readuntil(b"\r\n\r\n")
+            except (asyncio.LimitOverrunError, asyncio.IncompleteReadError):
+                self._decided(method, host, "failed", "no answer from the egress proxy")
+                writer.write(_answer(502, "Bad Gateway", "the egress proxy gave no answer"))
+                outgoing.cancel()
+                return
+            writer.write(self._decide(method, host, answer))
+            await writer.drain()
+            await asyncio.gather(outgoing, _pump(up_reader, writer))
+        finally:
+            with contextlib.suppress(OSError):
+                up_writer.close()
+
+    def _with_credentials(self, head: bytes) -> bytes:
+        lines = head[:-4].split(b"\r\n")
+        kept = [ln for ln in lines if not ln.lower().startswith(b"proxy-authorization:")]
+        return b"\r\n".join([*kept, self._authorization]) + b"\r\n\r\n"
+
+    def _decide(self, method: str, host: str, answer: bytes) -> bytes:
+        """Log and count squid's decision; the answer head, with the reason in its status
+        line when squid refused."""
+        lines = answer[:-4].split(b"\r\n")
+        status = lines[0].split(b" ", 2)
+        code = status[1].decode("latin-1") if len(status) > 1 else "?"
+        error = None
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"x-squid-error":
+                error = value.strip().split(b" ")[0].decode("latin-1")
+        if error is None:
+            self._decided(method, host, "allowed")
+            return answer
+        if error in REFUSALS:
+            reason = f"{host} {REFUSALS[error]}" if error != "ERR_KG_PORT" else REFUSALS[error]
+            self._decided(method, host, "refused", reason)
+            status_line = f"HTTP/1.1 {code} Forbidden by network policy: {reason}"
+            return b"\r\n".join([status_line.encode("latin-1", "replace"), *lines[1:]]) + (
+                b"\r\n\r\n"
+            )
+        self._decided(method, host, "failed", error)
+        return answer
+
+    def _decided(self, method: str, host: str, outcome: str, reason: str | None = None) -> None:
+        try:
+            self._observe(Decision(self._user, host, method, outcome, reason))
+        except Exception:
+            logger.exception("recording an egress decision failed")
+
+
+def _target(head: bytes) -> tuple[str, str]:
+    """The request's method and the host it asks for ("" and "" when it is not one)."""
+    first = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = first.split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        return "", ""
+    method, target = parts[0], parts[1]
+    if method == "CONNECT":
+        host = target.rsplit(":", 1)[0] if not target.startswith("[") else target
+        return method, host.strip("[]").lower()
+    split = urlsplit(target)
+    if split.scheme in ("http", "https") and split.hostname:
+        return method, split.hostname.lower()
+    return "", ""
+
+
+def _answer(code: int, reason: str, text: str) -> bytes:
+    body = f"kernel-gateway egress: {text}\n".encode()
+    return (
+        f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(CHUNK):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        pass
