@@ -59,6 +59,7 @@ def render(*, port: int, policy: str, helper: str, errors: str, python: str) -> 
     """squid.conf listening on 127.0.0.1:`port` (the proxy's own loopback), the policy file
     at `policy`, the helper script at `helper`, the error pages in `errors`."""
     blocked = " ".join(BLOCKED_DESTINATIONS)
+    acl_options = "ttl=5 negative_ttl=0 children-max=2 children-startup=1"
     return f"""\
 # Written by kernel-gateway (kernel_gateway/kernels/egress/squid_conf.py); do not edit.
 http_port 127.0.0.1:{port}
@@ -83,7 +84,7 @@ auth_param basic program {python} {helper} auth {policy}
 auth_param basic children 2 startup=1 idle=1
 auth_param basic realm kernel-gateway egress
 auth_param basic credentialsttl 5 seconds
-external_acl_type kg_allow ttl=5 negative_ttl=0 children-max=2 children-startup=1 %LOGIN %DST {python} {helper} allow {policy}
+external_acl_type kg_allow {acl_options} %LOGIN %DST {python} {helper} allow {policy}
 
 acl session proxy_auth REQUIRED
 acl allowed external kg_allow
