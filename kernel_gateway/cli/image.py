@@ -35,6 +35,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernel_gateway.kernels.egress.images import egress_image
 from kernel_gateway.kernels.languages import FAMILIES, PYTHON, family_image, family_of
 
 if TYPE_CHECKING:
@@ -343,8 +344,25 @@ def build_image(
             build_language_image(
                 client, family, tag, source, cache_dir, out, arch=arch, download=download
             )
+        build_egress_image(client, tag, source, cache_dir, out)
     finally:
         client.close()
+
+
+def build_egress_image(
+    client: docker.DockerClient, python_tag: str, context: Path, cache_dir: Path, out: Printer
+) -> None:
+    """`egress/` (squid and socat) on top of `python_tag`, as `<repo>-egress`: the image of
+    the egress proxy (docs/network.md)."""
+    started = time.monotonic()
+    tag = egress_image(python_tag)
+    stage = cache_dir / _safe(tag)
+    _sync_tree(context / "egress", stage, keep=set())
+    _docker_build(client, stage, tag, out, {"PYTHON_IMAGE": python_tag})
+    size = client.images.get(tag).attrs.get("Size", 0) / 1e6
+    base = client.images.get(python_tag).attrs.get("Size", 0) / 1e6
+    elapsed = time.monotonic() - started
+    out(f"built {tag} ({size - base:.0f} MB over {python_tag}) in {elapsed:.1f} s")
 
 
 # -- the language images (kernel-image/languages/<family>/) ----------------------------------

@@ -645,6 +645,15 @@ class DockerBackend(Backend):
         return self._user
 
     @property
+    def owner(self) -> tuple[int, int] | None:
+        """uid, gid given to what the gateway writes for containers (None: keep ours)."""
+        return self._owner
+
+    @property
+    def runtime(self) -> RuntimeDir:
+        return self._runtime
+
+    @property
     def _uid(self) -> str:
         return self._user.split(":")[0]
 
