@@ -69,6 +69,12 @@ class Forbidden(GatewayError):
     error_type = "forbidden"
 
 
+class NetworkNotAllowed(Forbidden):
+    """A network policy asks for domains the operator has not allowed (`--egress-allow`)."""
+
+    error_type = "network_not_allowed"
+
+
 class NotFound(GatewayError):
     status_code = 404
     error_type = "not_found"

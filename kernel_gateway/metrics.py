@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from kernel_gateway.types import DONE_STATUSES, EVENT_NAMES
 
 DEATH_REASONS = ("exited", "signal", "killed", "out_of_memory")
+EGRESS_DECISIONS = ("allowed", "refused", "failed")
 KINDS = ("session", "stateless")
 
 # Kernel starts take 0.5-3 s (runc to gVisor); cells from milliseconds to an hour.
@@ -127,6 +128,14 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.egress_requests = Counter(
+            "kernel_gateway_egress_requests",
+            "Connections a kernel made through the egress proxy, by decision: allowed, "
+            "refused (the session's policy or the proxy's rules) or failed (an allowed host "
+            "that could not be reached).",
+            ["decision"],
+            registry=r,
+        )
         self.http_requests = Counter(
             "kernel_gateway_http_requests",
             "HTTP requests answered, by method, route template and status.",
@@ -145,6 +154,8 @@ class Metrics:
                 self.events_sent.labels(name, fmt)
         for fmt in ("sse", "json"):
             self.bytes_sent.labels(fmt)
+        for decision in EGRESS_DECISIONS:
+            self.egress_requests.labels(decision)
         for reason in ("capacity", "kernel_unavailable"):
             self.stateless_rejections.labels(reason)
             self.session_rejections.labels(reason)
@@ -189,6 +200,9 @@ class Metrics:
         for event in events:
             self.events_sent.labels(event if event in EVENT_NAMES else "other", "json").inc()
         self.bytes_sent.labels("json").inc(size)
+
+    def egress_request(self, decision: str) -> None:
+        self.egress_requests.labels(decision if decision in EGRESS_DECISIONS else "failed").inc()
 
     def request(self, method: str, route: str, status: int) -> None:
         self.http_requests.labels(method, route, str(status)).inc()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from kernel_gateway.in_proxy.policy import BadPattern, normalize, outside
 from kernel_gateway.logs import LogFormat
 
 BackendName = Literal["auto", "docker", "local"]
@@ -68,6 +69,13 @@ POSITIVE_NUMBERS = (
 ROOT_RUNTIME_DIR = Path("/var/lib/kernel-gateway")
 
 
+def _patterns(text: str, name: str) -> list[str]:
+    try:
+        return [normalize(p) for p in text.split(",") if p.strip()]
+    except BadPattern as exc:
+        raise ValueError(f"{_origin(name)}: {exc}") from None
+
+
 def default_runtime_dir(environ: Mapping[str, str] | None = None, euid: int | None = None) -> Path:
     """Where a gateway keeps connection files and session disks unless told otherwise.
 
@@ -113,6 +121,10 @@ class Settings:
     languages: str = "auto"
     language_images: str = ""
     language_pool: str = ""
+    egress_allow: str = ""
+    egress_default: str = ""
+    egress_networks: str = "bridge"
+    egress_image: str = ""
     exec_timeout: float = 60.0
     max_exec_timeout: float = 3600.0
     idle_timeout: float = 1200.0
@@ -218,6 +230,17 @@ class Settings:
             if not LANGUAGE_NAME.fullmatch(name):
                 raise ValueError(f"{_origin('languages')}: {name!r} is not a language name")
         self.language_pool_sizes  # noqa: B018 - raises ValueError when malformed
+        self.egress_default_list  # noqa: B018 - raises ValueError when malformed or too wide
+        if self.egress_ceiling and self.backend == "local":
+            raise ValueError(
+                f"{_origin('egress_allow')}: network policies need the docker backend (the "
+                "local backend's kernels cannot be kept from the network)"
+            )
+        if self.egress_ceiling and self.network != "none":
+            raise ValueError(
+                f"{_origin('egress_allow')} needs {_origin('network')} none: kernels with a "
+                f"network of their own ({self.network}) would not need the proxy"
+            )
         if self.node_name is not None and not NODE_NAME.fullmatch(self.node_name):
             raise ValueError(
                 f"{_origin('node_name')}: 1-63 letters, digits, '-' or '_', starting with a "
@@ -249,6 +272,29 @@ class Settings:
     @property
     def language_image_list(self) -> list[str]:
         return [i.strip() for i in self.language_images.split(",") if i.strip()]
+
+    @property
+    def egress_ceiling(self) -> list[str]:
+        """The domain patterns sessions may be allowed (`--egress-allow`): none by default."""
+        return _patterns(self.egress_allow, "egress_allow")
+
+    @property
+    def egress_default_list(self) -> list[str]:
+        """The allowlist of a session that names none (`--egress-default`), within the
+        ceiling."""
+        patterns = _patterns(self.egress_default, "egress_default")
+        wide = outside(self.egress_ceiling, patterns)
+        if wide:
+            raise ValueError(
+                f"{_origin('egress_default')}: {', '.join(wide)} not within "
+                f"{_origin('egress_allow')} ({self.egress_allow or 'empty'})"
+            )
+        return patterns
+
+    @property
+    def egress_network_list(self) -> list[str]:
+        """The Docker networks the egress proxy joins (the first is its own)."""
+        return [n.strip() for n in self.egress_networks.split(",") if n.strip()] or ["bridge"]
 
     @property
     def language_pool_sizes(self) -> dict[str, int]:
@@ -461,6 +507,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--language-pool",
         help="warm kernels per language other than python, e.g. r=1,javascript=1 (default "
         "none: those start on demand)",
+    )
+    add(
+        "--egress-allow",
+        help="domain patterns sessions may be allowed to reach through the egress proxy, "
+        "e.g. pypi.org,*.pythonhosted.org (default none: no session reaches any network)",
+    )
+    add(
+        "--egress-default",
+        help="the allowlist of a session that asks for none, within --egress-allow (default none)",
+    )
+    add(
+        "--egress-networks",
+        help="Docker networks the egress proxy joins, comma-separated (default bridge: "
+        "the host's way out)",
+    )
+    add(
+        "--egress-image",
+        help="the egress proxy's image (default the kernel image's name with -egress)",
     )
     add("--exec-timeout", type=float, help="default execution timeout, seconds (default 60)")
     add("--idle-timeout", type=float, help="idle session lifetime, seconds (default 1200)")

@@ -13,6 +13,7 @@
         │   └── InvalidRequestError     422 invalid_request
         ├── AuthenticationError         401 unauthorized
         ├── PermissionDeniedError       403 forbidden
+        │   └── NetworkNotAllowedError  403 network_not_allowed (beyond --egress-allow)
         ├── NotFoundError               404 not_found
         │   ├── SessionNotFoundError    404 session_not_found
         │   └── ExecutionNotFoundError  404 execution_not_found
@@ -118,6 +119,11 @@ class PermissionDeniedError(APIError):
     """403: refused, for example a path through a symlink."""
 
 
+class NetworkNotAllowedError(PermissionDeniedError):
+    """403: a network policy asked for domains the gateway's operator does not allow
+    (`--egress-allow`); the message names them."""
+
+
 class NotFoundError(APIError):
     """404: no such session, file or route."""
 
@@ -209,6 +215,7 @@ BY_TYPE: dict[str, type[APIError]] = {
     "invalid_request": InvalidRequestError,
     "unauthorized": AuthenticationError,
     "forbidden": PermissionDeniedError,
+    "network_not_allowed": NetworkNotAllowedError,
     "not_found": NotFoundError,
     "session_not_found": SessionNotFoundError,
     "execution_not_found": ExecutionNotFoundError,

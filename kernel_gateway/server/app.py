@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import zmq.asyncio
 from starlette.applications import Starlette
@@ -28,6 +28,9 @@ from kernel_gateway.sessions.durable import DurableSessions
 from kernel_gateway.sessions.gauges import RegistryGauges
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
+
+if TYPE_CHECKING:  # its module loads the Docker SDK: imported when egress is on
+    from kernel_gateway.kernels.egress.proxy import EgressProxy
 
 logger = logging.getLogger("kernel_gateway")
 
@@ -79,6 +82,7 @@ def create_app(settings: Settings) -> Starlette:
         runtime = await durable.open_runtime()
         context = zmq.asyncio.Context()
         backend: Backend | None = None
+        egress: EgressProxy | None = None
         gauges: RegistryGauges | None = None
         try:
             backend = await select_backend(settings, runtime)
@@ -97,7 +101,11 @@ def create_app(settings: Settings) -> Starlette:
                 if not language.builtin
             ]
             forks = fork_pool(settings, backend, runtime, warm, context, metrics)
-            registry = Registry(settings, warm, runtime.instance, forks, others)
+            if settings.egress_ceiling:  # its module loads the Docker SDK: only when asked for
+                from kernel_gateway.kernels.egress.proxy import start_egress
+
+                egress = await start_egress(settings, backend, runtime)
+            registry = Registry(settings, warm, runtime.instance, forks, others, egress)
             await durable.start(backend, runtime, registry)
             registry.start()
             gauges = RegistryGauges(registry)
@@ -115,6 +123,8 @@ def create_app(settings: Settings) -> Starlette:
             if gauges is not None:
                 metrics.unregister(gauges)
             left = await durable.stop()  # kernels left running for the next gateway
+            if egress is not None:
+                await egress.close()
             if backend is not None:
                 await (backend.detach() if left else backend.close())
             context.destroy(linger=0)

@@ -175,7 +175,7 @@ class DurableSessions:
                 await process.cleanup()
             return False
         assert kernel is not None and warm is not None
-        registry.add_adopted(warm.lease(kernel, storage), record)
+        await registry.add_adopted(warm.lease(kernel, storage), record)
         return True
 
     # -- stop --------------------------------------------------------------------------------

@@ -58,9 +58,10 @@ class KernelSlot:
         self._revive_in_background = revive
         self.on_replace = on_replace
         """Called once a new kernel is in the slot (the session persists its id)."""
-        self.prepare: Callable[[Kernel], Awaitable[object]] | None = None
-        """Awaited with each new kernel before any cell reaches it: what every kernel of
-        this slot must have (E2B's sandbox environment variables)."""
+        self.prepare: list[Callable[[Kernel], Awaitable[object]]] = []
+        """Awaited in turn with each new kernel before any cell reaches it: what every
+        kernel of this slot must have (its network policy's proxy, E2B's environment
+        variables)."""
         self.lock = asyncio.Lock()
         self.restarts = 0
         self.closed = False
@@ -140,8 +141,8 @@ class KernelSlot:
         self.restarts += 1
         self._metrics.kernel_restarted()
         self._watch(kernel)
-        if self.prepare is not None:
-            await self.prepare(kernel)
+        for prepare in self.prepare:
+            await prepare(kernel)
         if self.on_replace is not None:
             self.on_replace()
 

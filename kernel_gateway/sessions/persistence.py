@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -61,6 +61,8 @@ class SessionRecord:
     running: RunningCell | None = None
     language: str = "python"
     """Its kernel's language (records written before languages existed are Python's)."""
+    network: list[str] = field(default_factory=list)
+    """Its network allowlist (empty: no network)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self)}
@@ -81,6 +83,7 @@ class SessionRecord:
             execution_count=int(data["execution_count"]),
             restarts=int(data["restarts"]),
             language=str(data.get("language", "python")),
+            network=[str(p) for p in data.get("network") or []],
             running=None
             if running is None
             else RunningCell(

@@ -22,13 +22,16 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from kernel_gateway.errors import (
     BadRequest,
     Conflict,
     Forbidden,
+    GatewayError,
     InvalidRequest,
     KernelUnavailable,
+    NetworkNotAllowed,
     NotFound,
     SessionLost,
     SessionNotFound,
@@ -36,6 +39,7 @@ from kernel_gateway.errors import (
     TooManySessions,
     UnknownLanguage,
 )
+from kernel_gateway.in_proxy.policy import BadPattern, normalize, outside
 from kernel_gateway.kernels.backends.base import Backend, SessionStorage
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import PYTHON, Languages
@@ -46,12 +50,16 @@ from kernel_gateway.kernels.workspace import Workspace
 from kernel_gateway.sessions.execution import Execution
 from kernel_gateway.sessions.files import SessionFiles
 from kernel_gateway.sessions.kernel_slot import KernelSlot
+from kernel_gateway.sessions.network import SessionNetwork
 from kernel_gateway.sessions.persistence import SessionRecord, SessionStore
 from kernel_gateway.sessions.restart_policy import RestartPolicy
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
 from kernel_gateway.tasks import TaskSet
 from kernel_gateway.types import JSON
+
+if TYPE_CHECKING:  # the proxy's module loads the Docker SDK: only when egress is on
+    from kernel_gateway.kernels.egress.proxy import EgressProxy
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +72,7 @@ class Registry:
         instance: str,
         forks: ForkPool | None = None,
         others: Iterable[WarmPool] = (),
+        egress: EgressProxy | None = None,
     ) -> None:
         self.settings = settings
         self.warm = warm
@@ -90,6 +99,8 @@ class Registry:
         """Where each session's kernel came from: released when the session closes."""
         self._reserved = 0
         self._reserved_stateless = 0
+        self.egress = egress
+        """The egress proxy, when the operator allows some domains (`--egress-allow`)."""
         self._reaper: asyncio.Task[None] | None = None
         self._tasks = TaskSet()
 
@@ -165,11 +176,27 @@ class Registry:
                 del self._sessions[session.id]
             self._leases.pop(session, None)
 
-    def add_adopted(self, lease: Lease, record: SessionRecord) -> Session:
-        """A session a predecessor persisted, on its adopted kernel, taking up at `record`."""
+    async def add_adopted(self, lease: Lease, record: SessionRecord) -> Session:
+        """A session a predecessor persisted, on its adopted kernel, taking up at `record`
+        (its network policy too: without the proxy, its kernel reaches nothing)."""
         session = self._session_on(lease, ephemeral=False, id=record.id, language=record.language)
         session.restore(record)
         self._sessions[session.id] = session
+        if record.network:
+            if self.egress is None:
+                logger.error(
+                    "session %s may reach %s, but this gateway has no egress proxy "
+                    "(--egress-allow): it reaches nothing",
+                    record.id,
+                    ", ".join(record.network),
+                )
+            else:
+                try:
+                    await self._give_network(session, record.network)
+                except GatewayError as exc:
+                    logger.error(
+                        "session %s: its network could not be restored: %s", record.id, exc
+                    )
         return session
 
     def mark_lost(self, session_id: str, reason: str) -> None:
@@ -211,8 +238,52 @@ class Registry:
 
     # -- sessions ----------------------------------------------------------------------------
 
-    async def create_session(self, language: str | None = None) -> Session:
+    def network_policy(self, asked: list[str] | str | None) -> list[str]:
+        """The allowlist a new session gets: `asked` (patterns, or "none") checked against
+        `--egress-allow`, or `--egress-default` when it asks nothing."""
+        if asked is None:
+            patterns = list(self.settings.egress_default_list)
+        elif asked == "none":
+            return []
+        elif isinstance(asked, str):
+            raise InvalidRequest('\'network\' is "none" or {"allow": [domain patterns]}')
+        else:
+            try:
+                patterns = list(dict.fromkeys(normalize(p) for p in asked))
+            except BadPattern as exc:
+                raise InvalidRequest(f"'network.allow': {exc}") from None
+        ceiling = self.settings.egress_ceiling
+        wide = outside(ceiling, patterns)
+        if wide:
+            allowed = ", ".join(ceiling) if ceiling else "no domains at all"
+            raise NetworkNotAllowed(
+                f"the network policy asks for {', '.join(wide)}, which this gateway does not "
+                f"allow (its --egress-allow: {allowed})"
+            )
+        if patterns and self.egress is None:
+            raise KernelUnavailable("this gateway has no egress proxy running")
+        return patterns
+
+    async def _give_network(self, session: Session, allow: list[str]) -> None:
+        """`session` may reach `allow`: its way out, now and for each later kernel."""
+        assert self.egress is not None
+        network = SessionNetwork(session.id, allow, self.egress, self.warm.metrics)
+        await network.open()
+        kernel = session.slot.kernel
+        try:
+            if kernel is not None:
+                await network.attach(kernel)
+        except BaseException:
+            await network.close()
+            raise
+        session.network = network
+        session.slot.prepare.append(network.attach)
+
+    async def create_session(
+        self, language: str | None = None, network: list[str] | str | None = None
+    ) -> Session:
         self._refuse_if_draining()
+        allow = self.network_policy(network)
         pool = self.pool(language)
         if self._held() + self._reserved >= self.settings.max_sessions:
             raise TooManySessions(
@@ -226,6 +297,12 @@ class Registry:
         finally:
             self._reserved -= 1
         session = self._session_on(lease, ephemeral=False, language=pool.language.name)
+        if allow:
+            try:
+                await self._give_network(session, allow)
+            except BaseException:
+                await self._close(session)
+                raise
         self._sessions[session.id] = session
         if self.store is not None:
             session.persist()

@@ -53,6 +53,7 @@ from kernel_gateway.metrics import Metrics
 from kernel_gateway.sessions.execution import Execution, StopReason
 from kernel_gateway.sessions.files import SessionFiles
 from kernel_gateway.sessions.kernel_slot import KernelSlot
+from kernel_gateway.sessions.network import SessionNetwork
 from kernel_gateway.sessions.persistence import RunningCell, SessionRecord
 from kernel_gateway.settings import Settings
 from kernel_gateway.tasks import TaskSet
@@ -112,6 +113,8 @@ class Session:
         self._persisted_activity = 0.0
         self._running: RunningCell | None = None
         """The running cell as a successor gateway would need it (persisted)."""
+        self.network: SessionNetwork | None = None
+        """Its network policy and way out, when it may reach some domains (`network.py`)."""
 
     # -- what the API asks -------------------------------------------------------------------
 
@@ -283,6 +286,8 @@ class Session:
             self.current.stop(StopReason.CLOSED)
         self._grace_timers.cancel()
         await self.slot.close()
+        if self.network is not None:
+            await self.network.close()
         await self._tasks.join(seconds=10)
 
     async def suspend(self) -> None:
@@ -298,6 +303,8 @@ class Session:
         self._tasks.cancel()
         await self._tasks.join(seconds=10)
         await self.slot.detach()
+        if self.network is not None:
+            await self.network.suspend()
 
     @property
     def busy(self) -> bool:
@@ -335,6 +342,7 @@ class Session:
             restarts=self.slot.restarts,
             running=self._running,
             language=self.language,
+            network=self.network.allow if self.network is not None else [],
         )
 
     def restore(self, record: SessionRecord) -> None:
@@ -467,6 +475,7 @@ class Session:
             "queued": self.queued,
             "restarts": self.slot.restarts,
             "failed": self.slot.policy.failed,
+            "network": self.network.to_json() if self.network is not None else "none",
         }
 
     # -- one cell ----------------------------------------------------------------------------

@@ -98,6 +98,12 @@ class KernelProcess(abc.ABC):
         Raises only `KernelUnavailable` (also where a backend cannot do it)."""
         raise KernelUnavailable("commands beside a kernel need the docker backend")
 
+    async def start_egress_forwarder(self, port: int) -> Path:
+        """Start, beside the kernel and as its user, a forwarder from the sandbox's
+        `127.0.0.1:port` to a Unix socket; return that socket's path on the gateway's side,
+        where the session's egress relay listens (docs/network.md)."""
+        raise KernelUnavailable("network policies need the docker backend")
+
 
 STDOUT, STDERR = 1, 2
 

@@ -150,6 +150,25 @@ class DockerKernel(KernelProcess):
         await command.start(argv, env, cwd, stdin)
         return command
 
+    async def start_egress_forwarder(self, port: int) -> Path:
+        if self._exit.done():
+            raise KernelUnavailable("the kernel's container has ended")
+        await asyncio.to_thread(self._write_forwarder)
+        try:
+            await self._backend.call(
+                self._backend.exec_detached,
+                self.name,
+                ["/opt/venv/bin/python", "/conn/egress_forward.py", str(port), "/conn/egress.sock"],
+            )
+        except docker.errors.DockerException as exc:
+            raise KernelUnavailable(f"could not start the egress forwarder: {exc}") from exc
+        return self._conn_dir / "egress.sock"
+
+    def _write_forwarder(self) -> None:
+        path = self._conn_dir / "egress_forward.py"
+        path.write_bytes(in_kernel_source("egress_forward.py"))
+        path.chmod(0o644)
+
     async def cleanup(self) -> None:
         if self._removed:
             return
@@ -661,6 +680,11 @@ class DockerBackend(Backend):
         self._kernels.pop(kernel.name, None)
 
     # -- runs on the thread pool -------------------------------------------------------------
+
+    def exec_detached(self, name: str, argv: list[str]) -> None:
+        """Start `argv` in container `name` as the kernels' user, not waiting for it."""
+        created = self.client.api.exec_create(name, argv, user=self._user)
+        self.client.api.exec_start(created["Id"], detach=True)
 
     def _create_and_start(self, **kwargs: Any) -> None:
         container = self.client.api.create_container(**kwargs)

@@ -29,7 +29,8 @@ from typing import Any
 import docker.errors
 import docker.types
 
-from kernel_gateway.errors import KernelUnavailable
+from kernel_gateway.errors import BackendUnavailable, KernelUnavailable
+from kernel_gateway.kernels.backends.base import Backend, RuntimeDir
 from kernel_gateway.kernels.backends.docker import (
     LABEL_HOST,
     LABEL_INSTANCE,
@@ -39,6 +40,8 @@ from kernel_gateway.kernels.backends.docker import (
     DockerBackend,
 )
 from kernel_gateway.kernels.egress import squid_conf
+from kernel_gateway.kernels.egress.images import egress_image
+from kernel_gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -233,3 +236,24 @@ def _replace(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(temporary, path)
+
+
+async def start_egress(
+    settings: Settings, backend: Backend, runtime: RuntimeDir
+) -> EgressProxy | None:
+    """This gateway's egress proxy, started, when `--egress-allow` allows some domains."""
+    if not settings.egress_ceiling:
+        return None
+    if not isinstance(backend, DockerBackend):
+        raise BackendUnavailable(
+            "--egress-allow needs the docker backend (no Docker engine answered): kernels "
+            "of the local backend cannot be kept from the network"
+        )
+    image = settings.egress_image or egress_image(settings.image)
+    proxy = EgressProxy(backend, runtime.path / "egress", image, settings.egress_network_list)
+    try:
+        await proxy.start()
+    except KernelUnavailable as exc:
+        await proxy.close()
+        raise BackendUnavailable(exc.message) from exc
+    return proxy

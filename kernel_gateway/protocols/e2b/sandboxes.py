@@ -436,7 +436,7 @@ def _prepare_new_kernels(session: Session, code: str) -> None:
         if not await kernel.run_silent(code, SETUP_SECONDS):
             logger.warning("E2B context %s: its set-up failed in a new kernel", session.id)
 
-    session.slot.prepare = prepare
+    session.slot.prepare.append(prepare)
 
 
 def check_env(env: dict[str, str], what: str) -> None:
