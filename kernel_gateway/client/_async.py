@@ -124,22 +124,29 @@ class AsyncClient(BaseClient):
     async def health(self) -> dict[str, Any]:
         return await self._send(self._health())
 
-    async def create_session(self, language: str | None = None) -> AsyncSession:
-        """A new session; `language` one of `languages()` (default python)."""
-        return AsyncSession(self, await self._send(self._create_session(language)))
+    async def create_session(
+        self, language: str | None = None, network: list[str] | None = None
+    ) -> AsyncSession:
+        """A new session; `language` one of `languages()` (default python); `network` the
+        domains it may reach (within the gateway's `--egress-allow`; default none)."""
+        return AsyncSession(self, await self._send(self._create_session(language, network)))
 
     async def languages(self) -> list[dict[str, Any]]:
         """The languages the gateway runs: name, display_name, version, ..."""
         return await self._send(self._languages())
 
     def session(
-        self, session_id: str | None = None, *, language: str | None = None
+        self,
+        session_id: str | None = None,
+        *,
+        language: str | None = None,
+        network: list[str] | None = None,
     ) -> _SessionContext:
         """`async with client.session() as s:` creates (or attaches) and deletes it on exit.
 
         Awaited instead (`s = await client.session()`), it creates without deleting.
         """
-        return _SessionContext(self, session_id, language)
+        return _SessionContext(self, session_id, language, network)
 
     async def sessions(self) -> list[dict[str, Any]]:
         return await self._send(self._sessions())
@@ -151,9 +158,12 @@ class AsyncClient(BaseClient):
         timeout: float | None = None,
         files: dict[str, bytes] | None = None,
         language: str | None = None,
+        network: list[str] | None = None,
     ) -> AsyncIterator[Event]:
-        """Stateless: run `code` in a fresh kernel, yielding events as they arrive."""
-        return self._stream(self.STATELESS_PATH, execute_body(code, timeout, files, language))
+        """Stateless: run `code` in a fresh kernel, yielding events as they arrive;
+        `network`: the domains it may reach (within the gateway's `--egress-allow`)."""
+        body = execute_body(code, timeout, files, language, network)
+        return self._stream(self.STATELESS_PATH, body)
 
     async def run(
         self,
@@ -162,28 +172,36 @@ class AsyncClient(BaseClient):
         timeout: float | None = None,  # noqa: ASYNC109 - the cell's limit, enforced by the server
         files: dict[str, bytes] | None = None,
         language: str | None = None,
+        network: list[str] | None = None,
         **callbacks: Any,
     ) -> Execution:
         """Stateless: run `code` in a fresh kernel and collect what it produced."""
         collect = Collector.of(callbacks)
-        async for event in self.stream(code, timeout=timeout, files=files, language=language):
+        async for event in self.stream(
+            code, timeout=timeout, files=files, language=language, network=network
+        ):
             collect(event)
         return collect.execution
 
 
 class _SessionContext:
     def __init__(
-        self, client: AsyncClient, session_id: str | None, language: str | None = None
+        self,
+        client: AsyncClient,
+        session_id: str | None,
+        language: str | None = None,
+        network: list[str] | None = None,
     ) -> None:
         self._client = client
         self._session_id = session_id
         self._language = language
+        self._network = network
         self._session: AsyncSession | None = None
 
     async def _open(self) -> AsyncSession:
         if self._session_id:
             return AsyncSession(self._client, self._session_id)
-        return await self._client.create_session(self._language)
+        return await self._client.create_session(self._language, self._network)
 
     def __await__(self) -> Generator[Any, None, AsyncSession]:
         return self._open().__await__()

@@ -91,17 +91,25 @@ class Call(Generic[T]):
         return options
 
 
+def network_policy(allow: list[str]) -> dict[str, list[str]] | str:
+    """`network=[...]` as the API takes it: `{"allow": [...]}`, or "none" for `[]`."""
+    return {"allow": list(allow)} if allow else "none"
+
+
 def execute_body(
     code: str,
     timeout: float | None,
     files: dict[str, bytes] | None = None,
     language: str | None = None,
+    network: list[str] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"code": code}
     if timeout is not None:
         body["timeout"] = timeout
     if language is not None:
         body["language"] = language
+    if network is not None:
+        body["network"] = network_policy(network)
     if files:
         body["files"] = [
             {"path": path, "data": base64.b64encode(data).decode()} for path, data in files.items()
@@ -282,8 +290,10 @@ class BaseClient:
         return Call("GET", "/health", json_object)
 
     @staticmethod
-    def _create_session(language: str | None = None) -> Call[str]:
-        body = {} if language is None else {"language": language}
+    def _create_session(language: str | None = None, network: list[str] | None = None) -> Call[str]:
+        body: dict[str, Any] = {} if language is None else {"language": language}
+        if network is not None:
+            body["network"] = network_policy(network)
         return Call("POST", "/sessions", lambda r: str(_field("id")(r)), json=body)
 
     @staticmethod

@@ -119,17 +119,28 @@ class Client(BaseClient):
     def health(self) -> dict[str, Any]:
         return self._send(self._health())
 
-    def create_session(self, language: str | None = None) -> Session:
-        """A new session; `language` one of `languages()` (default python)."""
-        return Session(self, self._send(self._create_session(language)))
+    def create_session(
+        self, language: str | None = None, network: list[str] | None = None
+    ) -> Session:
+        """A new session; `language` one of `languages()` (default python); `network` the
+        domains it may reach (within the gateway's `--egress-allow`; default none)."""
+        return Session(self, self._send(self._create_session(language, network)))
 
     def languages(self) -> list[dict[str, Any]]:
         """The languages the gateway runs: name, display_name, version, ..."""
         return self._send(self._languages())
 
-    def session(self, session_id: str | None = None, *, language: str | None = None) -> Session:
+    def session(
+        self,
+        session_id: str | None = None,
+        *,
+        language: str | None = None,
+        network: list[str] | None = None,
+    ) -> Session:
         """A session to use as a context manager: created now (or attached), deleted on exit."""
-        return Session(self, session_id) if session_id else self.create_session(language)
+        if session_id:
+            return Session(self, session_id)
+        return self.create_session(language, network)
 
     def sessions(self) -> list[dict[str, Any]]:
         return self._send(self._sessions())
@@ -141,9 +152,12 @@ class Client(BaseClient):
         timeout: float | None = None,
         files: dict[str, bytes] | None = None,
         language: str | None = None,
+        network: list[str] | None = None,
     ) -> Iterator[Event]:
-        """Stateless: run `code` in a fresh kernel, yielding events as they arrive."""
-        return self._stream(self.STATELESS_PATH, execute_body(code, timeout, files, language))
+        """Stateless: run `code` in a fresh kernel, yielding events as they arrive;
+        `network`: the domains it may reach (within the gateway's `--egress-allow`)."""
+        body = execute_body(code, timeout, files, language, network)
+        return self._stream(self.STATELESS_PATH, body)
 
     def run(
         self,
@@ -152,11 +166,14 @@ class Client(BaseClient):
         timeout: float | None = None,
         files: dict[str, bytes] | None = None,
         language: str | None = None,
+        network: list[str] | None = None,
         **callbacks: Any,
     ) -> Execution:
         """Stateless: run `code` in a fresh kernel and collect what it produced."""
         collect = Collector.of(callbacks)
-        for event in self.stream(code, timeout=timeout, files=files, language=language):
+        for event in self.stream(
+            code, timeout=timeout, files=files, language=language, network=network
+        ):
             collect(event)
         return collect.execution
 

@@ -443,7 +443,9 @@ def _install_offline_pip(offline: bool) -> None:
 
     def system(self: Any, cmd: str) -> Any:
         result = original(self, cmd)  # type: ignore[no-untyped-call]
-        if PIP_INSTALL.search(cmd) and self.user_ns.get("_exit_code"):
+        # Unset when the session was given a network policy (sessions/network.py).
+        offline_now = os.environ.get("PIP_NO_INDEX") == "1"
+        if offline_now and PIP_INSTALL.search(cmd) and self.user_ns.get("_exit_code"):
             print(PIP_HINT, file=sys.stderr, flush=True)
         return result
 

@@ -229,10 +229,40 @@ LanguageName = Annotated[
 ]
 
 
+class NetworkAllow(RequestModel):
+    """Domains the session's code may reach through the gateway's egress proxy."""
+
+    allow: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=255)]],
+        Field(
+            max_length=64,
+            description="Domain names (`data.example.com`) and wildcards (`*.example.org`: "
+            "the names under it). Each must be within the gateway's `--egress-allow`, or "
+            "the request is refused with 403 `network_not_allowed` naming it.",
+        ),
+    ]
+
+
+NetworkPolicy = Annotated[
+    Literal["none"] | NetworkAllow | None,
+    Field(
+        description='`"none"`: no network at all (the default unless the operator set '
+        '`--egress-default`); `{"allow": [...]}`: only those domains, through the egress '
+        "proxy (HTTP and HTTPS, ports 80 and 443). See docs/network.md."
+    ),
+]
+
+
+def network_asked(policy: Literal["none"] | NetworkAllow | None) -> list[str] | str | None:
+    """A request's `network` as the registry takes it."""
+    return policy.allow if isinstance(policy, NetworkAllow) else policy
+
+
 class NewSession(RequestModel):
     """A new session: send an empty object (or no body) for Python."""
 
     language: LanguageName = None
+    network: NetworkPolicy = None
 
 
 class ExecuteRequest(RequestModel):
@@ -257,6 +287,7 @@ class StatelessExecuteRequest(RequestModel):
     files: list[StatelessFile] | None = None
     """Files put in the working directory before the code runs."""
     language: LanguageName = None
+    network: NetworkPolicy = None
 
 
 class StartKernelRequest(RequestModel):
@@ -317,6 +348,12 @@ class Error(TypedDict):
 
 
 @_closed
+class NetworkGranted(TypedDict):
+    allow: list[str]
+    """The domain patterns the session may reach (normalized: lower case, no final dot)."""
+
+
+@_closed
 class Session(TypedDict):
     """A session: a kernel kept for one client, with its working directory."""
 
@@ -334,6 +371,10 @@ class Session(TypedDict):
     restarts: Count
     failed: Annotated[
         str | None, Field(description="Why the session failed (its kernel kept dying), else null.")
+    ]
+    network: Annotated[
+        Literal["none"] | NetworkGranted,
+        Field(description='Its network policy: "none", or the domains it may reach.'),
     ]
 
 

@@ -47,8 +47,13 @@ def proxy_environment() -> dict[str, str]:
 def proxy_setup_code(language: str) -> str:
     """Silent code that points `language`'s kernel (and what it starts) at the proxy."""
     env = proxy_environment()
-    if language == "python":
-        return f"import os as __kg_os\n__kg_os.environ.update({env!r})\ndel __kg_os"
+    if language == "python":  # pip looks at indexes again (offline, it looks at none)
+        return (
+            f"import os as __kg_os\n__kg_os.environ.update({env!r})\n"
+            "for __kg_k in ('PIP_NO_INDEX', 'PIP_RETRIES', 'PIP_TIMEOUT'):\n"
+            "    __kg_os.environ.pop(__kg_k, None)\n"
+            "del __kg_os, __kg_k"
+        )
     if language == "r":
         return "Sys.setenv(" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + ")"
     if language in ("javascript", "typescript"):

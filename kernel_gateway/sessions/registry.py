@@ -391,13 +391,17 @@ class Registry:
         cell_timeout: float | None,
         files: list[tuple[str, bytes]],
         language: str | None = None,
+        network: list[str] | str | None = None,
     ) -> tuple[Session, Execution]:
         """Run one cell in a fresh kernel that is destroyed once the cell ends.
 
-        Python's come from the fork servers when there are some; other languages' from
-        their warm pool (a kernel started on demand when it has none ready).
+        Python's come from the fork servers when there are some (unless the cell may reach
+        some domains: a forked kernel shares its server's container, so it gets a kernel
+        of its own); other languages' from their warm pool (a kernel started on demand when
+        it has none ready).
         """
         self._refuse_if_draining()
+        allow = self.network_policy(network)
         pool = self.pool(language)
         if len(self._ephemeral) + self._reserved_stateless >= self.settings.max_stateless:
             raise TooManySessions(
@@ -407,13 +411,15 @@ class Registry:
             )
         self._reserved_stateless += 1
         try:
-            forks = self.forks if pool is self.warm else None
+            forks = self.forks if pool is self.warm and not allow else None
             lease: Lease = await (forks or pool).acquire()
         finally:
             self._reserved_stateless -= 1
         session = self._session_on(lease, ephemeral=True, language=pool.language.name)
         self._ephemeral.add(session)
         try:
+            if allow:
+                await self._give_network(session, allow)
             for i, (path, data) in enumerate(files):
                 try:
                     await session.files.write(path, data, self.settings.max_upload_bytes)

@@ -9,7 +9,12 @@ from kernel_gateway.metrics import Metrics
 from kernel_gateway.server.http import JSONResponse
 from kernel_gateway.server.routes.streaming import respond
 from kernel_gateway.server.validation import read_model
-from kernel_gateway.sessions.models import ExecuteRequest, NewSession, StatelessExecuteRequest
+from kernel_gateway.sessions.models import (
+    ExecuteRequest,
+    NewSession,
+    StatelessExecuteRequest,
+    network_asked,
+)
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 
@@ -28,7 +33,7 @@ async def create(request: Request) -> Response:
     settings = registry.settings
     body = await read_model(request, NewSession, settings.max_body_bytes, settings, optional=True)
     try:
-        session = await registry.create_session(body.language)
+        session = await registry.create_session(body.language, network_asked(body.network))
     except (TooManySessions, KernelUnavailable) as exc:
         _metrics(request).session_rejections.labels(_rejection(exc)).inc()
         raise
@@ -116,7 +121,7 @@ async def execute_stateless(request: Request) -> Response:
     metrics.stateless_requests.inc()
     try:
         session, execution = await registry.run_stateless(
-            body.code, body.timeout, files, body.language
+            body.code, body.timeout, files, body.language, network_asked(body.network)
         )
     except (TooManySessions, KernelUnavailable) as exc:
         metrics.stateless_rejections.labels(_rejection(exc)).inc()
