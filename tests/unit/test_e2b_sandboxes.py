@@ -226,7 +226,6 @@ async def test_what_a_sandbox_cannot_have_is_refused_not_ignored(registry: Regis
     key = {"X-API-KEY": "tok"}
     async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
         for body in (
-            {"allow_internet_access": True},
             {"network": {"allowOut": ["example.com"]}},
             {"mcp": {"github": {}}},
             {"volumeMounts": [{"name": "v", "path": "/data"}]},
@@ -234,7 +233,8 @@ async def test_what_a_sandbox_cannot_have_is_refused_not_ignored(registry: Regis
             refused = await http.post("/v2/sandboxes", json=body, headers=key)
             assert refused.status_code == 400, (body, refused.text)
             assert refused.json()["code"] == 400
-        made = await http.post("/v2/sandboxes", json={"allow_internet_access": False}, headers=key)
+        # Old SDKs send allow_internet_access=True for every sandbox: accepted (no effect).
+        made = await http.post("/v2/sandboxes", json={"allow_internet_access": True}, headers=key)
         body = made.json()
         envd = {
             "E2b-Sandbox-Id": body["sandboxID"],

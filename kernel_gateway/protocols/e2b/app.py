@@ -323,11 +323,9 @@ async def create(request: Request, service: E2BService) -> Response:
 def _refuse_what_is_not_here(body: dict[str, Any]) -> None:
     """A create asking for what this gateway's sandboxes cannot have: a clear 400, never a
     sandbox that silently lacks it."""
+    # `allow_internet_access` is not refused: e2b before 2.51 sends True by default, for
+    # every sandbox. Sandboxes here have no network whatever it says (docs/e2b.md).
     network = body.get("network") or {}
-    if body.get("allow_internet_access") is True or body.get("allowInternetAccess") is True:
-        raise SandboxError(
-            400, "sandboxes here have no network access: allow_internet_access=True cannot be met"
-        )
     if isinstance(network, dict) and (network.get("allowOut") or network.get("allow_out")):
         raise SandboxError(400, "sandboxes here have no network access: 'allowOut' cannot be met")
     for name, what in (("mcp", "MCP servers in a sandbox"), ("volumeMounts", "volumes")):
