@@ -1,0 +1,337 @@
+"""Network by policy, for real: squid in its container, kernels in theirs, upstreams in a
+container on networks this test makes (internal: nothing leaves the machine).
+
+    kg-egt-pub-*   198.51.100.0/24 (TEST-NET-2: not a private range), internal: the
+                   upstream as allowed.test, other.test and x.cdn.test: HTTP on 80, HTTPS
+                   on 443 (a certificate of a CA made here), a package index of one wheel
+    kg-egt-priv-*  10.213.7.0/24, internal: the same upstream as private.test
+
+The gateway's egress proxy joins both networks; kernels join none.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import secrets
+import subprocess
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.backends import IMAGE, require_docker, require_gvisor
+from tests.support.server import ServerFactory, ServerThread
+
+CEILING = "allowed.test,other.test,private.test,*.cdn.test"
+UPSTREAM = """
+import http.server, ssl, sys, threading
+root = sys.argv[1]
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, directory=root + "/site", **kwargs)
+    def log_message(self, *args):
+        pass
+def serve(port, tls):
+    httpd = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    if tls:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(root + "/tls/cert.pem", root + "/tls/key.pem")
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    httpd.serve_forever()
+threading.Thread(target=serve, args=(80, False), daemon=True).start()
+serve(443, True)
+"""
+# Each attempt: "reached", or the exception's name and message; and how long it took.
+ATTEMPT = """
+import json, socket, time, urllib.request
+def attempt(fn):
+    t = time.monotonic()
+    try:
+        fn()
+        outcome = "reached"
+    except Exception as e:
+        outcome = type(e).__name__ + ": " + str(e)[:300]
+    return [outcome, round(time.monotonic() - t, 2)]
+"""
+
+
+def make_tls(folder: Path) -> None:
+    """A CA, and a certificate it signs for the upstream's names."""
+    folder.mkdir()
+    names = "subjectAltName=DNS:allowed.test,DNS:other.test,DNS:private.test,DNS:x.cdn.test"
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", "/CN=kg test CA", "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=allowed.test",
+            "-keyout", "key.pem", "-out", "cert.csr")  # fmt: skip
+    (folder / "ext.cnf").write_text(names + "\n")
+    openssl("x509", "-req", "-in", "cert.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "2", "-out", "cert.pem", "-extfile", "ext.cnf")  # fmt: skip
+
+
+def make_wheel() -> tuple[str, bytes]:
+    """A pure-Python wheel of `kgthing` 1.0."""
+    name = "kgthing-1.0-py3-none-any.whl"
+    info = "kgthing-1.0.dist-info"
+    files = {
+        "kgthing/__init__.py": "VALUE = 'from the allowed index'\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: kgthing\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: kg-test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in files) + f"{info}/RECORD,,\n"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+    return name, buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The upstream container on both test networks: the networks, its public address,
+    and the test CA's certificate."""
+    require_docker()
+    import docker
+    import docker.types
+
+    client = docker.from_env()
+    tag = secrets.token_hex(3)
+    folder = tmp_path_factory.mktemp("upstream")
+    make_tls(folder / "tls")
+    site = folder / "site"
+    (site / "simple" / "kgthing").mkdir(parents=True)
+    (site / "data.csv").write_text("a,b\n1,2\n3,4\n")
+    name, wheel = make_wheel()
+    (site / name).write_bytes(wheel)
+    (site / "simple" / "kgthing" / "index.html").write_text(
+        f'<html><body><a href="/{name}">{name}</a></body></html>'
+    )
+    (folder / "serve.py").write_text(UPSTREAM)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+    def network(kind: str, subnet: str) -> Any:
+        pool = docker.types.IPAMPool(subnet=subnet)
+        return client.networks.create(
+            f"kg-egt-{kind}-{tag}", internal=True, ipam=docker.types.IPAMConfig(pool_configs=[pool])
+        )
+
+    public, private = network("pub", "198.51.100.0/24"), network("priv", "10.213.7.0/24")
+    aliases = ["allowed.test", "other.test", "x.cdn.test"]
+    container = client.containers.create(
+        IMAGE,
+        ["/opt/venv/bin/python", "/srv/serve.py", "/srv"],
+        name=f"kg-egt-up-{tag}",
+        user="0:0",  # ports 80 and 443; a test upstream on internal networks only
+        volumes={str(folder): {"bind": "/srv", "mode": "ro"}},
+        network=public.name,
+        networking_config={public.name: client.api.create_endpoint_config(aliases=aliases)},
+    )
+    try:
+        private.connect(container, aliases=["private.test"])
+        container.start()
+        container.reload()
+        address = container.attrs["NetworkSettings"]["Networks"][public.name]["IPAddress"]
+        yield {
+            "networks": f"{public.name},{private.name}",
+            "address": address,
+            "ca": (folder / "tls" / "ca.pem").read_text(),
+        }
+    finally:
+        container.remove(force=True)
+        public.remove()
+        private.remove()
+        client.close()
+
+
+def start(servers: ServerFactory, upstream: dict[str, str], backend: str) -> ServerThread:
+    return servers(backend, pool_size=1, egress_allow=CEILING, egress_networks=upstream["networks"])
+
+
+@pytest.fixture(scope="module")
+def gw(servers: ServerFactory, upstream: dict[str, str]) -> ServerThread:
+    return start(servers, upstream, "docker")
+
+
+def new_session(gw: ServerThread, network: object, ca: str | None = None) -> str:
+    answer = httpx.post(f"{gw.url}/sessions", json={"network": network}, timeout=120)
+    assert answer.status_code == 201, answer.text
+    sid = str(answer.json()["id"])
+    if ca is not None:
+        put = httpx.put(f"{gw.url}/sessions/{sid}/files/ca.pem", content=ca.encode())
+        assert put.is_success, put.text
+    return sid
+
+
+def run(gw: ServerThread, sid: str, code: str, timeout: float = 60) -> str:
+    """The cell's stdout (it must end ok)."""
+    answer = httpx.post(
+        f"{gw.url}/sessions/{sid}/execute",
+        json={"code": code, "timeout": timeout},
+        headers={"Accept": "application/json"},
+        timeout=timeout + 30,
+    )
+    assert answer.status_code == 200, answer.text
+    result: dict[str, Any] = answer.json()
+    assert result["status"] == "ok", result
+    return str(result["stdout"])
+
+
+def attempts(gw: ServerThread, sid: str, tries: dict[str, str]) -> dict[str, list[Any]]:
+    """Each named expression tried in the session: its outcome and its seconds."""
+    body = "\n".join(f"out[{name!r}] = attempt(lambda: {code})" for name, code in tries.items())
+    code = ATTEMPT + "import requests\nout = {}\n" + body + "\nprint(json.dumps(out))"
+    found: dict[str, list[Any]] = json.loads(run(gw, sid, code))
+    return found
+
+
+def metric(gw: ServerThread, decision: str) -> float:
+    for line in httpx.get(f"{gw.url}/metrics").text.splitlines():
+        if line.startswith(f'kernel_gateway_egress_requests_total{{decision="{decision}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no egress metric for {decision}")
+
+
+def test_a_session_reaches_what_it_is_allowed_and_nothing_else(
+    gw: ServerThread, upstream: dict[str, str]
+) -> None:
+    sid = new_session(gw, {"allow": ["allowed.test", "private.test"]}, upstream["ca"])
+    assert httpx.get(f"{gw.url}/sessions/{sid}").json()["network"] == {
+        "allow": ["allowed.test", "private.test"]
+    }
+    shown = run(
+        gw,
+        sid,
+        "import io, requests, pandas as pd\n"
+        "text = requests.get('https://allowed.test/data.csv', verify='ca.pem', timeout=10).text\n"
+        "print(pd.read_csv(io.StringIO(text)).sum().to_dict())\n"
+        "print(requests.get('http://allowed.test/data.csv', timeout=10).status_code)",
+    )
+    assert shown == "{'a': 4, 'b': 6}\n200\n"
+    installed = run(
+        gw,
+        sid,
+        "!pip install --quiet --cert ca.pem --target pkgs --index-url "
+        "https://allowed.test/simple kgthing\n"
+        "import sys; sys.path.insert(0, 'pkgs'); import kgthing; print(kgthing.VALUE)",
+        timeout=120,
+    )
+    assert installed.strip().endswith("from the allowed index"), installed
+    address = upstream["address"]
+    before = metric(gw, "refused")
+    found = attempts(
+        gw,
+        sid,
+        {
+            "other": "requests.get('https://other.test/data.csv', timeout=10)",
+            "other_http": "requests.get('http://other.test/data.csv', timeout=10)",
+            "literal": f"requests.get('https://{address}/data.csv', timeout=10)",
+            "private": "requests.get('https://private.test/data.csv', timeout=10)",
+            "metadata": "requests.get('http://169.254.169.254/latest/meta-data/', timeout=10)",
+            "port": "requests.get('http://allowed.test:8080/', timeout=10)",
+            "direct": f"socket.create_connection(('{address}', 443), 5)",
+            "dns": "socket.getaddrinfo('allowed.test', 443)",
+            "udp": "socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+            f".sendto(b'x', ('{address}', 53))",
+        },
+    )
+    for name, (outcome, seconds) in found.items():
+        assert outcome != "reached" and seconds < 2, (name, found)
+    assert "network policy" in found["other"][0] and "other.test" in found["other"][0], found
+    assert "network policy" in found["private"][0] and "private" in found["private"][0], found
+    assert "IP address" in found["literal"][0], found
+    assert metric(gw, "refused") >= before + 5
+    assert metric(gw, "allowed") >= 3
+
+
+def test_sessions_without_a_policy_or_with_another_one_reach_nothing_of_the_first(
+    gw: ServerThread,
+) -> None:
+    first = new_session(gw, {"allow": ["allowed.test"]})
+    nothing = new_session(gw, "none")
+    other = new_session(gw, {"allow": ["other.test"]})
+    assert httpx.get(f"{gw.url}/sessions/{nothing}").json()["network"] == "none"
+    stolen = "Basic " + base64.b64encode(f"{first}:guess".encode()).decode()
+    tries = {
+        "plain": "requests.get('http://allowed.test/data.csv', timeout=10)",
+        "as_first": "requests.get('http://allowed.test/data.csv', timeout=10, "
+        f"headers={{'Proxy-Authorization': {stolen!r}}})",
+        "through_proxy": "requests.get('http://allowed.test/data.csv', timeout=10, "
+        "proxies={'http': 'http://127.0.0.1:3128'})",
+    }
+    for sid in (nothing, other):
+        found = attempts(gw, sid, tries)
+        for name, (outcome, seconds) in found.items():
+            assert outcome != "reached" and seconds < 2, (sid, name, found)
+    own = attempts(gw, other, {"own": "requests.get('http://other.test/data.csv', timeout=10)"})
+    assert own["own"][0] == "reached", own
+
+
+def test_policies_beyond_the_ceiling_or_malformed_are_refused(gw: ServerThread) -> None:
+    wide = httpx.post(f"{gw.url}/sessions", json={"network": {"allow": ["evil.test"]}})
+    assert wide.status_code == 403, wide.text
+    error = wide.json()["error"]
+    assert error["type"] == "network_not_allowed" and "evil.test" in error["message"]
+    for bad in ({"allow": ["1.2.3.4"]}, {"allow": ["*"]}, {"allow": "allowed.test"}, "all"):
+        answer = httpx.post(f"{gw.url}/sessions", json={"network": bad})
+        assert answer.status_code in (400, 422), (bad, answer.text)
+    within = httpx.post(f"{gw.url}/sessions", json={"network": {"allow": ["A.CDN.test."]}})
+    assert within.status_code == 201, within.text
+    assert within.json()["network"] == {"allow": ["a.cdn.test"]}
+    httpx.delete(f"{gw.url}/sessions/{within.json()['id']}")
+
+
+def test_a_stateless_call_takes_a_policy(gw: ServerThread) -> None:
+    answer = httpx.post(
+        f"{gw.url}/execute",
+        json={
+            "code": "import urllib.request\n"
+            "print(urllib.request.urlopen('http://allowed.test/data.csv', timeout=10).read())",
+            "network": {"allow": ["allowed.test"]},
+        },
+        headers={"Accept": "application/json"},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["stdout"] == "b'a,b\\n1,2\\n3,4\\n'\n", answer.json()
+
+
+def test_a_restarted_kernel_keeps_its_sessions_policy(gw: ServerThread) -> None:
+    sid = new_session(gw, {"allow": ["allowed.test"]})
+    assert httpx.post(f"{gw.url}/sessions/{sid}/restart", timeout=120).is_success
+    found = attempts(
+        gw,
+        sid,
+        {
+            "allowed": "requests.get('http://allowed.test/data.csv', timeout=10)",
+            "other": "requests.get('http://other.test/data.csv', timeout=10)",
+        },
+    )
+    assert found["allowed"][0] == "reached" and found["other"][0] != "reached", found
+
+
+def test_under_gvisor_too(servers: ServerFactory, upstream: dict[str, str]) -> None:
+    require_gvisor()
+    gvisor = start(servers, upstream, "gvisor")
+    sid = new_session(gvisor, {"allow": ["allowed.test"]})
+    found = attempts(
+        gvisor,
+        sid,
+        {
+            "allowed": "requests.get('http://allowed.test/data.csv', timeout=10)",
+            "other": "requests.get('http://other.test/data.csv', timeout=10)",
+            "direct": f"socket.create_connection(('{upstream['address']}', 80), 5)",
+        },
+    )
+    assert found["allowed"][0] == "reached", found
+    assert found["other"][0] != "reached" and found["direct"][0] != "reached", found
+    assert found["other"][1] < 2 and found["direct"][1] < 2, found
