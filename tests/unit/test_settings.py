@@ -222,3 +222,32 @@ def test_runtime_dir_flag_and_variable_win_over_xdg(tmp_path: Path) -> None:
     env = {"XDG_RUNTIME_DIR": str(tmp_path), "KG_RUNTIME_DIR": "/srv/kg"}
     assert from_env(env).runtime_dir == Path("/srv/kg")
     assert from_env(env, runtime_dir=Path("/srv/flag")).runtime_dir == Path("/srv/flag")
+
+
+def test_egress_settings_are_domain_patterns_within_the_ceiling() -> None:
+    s = from_env(
+        {
+            "KG_EGRESS_ALLOW": "PyPI.org., *.pythonhosted.org",
+            "KG_EGRESS_DEFAULT": "pypi.org",
+            "KG_EGRESS_NETWORKS": "corp, bridge",
+        }
+    )
+    assert s.egress_ceiling == ["pypi.org", "*.pythonhosted.org"]
+    assert s.egress_default_list == ["pypi.org"]
+    assert s.egress_network_list == ["corp", "bridge"]
+    assert Settings().egress_ceiling == [] and Settings().egress_network_list == ["bridge"]
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"KG_EGRESS_ALLOW": "10.0.0.1"}, "--egress-allow"),
+        ({"KG_EGRESS_ALLOW": "*"}, "--egress-allow"),
+        ({"KG_EGRESS_ALLOW": "a.test", "KG_EGRESS_DEFAULT": "b.test"}, "--egress-default"),
+        ({"KG_EGRESS_ALLOW": "a.test", "KG_BACKEND": "local"}, "docker backend"),
+        ({"KG_EGRESS_ALLOW": "a.test", "KG_NETWORK": "bridge"}, "--network"),
+    ],
+)
+def test_egress_settings_that_cannot_hold_are_refused(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        from_env(env)
