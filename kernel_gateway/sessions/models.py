@@ -291,7 +291,8 @@ class StatelessExecuteRequest(RequestModel):
 
 
 class StartKernelRequest(RequestModel):
-    """`POST /api/kernels` (Jupyter's kernel API): `env` is accepted and not applied."""
+    """`POST /api/kernels` (Jupyter's kernel API): of `env`, only `KERNEL_NETWORK_ALLOW` is
+    applied (the domains the kernel may reach, comma-separated)."""
 
     name: str | None = None
     env: dict[str, str] | None = None

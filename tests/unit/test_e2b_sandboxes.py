@@ -225,8 +225,13 @@ async def test_what_a_sandbox_cannot_have_is_refused_not_ignored(registry: Regis
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
     async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
+        outside = await http.post(
+            "/v2/sandboxes", json={"network": {"allowOut": ["example.com"]}}, headers=key
+        )  # beyond the gateway's --egress-allow (empty here): E2B's 403, naming it
+        assert outside.status_code == 403 and "example.com" in outside.json()["message"]
         for body in (
-            {"network": {"allowOut": ["example.com"]}},
+            {"network": {"allowOut": "example.com"}},
+            {"network": {"allowOut": ["1.2.3.4"]}},
             {"mcp": {"github": {}}},
             {"volumeMounts": [{"name": "v", "path": "/data"}]},
         ):

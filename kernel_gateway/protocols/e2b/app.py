@@ -316,18 +316,35 @@ async def create(request: Request, service: E2BService) -> Response:
         _string_map(body, "envVars"),
         auto_pause=body.get("autoPause") is True or lifecycle.get("onTimeout") == "pause",
         auto_resume=auto_resume.get("enabled") is True or lifecycle.get("autoResume") is True,
+        network=_network(body),
     )
     return JSONResponse(sandbox_json(sandbox), status_code=201)
+
+
+def _network(body: dict[str, Any]) -> list[str] | str | None:
+    """E2B's network options as the gateway's policy (docs/network.md):
+
+    - `network.allowOut` (domain names): exactly those, within the gateway's ceiling;
+    - `allow_internet_access: false`: none;
+    - neither (or `allow_internet_access: true`, which e2b before 2.51 sends for every
+      sandbox): the gateway's default (`--egress-default`; none unless the operator set one).
+    """
+    network = body.get("network")
+    if network is not None and not isinstance(network, dict):
+        raise SandboxError(400, "'network' must be an object")
+    allow_out = (network or {}).get("allowOut")
+    if allow_out is not None:
+        if not isinstance(allow_out, list) or not all(isinstance(a, str) for a in allow_out):
+            raise SandboxError(400, "'network.allowOut' must be a list of domain names")
+        return allow_out or "none"
+    if body.get("allow_internet_access") is False:
+        return "none"
+    return None
 
 
 def _refuse_what_is_not_here(body: dict[str, Any]) -> None:
     """A create asking for what this gateway's sandboxes cannot have: a clear 400, never a
     sandbox that silently lacks it."""
-    # `allow_internet_access` is not refused: e2b before 2.51 sends True by default, for
-    # every sandbox. Sandboxes here have no network whatever it says (docs/e2b.md).
-    network = body.get("network") or {}
-    if isinstance(network, dict) and (network.get("allowOut") or network.get("allow_out")):
-        raise SandboxError(400, "sandboxes here have no network access: 'allowOut' cannot be met")
     for name, what in (("mcp", "MCP servers in a sandbox"), ("volumeMounts", "volumes")):
         if body.get(name):
             raise SandboxError(400, f"{what} ('{name}') are not supported by this gateway")

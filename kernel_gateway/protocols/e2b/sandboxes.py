@@ -222,7 +222,10 @@ class Sandboxes:
         *,
         auto_pause: bool = False,
         auto_resume: bool = False,
+        network: list[str] | str | None = None,
     ) -> Sandbox:
+        """`network`: the domains it may reach (as `POST /sessions` takes them: None for
+        the gateway's default, "none", or patterns)."""
         if template not in TEMPLATES:
             raise SandboxError(
                 400,
@@ -232,7 +235,7 @@ class Sandboxes:
         seconds = _timeout(lifetime)
         check_env(env, "'envVars'")
         try:
-            session = await self.registry.create_session()
+            session = await self.registry.create_session(network=network)
         except GatewayError as exc:
             raise SandboxError(_status(exc), exc.message) from exc
         sandbox = Sandbox(
@@ -475,4 +478,6 @@ def _timeout(timeout: int | None) -> int:
 
 def _status(exc: GatewayError) -> int:
     """The gateway's refusal as a status E2B's SDKs map well (429 and 503 are retried)."""
-    return exc.status_code if exc.status_code in (400, 404, 409, 429, 503) else 500
+    if exc.status_code == 422:  # the gateway's invalid_request: E2B's SDKs know 400
+        return 400
+    return exc.status_code if exc.status_code in (400, 403, 404, 409, 429, 503) else 500

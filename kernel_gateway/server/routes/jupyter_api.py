@@ -142,8 +142,10 @@ async def list_kernels(request: Request) -> Response:
 async def start_kernel(request: Request) -> Response:
     """Start a kernel: a new gateway session from the warm pool.
 
-    `env` (Jupyter Server sends its `KERNEL_*` variables) is accepted and not applied:
-    pooled kernels are started before anyone asks, with a fixed environment.
+    `env` (Jupyter Server sends its `KERNEL_*` variables) is not applied to the kernel
+    (pooled kernels are started before anyone asks, with a fixed environment), except
+    `KERNEL_NETWORK_ALLOW`: the domains the kernel may reach, comma-separated (`none` or
+    empty: none), as `network.allow` of `POST /sessions` (docs/network.md).
     """
     registry = _registry(request)
     settings = registry.settings
@@ -151,7 +153,12 @@ async def start_kernel(request: Request) -> Response:
         request, StartKernelRequest, settings.max_body_bytes, settings, optional=True
     )
     language = _language(request, body.name or KERNEL_NAME)
-    session = await registry.create_session(language.name)
+    allow = (body.env or {}).get("KERNEL_NETWORK_ALLOW")
+    network = None
+    if allow is not None:
+        patterns = [p.strip() for p in allow.split(",") if p.strip()]
+        network = patterns if patterns and patterns != ["none"] else "none"
+    session = await registry.create_session(language.name, network)
     model = _hub(request).model(session)
     return JSONResponse(model, status_code=201, headers={"Location": f"/api/kernels/{model['id']}"})
 
