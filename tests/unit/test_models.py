@@ -170,7 +170,7 @@ def test_validation_is_fast() -> None:
         (
             RunPythonArguments,
             {"code": "1", "nope": 1},
-            "unknown argument(s): nope; allowed: code, language, session, timeout",
+            "unknown argument(s): nope; allowed: code, language, network, session, timeout",
         ),
         (RunPythonArguments, {"code": "1", "session": "../x"}, "'session' must match"),
         (

@@ -118,6 +118,7 @@ class McpService:
                 settings.exec_timeout,
                 stateless=self.stateless,
                 languages=list(registry.languages),
+                egress=settings.egress_ceiling,
             )
         ]
         if not self.stateless:
@@ -191,7 +192,7 @@ class McpService:
     ) -> types.CallToolResult:
         files = [(f.path, f.content) for f in arguments.files or ()]
         session, execution = await self.registry.run_stateless(
-            arguments.code, arguments.timeout, files, arguments.language
+            arguments.code, arguments.timeout, files, arguments.language, arguments.network
         )
         report = CellReport(_base_url(ctx))
         await self._follow(ctx, session, execution, report)
@@ -200,7 +201,9 @@ class McpService:
     async def _run_python(
         self, ctx: ServerRequestContext[Any], arguments: RunPythonArguments
     ) -> types.CallToolResult:
-        session, note = await self._session_for(ctx, arguments.session, arguments.language)
+        session, note = await self._session_for(
+            ctx, arguments.session, arguments.language, arguments.network
+        )
         execution = session.submit(arguments.code, arguments.timeout)
         report = CellReport(_base_url(ctx))
         await self._follow(ctx, session, execution, report)
@@ -338,11 +341,16 @@ class McpService:
     # -- which gateway session ---------------------------------------------------------------
 
     async def _session_for(
-        self, ctx: ServerRequestContext[Any], handle: str | None, language: str | None = None
+        self,
+        ctx: ServerRequestContext[Any],
+        handle: str | None,
+        language: str | None = None,
+        network: list[str] | None = None,
     ) -> tuple[Session, str]:
         """The session a call runs in (`handle`: the one the model named, if it did), and a
         note for the model when it is a fresh one. `language` (None: the named session's,
-        else Python) picks the MCP session's sandbox of that language."""
+        else Python) and `network` (None: the named session's, else none) pick the MCP
+        session's sandbox of that language and those domains."""
         if handle is not None:
             try:
                 session = self.registry.get(handle)
@@ -357,12 +365,19 @@ class McpService:
                     f"sandbox {handle!r} runs {session.language}, not {language}: leave out "
                     "`session` to get a sandbox of that language"
                 )
+            has = session.network.allow if session.network is not None else []
+            if network is not None and self.registry.network_policy(network or "none") != has:
+                raise ToolInputError(
+                    f"sandbox {handle!r} may reach {', '.join(has) or 'nothing'}: leave out "
+                    "`session` to get a sandbox with the domains you ask for"
+                )
             return session, ""
         name = self.registry.languages.get_or_raise(language).name
+        allow = self.registry.network_policy(network or "none")  # checked before any sandbox
         mcp_session = _mcp_session(ctx)
         if mcp_session is None:
-            return await self.registry.create_session(name), ""
-        key = mcp_session if name == "python" else f"{mcp_session} {name}"
+            return await self.registry.create_session(name, allow or "none"), ""
+        key = " ".join([mcp_session, *([name] if name != "python" else []), *allow])
         lock = self._binding.setdefault(key, asyncio.Lock())
         async with lock:  # two first calls at once must not make two sessions
             bound = self._bound.get(key)
@@ -377,7 +392,7 @@ class McpService:
             else:
                 note = ""
             self._forget_gone()
-            session = await self.registry.create_session(name)
+            session = await self.registry.create_session(name, allow or "none")
             self._bound[key] = session.id
             return session, note
 

@@ -117,11 +117,24 @@ ToolLanguage = Annotated[
 ]
 
 
+ToolNetwork = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=255)]] | None,
+    Field(
+        max_length=64,
+        description='Domains the code may reach over HTTP(S), e.g. ["pypi.org", '
+        '"files.pythonhosted.org"] (default: none, the sandbox has no network). Only '
+        "domains the gateway allows can be asked for. A sandbox keeps the domains it was "
+        "made with: asking for others gives a fresh sandbox with those.",
+    ),
+]
+
+
 class RunPythonArguments(RequestModel):
     code: Code
     timeout: Timeout = None
     session: SessionHandle = None
     language: ToolLanguage = None
+    network: ToolNetwork = None
 
 
 class ToolFile(RequestModel):
@@ -136,6 +149,7 @@ class StatelessRunPythonArguments(RequestModel):
     files: list[ToolFile] | None = None
     """Files to put in the working directory before the code runs."""
     language: ToolLanguage = None
+    network: ToolNetwork = None
 
 
 class UploadFileArguments(RequestModel):
@@ -178,7 +192,10 @@ def run_python_tool(
     *,
     stateless: bool,
     languages: list[str] | None = None,
+    egress: list[str] | None = None,
 ) -> types.Tool:
+    """The run_python tool; `egress`: the domains the gateway lets sessions reach (none: the
+    `network` argument is left out, as `language` is with Python alone)."""
     if stateless:
         arguments: type[RequestModel] = StatelessRunPythonArguments
         persistence = (
@@ -199,15 +216,20 @@ def run_python_tool(
         title="Run Python",
         description=(
             "Run Python code in a sandboxed IPython kernel (Python 3, with numpy, pandas, "
-            "scipy, matplotlib, seaborn, openpyxl and Pillow; no internet access) and get back "
+            "scipy, matplotlib, seaborn, openpyxl and Pillow; "
+            + ("network only to the domains `network` names" if egress else "no internet access")
+            + ") and get back "
             "what it printed, the value of its last expression, the full traceback if it "
             "raised, and every matplotlib/seaborn/pandas chart as an image (charts appear "
             "by themselves; no need to save them). " + persistence + " A cell that runs "
             "past its timeout is interrupted; cancelling the call interrupts it too."
             + _other_languages(languages or ["python"])
         ),
-        input_schema=_with_languages(
-            input_schema(arguments, Timeouts(default_timeout, max_timeout)), languages
+        input_schema=_with_network(
+            _with_languages(
+                input_schema(arguments, Timeouts(default_timeout, max_timeout)), languages
+            ),
+            egress,
         ),
         annotations=types.ToolAnnotations(
             title="Run Python", read_only_hint=False, destructive_hint=False, open_world_hint=False
@@ -228,6 +250,19 @@ def _with_languages(schema: JSON, languages: list[str] | None) -> JSON:
         "enum": list(languages),
         "default": "python",
     }
+    return schema
+
+
+def _with_network(schema: JSON, egress: list[str] | None) -> JSON:
+    """`network` offered only when the gateway allows some domains, naming them."""
+    properties = schema["properties"]
+    if not egress:
+        properties.pop("network", None)
+        return schema
+    network = properties["network"]
+    network["description"] = (
+        network.get("description", "") + " This gateway allows: " + ", ".join(egress) + "."
+    )
     return schema
 
 
