@@ -8,9 +8,11 @@ gateway, which adds the session's own proxy credentials and hands the connection
 proxy. Nothing here decides anything: a connection that does not go through the proxy
 has nowhere to go.
 
-    python3 egress_forward.py PORT SOCKET_PATH
+    python3 egress_forward.py PORT SOCKET_PATH READY_PATH
 
-Runs with the standard library only. Exits when the listening socket cannot be made.
+Writes READY_PATH once it listens (the gateway waits for it). Runs with the standard library
+only. Exits when the port is taken (a forwarder left running by a gateway before this one
+still serves it: the ready file is written all the same).
 """
 
 from __future__ import annotations
@@ -49,13 +51,24 @@ async def forward(
                 writer.close()
 
 
-async def main(port: int, path: str) -> None:
-    server = await asyncio.start_server(
-        lambda r, w: forward(path, r, w), "127.0.0.1", port, reuse_address=True
-    )
+def mark_ready(path: str, state: str) -> None:
+    with open(path, "w") as f:  # tiny, once: no need to leave the event loop for it
+        f.write(state + "\n")
+
+
+async def main(port: int, path: str, ready: str) -> None:
+    try:
+        server = await asyncio.start_server(
+            lambda r, w: forward(path, r, w), "127.0.0.1", port, reuse_address=True
+        )
+    except OSError:  # already served (by the forwarder of a gateway before this one)
+        server = None
+    mark_ready(ready, "listening" if server is not None else "served already")
+    if server is None:
+        return
     async with server:
         await server.serve_forever()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), sys.argv[2]))
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2], sys.argv[3]))

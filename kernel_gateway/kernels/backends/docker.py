@@ -71,6 +71,7 @@ T = TypeVar("T")
 
 LABEL_MANAGED = "io.kernel-gateway.managed"
 LABEL_INSTANCE = "io.kernel-gateway.instance"
+FORWARDER_READY_SECONDS = 10.0  # a kernel's egress forwarder: up and listening by then
 LABEL_HOST = "io.kernel-gateway.host"
 LABEL_LOCK = "io.kernel-gateway.lock"  # the owner's instance lock: held while it lives
 LABEL_ROLE = "io.kernel-gateway.role"  # "kernel", "fork-server" (stateless), "probe" (specs)
@@ -153,18 +154,26 @@ class DockerKernel(KernelProcess):
     async def start_egress_forwarder(self, port: int) -> Path:
         if self._exit.done():
             raise KernelUnavailable("the kernel's container has ended")
-        await asyncio.to_thread(self._write_forwarder)
+        ready = self._conn_dir / "egress.ready"
+        await asyncio.to_thread(self._write_forwarder, ready)
+        argv = ["/opt/venv/bin/python", "/conn/egress_forward.py", str(port)]
         try:
             await self._backend.call(
                 self._backend.exec_detached,
                 self.name,
-                ["/opt/venv/bin/python", "/conn/egress_forward.py", str(port), "/conn/egress.sock"],
+                [*argv, "/conn/egress.sock", "/conn/egress.ready"],
             )
         except docker.errors.DockerException as exc:
             raise KernelUnavailable(f"could not start the egress forwarder: {exc}") from exc
+        deadline = time.monotonic() + FORWARDER_READY_SECONDS
+        while not await asyncio.to_thread(ready.exists):
+            if self._exit.done() or time.monotonic() > deadline:
+                raise KernelUnavailable("the egress forwarder did not start")
+            await asyncio.sleep(0.02)
         return self._conn_dir / "egress.sock"
 
-    def _write_forwarder(self) -> None:
+    def _write_forwarder(self, ready: Path) -> None:
+        ready.unlink(missing_ok=True)
         path = self._conn_dir / "egress_forward.py"
         path.write_bytes(in_kernel_source("egress_forward.py"))
         path.chmod(0o644)

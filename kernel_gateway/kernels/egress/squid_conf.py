@@ -75,6 +75,7 @@ forwarded_for delete
 httpd_suppress_version_string on
 client_persistent_connections off
 shutdown_lifetime 1 seconds
+pinger_enable off
 connect_timeout 10 seconds
 dns_timeout 5 seconds
 negative_dns_ttl 5 seconds
@@ -91,7 +92,7 @@ acl allowed external kg_allow
 # Always true: ends a line whose other ACL needs a login, so a refusal is a 403 with its
 # page, not a 407 asking for other credentials.
 acl not_allowed src all
-acl literal dstdom_regex ^[0-9.]+$ ^\\[ ^[0-9a-fA-F:]+$
+acl literal dstdom_regex ^[0-9.]+$ ^\\[ ^[0-9a-fA-F]*:[0-9a-fA-F:]*$
 acl blocked dst {blocked}
 acl web_ports port 80 443
 acl tls_port port 443
