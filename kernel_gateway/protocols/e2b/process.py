@@ -42,6 +42,7 @@ from kernel_gateway.protocols.e2b.connect import (
 from kernel_gateway.protocols.e2b.connect import (
     field as pick,
 )
+from kernel_gateway.sessions.network import proxy_environment
 from kernel_gateway.sessions.session import Session
 
 HOME = "/home/user"
@@ -207,7 +208,9 @@ class Processes:
         kernel = session.slot.kernel
         if kernel is None:
             raise ConnectError("unavailable", "the sandbox's kernel is starting; retry")
-        env = {"HOME": HOME, **self._env, **envs, "PWD": cwd}  # `pwd` says /home/user
+        # A sandbox allowed some domains: its commands use the proxy as its kernels do.
+        proxy = proxy_environment() if session.network is not None else {}
+        env = {"HOME": HOME, **proxy, **self._env, **envs, "PWD": cwd}  # `pwd` says /home/user
         command = await kernel.process.run_command(
             [config["cmd"], *args], env, cwd, bool(pick(message, "stdin"))
         )
