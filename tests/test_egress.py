@@ -49,6 +49,11 @@ serve(443, True)
 # Each attempt: "reached", or the exception's name and message; and how long it took.
 ATTEMPT = """
 import json, socket, time, urllib.request
+import requests
+def get(url, **kw):  # an HTTP error (the proxy's 403) is a failure too
+    answer = requests.get(url, timeout=10, **kw)
+    answer.raise_for_status()
+    return answer
 def attempt(fn):
     t = time.monotonic()
     try:
@@ -189,7 +194,7 @@ def run(gw: ServerThread, sid: str, code: str, timeout: float = 60) -> str:
 def attempts(gw: ServerThread, sid: str, tries: dict[str, str]) -> dict[str, list[Any]]:
     """Each named expression tried in the session: its outcome and its seconds."""
     body = "\n".join(f"out[{name!r}] = attempt(lambda: {code})" for name, code in tries.items())
-    code = ATTEMPT + "import requests\nout = {}\n" + body + "\nprint(json.dumps(out))"
+    code = ATTEMPT + "out = {}\n" + body + "\nprint(json.dumps(out))"
     found: dict[str, list[Any]] = json.loads(run(gw, sid, code))
     return found
 
@@ -232,12 +237,12 @@ def test_a_session_reaches_what_it_is_allowed_and_nothing_else(
         gw,
         sid,
         {
-            "other": "requests.get('https://other.test/data.csv', timeout=10)",
-            "other_http": "requests.get('http://other.test/data.csv', timeout=10)",
-            "literal": f"requests.get('https://{address}/data.csv', timeout=10)",
-            "private": "requests.get('https://private.test/data.csv', timeout=10)",
-            "metadata": "requests.get('http://169.254.169.254/latest/meta-data/', timeout=10)",
-            "port": "requests.get('http://allowed.test:8080/', timeout=10)",
+            "other": "get('https://other.test/data.csv')",
+            "other_http": "get('http://other.test/data.csv')",
+            "literal": f"get('https://{address}/data.csv')",
+            "private": "get('https://private.test/data.csv')",
+            "metadata": "get('http://169.254.169.254/latest/meta-data/')",
+            "port": "get('http://allowed.test:8080/')",
             "direct": f"socket.create_connection(('{address}', 443), 5)",
             "dns": "socket.getaddrinfo('allowed.test', 443)",
             "udp": "socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
@@ -262,17 +267,17 @@ def test_sessions_without_a_policy_or_with_another_one_reach_nothing_of_the_firs
     assert httpx.get(f"{gw.url}/sessions/{nothing}").json()["network"] == "none"
     stolen = "Basic " + base64.b64encode(f"{first}:guess".encode()).decode()
     tries = {
-        "plain": "requests.get('http://allowed.test/data.csv', timeout=10)",
-        "as_first": "requests.get('http://allowed.test/data.csv', timeout=10, "
+        "plain": "get('http://allowed.test/data.csv')",
+        "as_first": "get('http://allowed.test/data.csv', "
         f"headers={{'Proxy-Authorization': {stolen!r}}})",
-        "through_proxy": "requests.get('http://allowed.test/data.csv', timeout=10, "
+        "through_proxy": "get('http://allowed.test/data.csv', "
         "proxies={'http': 'http://127.0.0.1:3128'})",
     }
     for sid in (nothing, other):
         found = attempts(gw, sid, tries)
         for name, (outcome, seconds) in found.items():
             assert outcome != "reached" and seconds < 2, (sid, name, found)
-    own = attempts(gw, other, {"own": "requests.get('http://other.test/data.csv', timeout=10)"})
+    own = attempts(gw, other, {"own": "get('http://other.test/data.csv')"})
     assert own["own"][0] == "reached", own
 
 
@@ -312,8 +317,8 @@ def test_a_restarted_kernel_keeps_its_sessions_policy(gw: ServerThread) -> None:
         gw,
         sid,
         {
-            "allowed": "requests.get('http://allowed.test/data.csv', timeout=10)",
-            "other": "requests.get('http://other.test/data.csv', timeout=10)",
+            "allowed": "get('http://allowed.test/data.csv')",
+            "other": "get('http://other.test/data.csv')",
         },
     )
     assert found["allowed"][0] == "reached" and found["other"][0] != "reached", found
@@ -327,8 +332,8 @@ def test_under_gvisor_too(servers: ServerFactory, upstream: dict[str, str]) -> N
         gvisor,
         sid,
         {
-            "allowed": "requests.get('http://allowed.test/data.csv', timeout=10)",
-            "other": "requests.get('http://other.test/data.csv', timeout=10)",
+            "allowed": "get('http://allowed.test/data.csv')",
+            "other": "get('http://other.test/data.csv')",
             "direct": f"socket.create_connection(('{upstream['address']}', 80), 5)",
         },
     )
