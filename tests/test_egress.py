@@ -14,7 +14,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import secrets
+import signal
 import subprocess
 import zipfile
 from collections.abc import Iterator
@@ -25,6 +27,9 @@ import httpx
 import pytest
 
 from tests.support.backends import IMAGE, require_docker, require_gvisor
+from tests.support.ports import free_port
+from tests.support.processes import Gateway as GatewayProcess
+from tests.support.processes import serve_command
 from tests.support.server import ServerFactory, ServerThread
 
 CEILING = "allowed.test,other.test,private.test,*.cdn.test"
@@ -351,3 +356,132 @@ def test_under_gvisor_too(servers: ServerFactory, upstream: dict[str, str]) -> N
     assert found["allowed"][0] == "reached", found
     assert found["other"][0] != "reached" and found["direct"][0] != "reached", found
     assert found["other"][1] < 2 and found["direct"][1] < 2, found
+
+
+def test_each_decision_is_logged_with_its_session(
+    gw: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    sid = new_session(gw, {"allow": ["allowed.test"]})
+    with caplog.at_level("INFO", logger="kernel_gateway.sessions.network"):
+        attempts(
+            gw,
+            sid,
+            {"ok": "get('http://allowed.test/data.csv')", "no": "get('http://other.test/')"},
+        )
+    lines = [
+        (r.levelname, r.getMessage(), getattr(r, "fields", {}))
+        for r in caplog.records
+        if r.name == "kernel_gateway.sessions.network"
+    ]
+    assert ("INFO", "egress allowed GET allowed.test", {"egress": "allowed", "host": "allowed.test",
+            "method": "GET", "reason": None}) in lines, lines  # fmt: skip
+    refused = [line for line in lines if line[2].get("egress") == "refused"]
+    assert refused and refused[0][0] == "WARNING" and "other.test" in refused[0][1], lines
+
+
+def test_e2bs_sdk_asks_for_domains_with_allow_out(gw: ServerThread) -> None:
+    sdk = pytest.importorskip("e2b_code_interpreter")
+    exceptions = pytest.importorskip("e2b.exceptions")
+    base = gw.url + "/e2b"
+    options = {"api_key": "e2b_00", "api_url": base, "sandbox_url": base}
+    sbx = sdk.Sandbox.create(network={"allow_out": ["allowed.test"]}, **options)
+    try:
+        fetched = sbx.run_code(
+            "import urllib.request\n"
+            "urllib.request.urlopen('http://allowed.test/data.csv', timeout=10).read()"
+        )
+        assert fetched.text == "b'a,b\\n1,2\\n3,4\\n'", fetched
+        command = sbx.commands.run(
+            'python3 -c "import urllib.request as u; '
+            "print(u.urlopen('http://allowed.test/data.csv', timeout=10).status)\""
+        )
+        assert command.stdout == "200\n", command
+    finally:
+        sbx.kill()
+    with pytest.raises(exceptions.SandboxException, match="evil.test"):
+        sdk.Sandbox.create(network={"allow_out": ["evil.test"]}, **options)
+    plain = sdk.Sandbox.create(**options)  # no rules: the gateway's default, none here
+    try:
+        refused = plain.run_code(
+            "import urllib.request\nurllib.request.urlopen('http://allowed.test/', timeout=5)"
+        )
+        assert refused.error is not None
+    finally:
+        plain.kill()
+
+
+async def test_mcps_run_python_asks_for_domains(gw: ServerThread) -> None:
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    def text(result: Any) -> str:
+        return "".join(getattr(c, "text", "") for c in result.content)
+
+    code = "import urllib.request\nprint(urllib.request.urlopen('{}', timeout=10).status)"
+    http = httpx2.AsyncClient(timeout=120)
+    transport = streamable_http_client(f"{gw.url}/mcp", http_client=http)
+    async with http, Client(transport) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        network = tools["run_python"].input_schema["properties"]["network"]
+        assert "allowed.test" in network["description"], network
+        ok = await client.call_tool(
+            "run_python",
+            {"code": code.format("http://allowed.test/data.csv"), "network": ["allowed.test"]},
+        )
+        assert not ok.is_error and text(ok).startswith("200"), text(ok)
+        refused = await client.call_tool(
+            "run_python",
+            {"code": code.format("http://other.test/data.csv"), "network": ["allowed.test"]},
+        )
+        assert refused.is_error and "network policy" in text(refused), text(refused)
+        wide = await client.call_tool("run_python", {"code": "1", "network": ["evil.test"]})
+        assert wide.is_error and "evil.test" in text(wide), text(wide)
+
+
+def test_jupyters_kernel_env_names_the_domains(gw: ServerThread) -> None:
+    started = httpx.post(
+        f"{gw.url}/api/kernels",
+        json={"name": "python3", "env": {"KERNEL_NETWORK_ALLOW": "allowed.test"}},
+        timeout=120,
+    )
+    assert started.status_code == 201, started.text
+    kernel_id = started.json()["id"]
+    sessions = {s["id"]: s for s in httpx.get(f"{gw.url}/sessions").json()["sessions"]}
+    assert {"allow": ["allowed.test"]} in [s["network"] for s in sessions.values()]
+    httpx.delete(f"{gw.url}/api/kernels/{kernel_id}")
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_durable_sessions_policy_survives_a_restart(
+    tmp_path: Path, upstream: dict[str, str], how: str
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("durable sessions run a root gateway (capped session disks)")
+    port = free_port()
+    cmd = serve_command(
+        tmp_path / "rt", port, "--backend", "docker", "--pool-size", "1", "--persist-sessions",
+        "--egress-allow", CEILING, "--egress-networks", upstream["networks"],
+    )  # fmt: skip
+    gateway = GatewayProcess(cmd, port, tmp_path, env={"KG_PRELOAD": ""}, up_within=90)
+    gateway.start()
+    try:
+        with gateway.client(timeout=120) as http:
+            made = http.post("/sessions", json={"network": {"allow": ["allowed.test"]}})
+            sid = made.json()["id"]
+            keep = http.post(f"/sessions/{sid}/execute", json={"code": "kept = 41"})
+            assert keep.status_code == 200
+        gateway.stop(getattr(signal, how))
+        gateway.start()
+        with gateway.client(timeout=120) as http:
+            assert http.get(f"/sessions/{sid}").json()["network"] == {"allow": ["allowed.test"]}
+        tries = {
+            "kept": "globals()['kept']",
+            "allowed": "get('http://allowed.test/data.csv')",
+            "other": "get('http://other.test/data.csv')",
+        }
+        found = attempts(gateway, sid, tries)  # type: ignore[arg-type]
+        assert found["kept"][0] == "reached" and found["allowed"][0] == "reached", found
+        assert found["other"][0] != "reached", found
+    finally:
+        gateway.stop(signal.SIGTERM)

@@ -454,6 +454,8 @@ class DockerBackend(Backend):
         adopted: dict[str, DockerKernel] = {}
         unwanted: list[str] = []
         for container in await self._containers():
+            if (container.get("Labels") or {}).get(LABEL_ROLE) == "egress":
+                continue  # the egress proxy this gateway has just started (kernels/egress/)
             name = container["Names"][0].lstrip("/") if container.get("Names") else ""
             kernel_id = name.removeprefix(prefix)
             conn_dir = self._runtime.path / "k" / kernel_id
