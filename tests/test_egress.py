@@ -175,7 +175,13 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
 
 
 def start(servers: ServerFactory, upstream: dict[str, str], backend: str) -> ServerThread:
-    return servers(backend, pool_size=1, egress_allow=CEILING, egress_networks=upstream["networks"])
+    return servers(
+        backend,
+        pool_size=1,
+        max_sessions=32,  # the tests leave their sessions to the gateway's end
+        egress_allow=CEILING,
+        egress_networks=upstream["networks"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -460,11 +466,11 @@ def test_a_durable_sessions_policy_survives_a_restart(
         pytest.skip("durable sessions run a root gateway (capped session disks)")
     port = free_port()
     cmd = serve_command(
-        tmp_path / "rt", port, "--backend", "docker", "--pool-size", "1", "--persist-sessions",
+        tmp_path / "rt", port, "--backend", "docker", "--pool-size", "1",
         "--egress-allow", CEILING, "--egress-networks", upstream["networks"],
     )  # fmt: skip
     gateway = GatewayProcess(cmd, port, tmp_path, env={"KG_PRELOAD": ""}, up_within=90)
-    gateway.start()
+    gateway.start("--persist-sessions")
     try:
         with gateway.client(timeout=120) as http:
             made = http.post("/sessions", json={"network": {"allow": ["allowed.test"]}})
@@ -472,7 +478,7 @@ def test_a_durable_sessions_policy_survives_a_restart(
             keep = http.post(f"/sessions/{sid}/execute", json={"code": "kept = 41"})
             assert keep.status_code == 200
         gateway.stop(getattr(signal, how))
-        gateway.start()
+        gateway.start("--persist-sessions")
         with gateway.client(timeout=120) as http:
             assert http.get(f"/sessions/{sid}").json()["network"] == {"allow": ["allowed.test"]}
         tries = {
@@ -484,4 +490,6 @@ def test_a_durable_sessions_policy_survives_a_restart(
         assert found["kept"][0] == "reached" and found["allowed"][0] == "reached", found
         assert found["other"][0] != "reached", found
     finally:
-        gateway.stop(signal.SIGTERM)
+        gateway.stop(signal.SIGKILL)
+        gateway.start()  # without the flag: it adopts what is left, and removes it at its stop
+        gateway.stop()
