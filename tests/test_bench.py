@@ -105,3 +105,21 @@ def test_bench_e2b_measures_the_sdk_beside_our_client(tmp_path: Path) -> None:
         for client in ("e2b_sdk", "own_client"):
             assert figures[key][client]["n"] > 0, (key, client)
     assert "| create → first result |" in result.stdout
+
+
+def test_bench_egress_measures_a_proxied_request_beside_a_direct_one(tmp_path: Path) -> None:
+    require_docker()
+    out = tmp_path / "egress.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.egress", "--smoke", "--image", IMAGE, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    for way in ("direct", "proxied"):
+        assert figures[way]["p50_ms"] > 0 and figures[way]["download_mib_s"] > 0, figures
+    assert figures["proxy_memory_mib"] > 0
+    assert "| HTTP GET, new connection" in result.stdout
