@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.backends import IMAGE, require_docker, require_gvisor
+from tests.support.backends import IMAGE, require_docker, require_gvisor, require_languages
 from tests.support.ports import free_port
 from tests.support.processes import Gateway as GatewayProcess
 from tests.support.processes import serve_command
@@ -266,6 +266,10 @@ def test_a_session_reaches_what_it_is_allowed_and_nothing_else(
             "metadata": "get('http://169.254.169.254/latest/meta-data/')",
             "port": "get('http://allowed.test:8080/')",
             "direct": f"socket.create_connection(('{address}', 443), 5)",
+            "gateway": f"get('{gw.url}/health')",
+            "gateway_proxied": f"get('{gw.url}/health', proxies={{'http': 'http://127.0.0.1:3128'}})",
+            "bridge_host": "get('http://172.17.0.1:2375/version')",
+            "docker_socket": "socket.socket(socket.AF_UNIX).connect('/var/run/docker.sock')",
             "dns": "socket.getaddrinfo('allowed.test', 443)",
             "udp": "socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
             f".sendto(b'x', ('{address}', 53))",
@@ -493,3 +497,29 @@ def test_a_durable_sessions_policy_survives_a_restart(
         gateway.stop(signal.SIGKILL)
         gateway.start()  # without the flag: it adopts what is left, and removes it at its stop
         gateway.stop()
+
+
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        ("r", "x <- readLines(url('http://allowed.test/data.csv')); cat(x[2])\n"
+              "r <- tryCatch(readLines(url('http://other.test/data.csv')), "
+              "error = function(e) 'refused', warning = function(w) 'refused'); cat('', r)"),
+        ("javascript", "const ok = await (await fetch('http://allowed.test/data.csv')).text();\n"
+                       "const no = await fetch('http://other.test/data.csv');\n"
+                       "console.log(ok.split('\\n')[1], no.status);"),
+        ("bash", "curl -s http://allowed.test/data.csv | sed -n 2p; "
+                 "curl -s -o /dev/null -w ' %{http_code}' http://other.test/data.csv"),
+    ],
+)  # fmt: skip
+def test_other_languages_use_the_proxy(gw: ServerThread, language: str, code: str) -> None:
+    require_languages(language)
+    made = httpx.post(
+        f"{gw.url}/sessions",
+        json={"language": language, "network": {"allow": ["allowed.test"]}},
+        timeout=120,
+    )
+    assert made.status_code == 201, made.text
+    shown = run(gw, made.json()["id"], code)
+    assert shown.split()[0] == "1,2", shown
+    assert shown.split()[1] in ("refused", "403"), shown
