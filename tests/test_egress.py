@@ -113,6 +113,20 @@ def make_wheel() -> tuple[str, bytes]:
     return name, buffer.getvalue()
 
 
+def _git_repository(bare: Path, work: Path) -> None:
+    """A repository of one file, served over git's "dumb" HTTP (static files)."""
+
+    def git(*args: str, cwd: Path = work) -> None:
+        subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+    git("init", "-q", "-b", "main")
+    (work / "README").write_text("cloned through the proxy\n")
+    git("add", "README")
+    git("-c", "user.name=kg", "-c", "user.email=kg@test", "commit", "-q", "-m", "one")
+    git("clone", "-q", "--bare", str(work), str(bare), cwd=work.parent)
+    git("update-server-info", cwd=bare)
+
+
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The upstream container on both test networks: the networks, its public address,
@@ -133,6 +147,7 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
     (site / "simple" / "kgthing" / "index.html").write_text(
         f'<html><body><a href="/{name}">{name}</a></body></html>'
     )
+    _git_repository(site / "repo.git", tmp_path_factory.mktemp("repo"))
     (folder / "serve.py").write_text(UPSTREAM)
     for path in [folder, *folder.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
@@ -509,10 +524,14 @@ def test_a_durable_sessions_policy_survives_a_restart(
                        "const no = await fetch('http://other.test/data.csv');\n"
                        "console.log(ok.split('\\n')[1], no.status);"),
         ("bash", "curl -s http://allowed.test/data.csv | sed -n 2p; "
-                 "curl -s -o /dev/null -w ' %{http_code}' http://other.test/data.csv"),
+                 "curl -s -o /dev/null -w ' %{http_code}' http://other.test/data.csv; "
+                 "echo; git -c http.sslCAInfo=ca.pem clone -q https://allowed.test/repo.git r "
+                 "&& cat r/README"),
     ],
 )  # fmt: skip
-def test_other_languages_use_the_proxy(gw: ServerThread, language: str, code: str) -> None:
+def test_other_languages_use_the_proxy(
+    gw: ServerThread, upstream: dict[str, str], language: str, code: str
+) -> None:
     require_languages(language)
     made = httpx.post(
         f"{gw.url}/sessions",
@@ -520,6 +539,10 @@ def test_other_languages_use_the_proxy(gw: ServerThread, language: str, code: st
         timeout=120,
     )
     assert made.status_code == 201, made.text
-    shown = run(gw, made.json()["id"], code)
+    sid = made.json()["id"]
+    assert httpx.put(f"{gw.url}/sessions/{sid}/files/ca.pem", content=upstream["ca"]).is_success
+    shown = run(gw, sid, code)
     assert shown.split()[0] == "1,2", shown
     assert shown.split()[1] in ("refused", "403"), shown
+    if language == "bash":  # git over HTTPS, through the proxy
+        assert "cloned through the proxy" in shown, shown
