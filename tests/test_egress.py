@@ -523,6 +523,15 @@ def test_a_durable_sessions_policy_survives_a_restart(
         ("javascript", "const ok = await (await fetch('http://allowed.test/data.csv')).text();\n"
                        "const no = await fetch('http://other.test/data.csv');\n"
                        "console.log(ok.split('\\n')[1], no.status);"),
+        ("java", "var c = java.net.http.HttpClient.newHttpClient();\n"
+                 "java.util.function.Function<String, java.net.http.HttpResponse<String>> get = "
+                 "u -> { try { return c.send(java.net.http.HttpRequest.newBuilder("
+                 "java.net.URI.create(u)).build(), "
+                 "java.net.http.HttpResponse.BodyHandlers.ofString()); } "
+                 "catch (Exception e) { throw new RuntimeException(e); } };\n"
+                 "System.out.println(get.apply(\"http://allowed.test/data.csv\").body()"
+                 ".split(\"\\n\")[1] + \" \" + "
+                 "get.apply(\"http://other.test/data.csv\").statusCode());"),
         ("bash", "curl -s http://allowed.test/data.csv | sed -n 2p; "
                  "curl -s -o /dev/null -w ' %{http_code}' http://other.test/data.csv; "
                  "echo; git -c http.sslCAInfo=ca.pem clone -q https://allowed.test/repo.git r "
