@@ -79,7 +79,7 @@ class Policy:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int, int] | None = None
         self._sessions: dict[str, Any] = {}
 
     def sessions(self) -> dict[str, Any]:
@@ -88,7 +88,7 @@ class Policy:
         except OSError:
             self._sessions, self._stamp = {}, None
             return self._sessions
-        stamp = (info.st_mtime_ns, info.st_ino)
+        stamp = (info.st_mtime_ns, info.st_ino, info.st_size, info.st_ctime_ns)
         if stamp != self._stamp:
             try:
                 with open(self.path, encoding="utf-8") as f:

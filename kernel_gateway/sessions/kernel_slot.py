@@ -141,8 +141,15 @@ class KernelSlot:
         self.restarts += 1
         self._metrics.kernel_restarted()
         self._watch(kernel)
-        for prepare in self.prepare:
-            await prepare(kernel)
+        try:
+            for prepare in self.prepare:
+                await prepare(kernel)
+        except Exception as exc:
+            # A kernel without what the slot promises (its proxy, its environment) is not
+            # kept: it counts as a failed start, and the next revival tries again.
+            self.kernel = None
+            await kernel.close()
+            raise KernelUnavailable(f"the new kernel could not be set up: {exc}") from exc
         if self.on_replace is not None:
             self.on_replace()
 

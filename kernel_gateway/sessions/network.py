@@ -44,6 +44,10 @@ def proxy_environment() -> dict[str, str]:
     }
 
 
+NETWORK_LANGUAGES = frozenset({"python", "r", "javascript", "typescript", "bash", "java"})
+"""The languages whose kernels can be pointed at the proxy (`proxy_setup_code`)."""
+
+
 def proxy_setup_code(language: str) -> str:
     """Silent code that points `language`'s kernel (and what it starts) at the proxy."""
     env = proxy_environment()
@@ -94,13 +98,17 @@ class SessionNetwork:
         """Enter the session in the proxy's policy."""
         await self._proxy.allow(self.session_id, self._secret, self.allow)
 
-    async def attach(self, kernel: Kernel) -> None:
-        """Give `kernel` its way out (its previous kernel's relay, if any, is closed)."""
+    async def attach(self, kernel: Kernel, *, configure: bool = True) -> None:
+        """Give `kernel` its way out (its previous kernel's relay, if any, is closed);
+        `configure`: also point the kernel's environment at the proxy (an adopted kernel's
+        already is, and may be busy with a cell)."""
         await self._close_relay()
         listen = await kernel.process.start_egress_forwarder(PORT)
         relay = Relay(listen, self._proxy.socket, self.session_id, self._secret, self._observe)
         await relay.start()
         self._relay = relay
+        if not configure:
+            return
         if not await kernel.run_silent(proxy_setup_code(kernel.language), SETUP_SECONDS):
             raise KernelUnavailable("the kernel did not take its proxy settings")
 

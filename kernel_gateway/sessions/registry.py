@@ -28,7 +28,6 @@ from kernel_gateway.errors import (
     BadRequest,
     Conflict,
     Forbidden,
-    GatewayError,
     InvalidRequest,
     KernelUnavailable,
     NetworkNotAllowed,
@@ -50,7 +49,7 @@ from kernel_gateway.kernels.workspace import Workspace
 from kernel_gateway.sessions.execution import Execution
 from kernel_gateway.sessions.files import SessionFiles
 from kernel_gateway.sessions.kernel_slot import KernelSlot
-from kernel_gateway.sessions.network import SessionNetwork
+from kernel_gateway.sessions.network import NETWORK_LANGUAGES, SessionNetwork
 from kernel_gateway.sessions.persistence import SessionRecord, SessionStore
 from kernel_gateway.sessions.restart_policy import RestartPolicy
 from kernel_gateway.sessions.session import Session
@@ -183,20 +182,7 @@ class Registry:
         session.restore(record)
         self._sessions[session.id] = session
         if record.network:
-            if self.egress is None:
-                logger.error(
-                    "session %s may reach %s, but this gateway has no egress proxy "
-                    "(--egress-allow): it reaches nothing",
-                    record.id,
-                    ", ".join(record.network),
-                )
-            else:
-                try:
-                    await self._give_network(session, record.network)
-                except GatewayError as exc:
-                    logger.error(
-                        "session %s: its network could not be restored: %s", record.id, exc
-                    )
+            await self._restore_network(session, record.network)
         return session
 
     def mark_lost(self, session_id: str, reason: str) -> None:
@@ -264,6 +250,33 @@ class Registry:
             raise KernelUnavailable("this gateway has no egress proxy running")
         return patterns
 
+    async def _restore_network(self, session: Session, allow: list[str]) -> None:
+        """An adopted session's policy, within today's `--egress-allow` (narrowed if the
+        operator narrowed it). It fails closed: whatever goes wrong, the kernel has no
+        network of its own, and the record keeps the policy for the next gateway."""
+        kept = [p for p in allow if not outside(self.settings.egress_ceiling, [p])]
+        if kept != allow:
+            logger.warning(
+                "session %s: %s no longer within --egress-allow; not restored",
+                session.id,
+                ", ".join(p for p in allow if p not in kept),
+            )
+        if not kept:
+            return
+        if self.egress is None:
+            logger.error("session %s may reach %s, but no egress proxy runs", session.id, kept)
+            return
+        network = SessionNetwork(session.id, kept, self.egress, self.warm.metrics)
+        session.network = network  # kept in the record even if what follows fails
+        session.slot.prepare.append(network.attach)
+        kernel = session.slot.kernel
+        try:
+            await network.open()
+            if kernel is not None:  # its environment already points at the proxy
+                await network.attach(kernel, configure=False)
+        except Exception as exc:
+            logger.error("session %s: its network was not restored: %s", session.id, exc)
+
     async def _give_network(self, session: Session, allow: list[str]) -> None:
         """`session` may reach `allow`: its way out, now and for each later kernel."""
         assert self.egress is not None
@@ -285,6 +298,7 @@ class Registry:
         self._refuse_if_draining()
         allow = self.network_policy(network)
         pool = self.pool(language)
+        _check_network_language(pool.language.name, allow)
         if self._held() + self._reserved >= self.settings.max_sessions:
             raise TooManySessions(
                 f"the gateway holds its maximum of {self.settings.max_sessions} sessions; "
@@ -403,6 +417,7 @@ class Registry:
         self._refuse_if_draining()
         allow = self.network_policy(network)
         pool = self.pool(language)
+        _check_network_language(pool.language.name, allow)
         if len(self._ephemeral) + self._reserved_stateless >= self.settings.max_stateless:
             raise TooManySessions(
                 f"{self.settings.max_stateless} stateless executions are already running; "
@@ -503,6 +518,14 @@ class Registry:
                         pass
                     except Exception:
                         logger.exception("removing idle session %s failed", session.id)
+
+
+def _check_network_language(language: str, allow: list[str]) -> None:
+    if allow and language not in NETWORK_LANGUAGES:
+        raise BadRequest(
+            f"network policies are not supported for {language} kernels (only for "
+            f"{', '.join(sorted(NETWORK_LANGUAGES))})"
+        )
 
 
 async def _never_relaunched(storage: SessionStorage) -> Kernel:

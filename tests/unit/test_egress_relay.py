@@ -121,3 +121,33 @@ async def test_without_the_proxy_the_kernel_is_told_at_once(folder: Path) -> Non
     assert answer.startswith(b"HTTP/1.1 502 Bad Gateway")
     assert decisions[0].outcome == "failed"
     await relay.close()
+
+
+async def test_a_head_with_a_bare_line_feed_is_refused(folder: Path) -> None:
+    """A bare LF could hide a Proxy-Authorization line from the relay and show it to squid."""
+    relay, squid, _ = await relay_to(folder, b"HTTP/1.1 200 OK\r\n\r\n")
+    smuggled = (
+        b"GET http://allowed.test/ HTTP/1.1\r\nX: y\nProxy-Authorization: Basic b3RoZXI6eA==\r\n"
+        b"Host: allowed.test\r\n\r\n"
+    )
+    answer = await exchange(relay, smuggled)
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request") and squid.heads == []
+    await relay.close()
+
+
+async def test_one_session_cannot_hold_more_than_its_share_of_connections(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernel_gateway.kernels.egress import relay as relay_module
+
+    monkeypatch.setattr(relay_module, "MAX_CONNECTIONS", 2)
+    relay, _, decisions = await relay_to(folder, b"HTTP/1.1 200 OK\r\n\r\n")
+    held = [await asyncio.open_unix_connection(str(relay.listen)) for _ in range(2)]
+    await asyncio.sleep(0.05)  # both accepted, each waiting for its request head
+    reader, writer = await asyncio.open_unix_connection(str(relay.listen))
+    assert (await reader.read()).startswith(b"HTTP/1.1 429")
+    assert decisions[-1].outcome == "refused"
+    writer.close()
+    for _, w in held:
+        w.close()
+    await relay.close()

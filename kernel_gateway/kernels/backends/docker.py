@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import tarfile
@@ -113,6 +114,8 @@ class DockerKernel(KernelProcess):
         self._exit: asyncio.Future[ExitInfo] = asyncio.get_running_loop().create_future()
         self._oom = False
         self._removed = False
+        self._egress_fd: int | None = None
+        """A descriptor of `/conn/egress/` once a network policy gave the kernel one."""
 
     def _on_oom(self) -> None:
         self._oom = True
@@ -152,31 +155,56 @@ class DockerKernel(KernelProcess):
         return command
 
     async def start_egress_forwarder(self, port: int) -> Path:
+        """See `KernelProcess`. The socket and the forwarder live in `/conn/egress/`, a
+        folder the gateway makes and the kernel cannot write (with a root gateway), reached
+        only through a descriptor of it: the kernel's own `/conn` is the kernel's to change
+        (symlinks planted there are never followed)."""
         if self._exit.done():
             raise KernelUnavailable("the kernel's container has ended")
-        ready = self._conn_dir / "egress.ready"
-        await asyncio.to_thread(self._write_forwarder, ready)
-        argv = ["/opt/venv/bin/python", "/conn/egress_forward.py", str(port)]
+        ready = f"egress-ready-{secrets.token_hex(8)}"  # unguessable: not planted in advance
+        folder = await asyncio.to_thread(self._egress_folder)
+        argv = ["/opt/venv/bin/python", "/conn/egress/egress_forward.py", str(port)]
         try:
             await self._backend.call(
                 self._backend.exec_detached,
                 self.name,
-                [*argv, "/conn/egress.sock", "/conn/egress.ready"],
+                [*argv, "/conn/egress/egress.sock", f"/conn/{ready}"],
             )
         except docker.errors.DockerException as exc:
             raise KernelUnavailable(f"could not start the egress forwarder: {exc}") from exc
         deadline = time.monotonic() + FORWARDER_READY_SECONDS
-        while not await asyncio.to_thread(ready.exists):
+        while not await asyncio.to_thread(os.path.lexists, self._conn_dir / ready):
             if self._exit.done() or time.monotonic() > deadline:
                 raise KernelUnavailable("the egress forwarder did not start")
             await asyncio.sleep(0.02)
-        return self._conn_dir / "egress.sock"
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(os.unlink, self._conn_dir / ready)  # never follows links
+        return folder / "egress.sock"
 
-    def _write_forwarder(self, ready: Path) -> None:
-        ready.unlink(missing_ok=True)
-        path = self._conn_dir / "egress_forward.py"
-        path.write_bytes(in_kernel_source("egress_forward.py"))
-        path.chmod(0o644)
+    def _egress_folder(self) -> Path:
+        """`/conn/egress/`, checked, with the forwarder in it; its path through this
+        process's descriptor of it (`/proc/self/fd/N`), which no later rename can redirect."""
+        if self._egress_fd is None:
+            path = self._conn_dir / "egress"
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o755)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as exc:
+                raise KernelUnavailable(f"the kernel's egress folder is not usable: {exc}") from exc
+            info = os.fstat(fd)
+            if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+                os.close(fd)
+                raise KernelUnavailable("the kernel's egress folder is not the gateway's own")
+            self._egress_fd = fd
+        fd = self._egress_fd
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink("egress_forward.py", dir_fd=fd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        out = os.open("egress_forward.py", flags, 0o644, dir_fd=fd)
+        with os.fdopen(out, "wb") as f:
+            f.write(in_kernel_source("egress_forward.py"))
+        return Path(f"/proc/self/fd/{fd}")
 
     async def cleanup(self) -> None:
         if self._removed:
@@ -186,6 +214,9 @@ class DockerKernel(KernelProcess):
         if not self._exit.done():
             self._exit.set_result(ExitInfo(None, "killed"))
         self._backend.forget(self)
+        if self._egress_fd is not None:
+            os.close(self._egress_fd)
+            self._egress_fd = None
         await asyncio.to_thread(shutil.rmtree, self._conn_dir, True)
 
 

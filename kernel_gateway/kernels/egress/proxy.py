@@ -51,6 +51,7 @@ HELPER = f"{INSIDE}/conf/policy.py"
 PYTHON = "/usr/bin/python3"
 READY_SECONDS = 60.0
 MEMORY_LIMIT = 256 * 2**20
+PIDS_LIMIT = 4096  # socat forks per connection: 32 per session (relay.MAX_CONNECTIONS) and more
 
 
 class EgressProxy:
@@ -150,9 +151,11 @@ class EgressProxy:
     def _create(self) -> None:
         api = self._backend.client.api
         runtime = self._backend.runtime
+        # Either one ending ends the container, which Docker starts again (restart policy).
         command = (
-            f"socat UNIX-LISTEN:{INSIDE}/run/squid.sock,fork,mode=666 "
-            f"TCP:127.0.0.1:{SQUID_PORT} & exec squid -N -f {INSIDE}/conf/squid.conf"
+            f"socat UNIX-LISTEN:{INSIDE}/run/squid.sock,fork,mode=666,unlink-early "
+            f"TCP:127.0.0.1:{SQUID_PORT} & squid -N -f {INSIDE}/conf/squid.conf & "
+            "wait -n; exit 1"
         )
         host_config = api.create_host_config(
             binds={
@@ -167,7 +170,8 @@ class EgressProxy:
             tmpfs={"/tmp": "rw,size=64m", "/var/spool/squid": "rw,size=1m"},
             mem_limit=MEMORY_LIMIT,
             memswap_limit=MEMORY_LIMIT,
-            pids_limit=256,
+            pids_limit=PIDS_LIMIT,
+            restart_policy={"Name": "on-failure"},
             log_config=docker.types.LogConfig(
                 type="json-file", config={"max-size": "1m", "max-file": "1"}
             ),
@@ -175,7 +179,7 @@ class EgressProxy:
         container = api.create_container(
             name=self.name,
             image=self._image,
-            command=["/bin/sh", "-c", command],
+            command=["/bin/bash", "-c", command],
             user=self._backend.user,
             labels={
                 LABEL_MANAGED: "1",

@@ -29,6 +29,9 @@ from urllib.parse import urlsplit
 logger = logging.getLogger(__name__)
 
 HEAD_LIMIT = 64 * 1024
+MAX_CONNECTIONS = 32
+"""Connections one session may have open through the proxy at once (the proxy's own
+processes and the gateway's descriptors are shared by every session)."""
 REQUEST_HEAD_SECONDS = 30.0
 CHUNK = 64 * 1024
 REFUSALS = {
@@ -79,7 +82,8 @@ class Relay:
         self._server = await asyncio.start_unix_server(
             self._accept, path=str(self.listen), limit=HEAD_LIMIT
         )
-        os.chmod(self.listen, 0o666)  # the kernel's user; its folder admits only that kernel
+        if os.geteuid() == 0:  # kernels run as another user; the folder is the gateway's own
+            os.chmod(self.listen, 0o666)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -94,6 +98,12 @@ class Relay:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._connections) >= MAX_CONNECTIONS:  # one session cannot starve the others
+            self._decided("?", "?", "refused", f"more than {MAX_CONNECTIONS} connections at once")
+            writer.write(_answer(429, "Too Many Requests", "too many connections at once"))
+            with contextlib.suppress(OSError):
+                writer.close()
+            return
         self._connections.add(task)
         try:
             await self._relay(reader, writer)
@@ -111,6 +121,8 @@ class Relay:
             writer.write(_answer(400, "Bad Request", "the request head is missing or too large"))
             return
         method, host = _target(head)
+        if head.count(b"\n") != head.count(b"\r\n") or head.count(b"\r") != head.count(b"\r\n"):
+            method = ""  # a bare CR or LF: parsers disagree on where a header starts
         if not method:
             writer.write(_answer(400, "Bad Request", "not an HTTP request to a proxy"))
             return

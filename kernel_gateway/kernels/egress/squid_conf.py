@@ -10,7 +10,9 @@ What it enforces (each line below says which threat it answers):
 - no destination in loopback, private, link-local (169.254.169.254, the clouds' metadata
   service), carrier-grade NAT, multicast or reserved ranges, checked on the addresses the
   proxy itself resolved and then connects to (a name that resolves there is refused: DNS
-  rebinding cannot reach the operator's network);
+  rebinding cannot reach the operator's network; `negative_dns_ttl` is also the floor of
+  how long squid keeps a positive answer, so a name answered with TTL 0 keeps the checked
+  addresses for the connection);
 - nothing cached, no `Via` or `X-Forwarded-For`, one request per client connection (the
   relay reads each connection's first request head only).
 """
@@ -78,7 +80,7 @@ shutdown_lifetime 1 seconds
 pinger_enable off
 connect_timeout 10 seconds
 dns_timeout 5 seconds
-negative_dns_ttl 5 seconds
+negative_dns_ttl 30 seconds
 error_directory {errors}
 
 auth_param basic program {python} {helper} auth {policy}

@@ -377,7 +377,8 @@ class McpService:
         mcp_session = _mcp_session(ctx)
         if mcp_session is None:
             return await self.registry.create_session(name, allow or "none"), ""
-        key = " ".join([mcp_session, *([name] if name != "python" else []), *allow])
+        # NUL cannot be in a session id, a language or a domain: keys cannot collide.
+        key = "\0".join([mcp_session, *([name] if name != "python" else []), *allow])
         lock = self._binding.setdefault(key, asyncio.Lock())
         async with lock:  # two first calls at once must not make two sessions
             bound = self._bound.get(key)
