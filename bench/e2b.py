@@ -16,7 +16,6 @@ Asserts nothing; prints a table and writes bench/results/e2b.json.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from typing import Any
 from e2b_code_interpreter import Sandbox
 
 from bench.languages import run_until_done, warm_pools
-from bench.run import ROOT, free_port, machine, serving, summary, wait_until
+from bench.run import ROOT, free_port, machine, report, serving, summary, wait_until
 from kernel_gateway.client import Client
 from kernel_gateway.settings import DEFAULT_IMAGE
 
@@ -140,15 +139,7 @@ def main() -> int:
             results["round_trip"] = round_trips(url, n)
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
-    m = results["machine"]
-    print(
-        f"\n{m['cpu']}, {m['cores']} cores, Linux {m['kernel']}, Docker {m['docker']} "
-        f"({results['mode']} run)\n"
-    )
-    print(table(results))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {args.json}")
+    report(results, [table(results)], args.json)
     return 0
 
 

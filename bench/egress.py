@@ -28,7 +28,7 @@ import docker
 import docker.types
 import httpx
 
-from bench.run import ROOT, free_port, machine, serving
+from bench.run import ROOT, free_port, machine, report, serving
 from kernel_gateway.settings import DEFAULT_IMAGE
 
 SUBNET = "198.51.100.0/24"  # TEST-NET-2: not a private range, so the proxy lets it through
@@ -133,19 +133,16 @@ def main() -> int:
         client.close()
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(runtime, ignore_errors=True)
-    m = results["machine"]
-    print(f"\n{m['cpu']}, {m['cores']} cores, Docker {m['docker']} ({results['mode']} run)\n")
-    d, p = results["direct"], results["proxied"]
-    print("| measure | direct | through the egress proxy |")
-    print("|---|---|---|")
-    print(f"| HTTP GET, new connection, p50 (p90) | {d['p50_ms']} ms ({d['p90_ms']}) | "
-          f"{p['p50_ms']} ms ({p['p90_ms']}) |")  # fmt: skip
-    print(f"| 20 MiB download | {d['download_mib_s']} MiB/s | {p['download_mib_s']} MiB/s |")
-    memory = results["proxy_memory_mib"]
-    print(f"| the proxy's memory (squid, its helpers, socat) | – | {memory} MiB |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {args.json}")
+    d, p, memory = results["direct"], results["proxied"], results["proxy_memory_mib"]
+    rows = [
+        "| measure | direct | through the egress proxy |",
+        "|---|---|---|",
+        f"| HTTP GET, new connection, p50 (p90) | {d['p50_ms']} ms ({d['p90_ms']}) | "
+        f"{p['p50_ms']} ms ({p['p90_ms']}) |",
+        f"| 20 MiB download | {d['download_mib_s']} MiB/s | {p['download_mib_s']} MiB/s |",
+        f"| the proxy's memory (squid, its helpers, socat) | – | {memory} MiB |",
+    ]
+    report(results, ["\n".join(rows)], args.json)
     return 0
 
 

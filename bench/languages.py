@@ -19,7 +19,6 @@ Asserts nothing; prints a table and writes bench/results/languages.json.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -30,7 +29,16 @@ from typing import Any
 import docker
 import httpx
 
-from bench.run import ROOT, cold_starts, free_port, machine, serving, summary, wait_until
+from bench.run import (
+    ROOT,
+    cold_starts,
+    free_port,
+    machine,
+    report,
+    serving,
+    summary,
+    wait_until,
+)
 from kernel_gateway.client import Client, Display, Done
 from kernel_gateway.kernels.languages import family_image, family_of
 from kernel_gateway.settings import DEFAULT_IMAGE
@@ -208,15 +216,7 @@ def main() -> int:
                     entry["first_chart"] = first_chart(url, language, small, pool)
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
-    m = results["machine"]
-    print(
-        f"\n{m['cpu']}, {m['cores']} cores, Linux {m['kernel']}, Docker {m['docker']} "
-        f"({results['mode']} run)\n"
-    )
-    print(table(results))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {args.json}")
+    report(results, [table(results)], args.json)
     return 0
 
 

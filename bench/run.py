@@ -109,6 +109,19 @@ def machine() -> dict[str, Any]:
 # -- the gateway under test --------------------------------------------------------------------
 
 
+def report(results: dict[str, Any], tables: list[str], path: Path) -> None:
+    """Print the machine, then `tables`; write `results` to `path` as JSON (every bench)."""
+    m = results["machine"]
+    print(
+        f"\n{m['cpu']}, {m['cores']} cores, Linux {m['kernel']}, Docker {m['docker']} "
+        f"({results['mode']} run)\n"
+    )
+    print("\n\n".join(tables))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {path}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
