@@ -94,6 +94,10 @@ def test_wheel_ships_every_file_of_the_kernel_image_context(wheel: Path) -> None
     # code copied into containers is found as package resources: it must ship
     assert "kernel_gateway/in_kernel/zygote.py" in names
     assert "kernel_gateway/in_kernel/kernel_startup.py" in names
+    # the egress proxy's image and the code it and kernels run for network policies
+    assert "kernel_gateway/kernel_image/egress/Dockerfile" in names
+    assert "kernel_gateway/in_proxy/policy.py" in names
+    assert "kernel_gateway/in_kernel/egress_forward.py" in names
 
 
 def test_installed_copy_builds_from_its_own_context(installed: Path) -> None:
