@@ -74,16 +74,20 @@ class Relay:
         self._authorization = f"Proxy-Authorization: Basic {token}".encode()
         self._observe = observe
         self._server: asyncio.AbstractServer | None = None
+        self._folder: int | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
+        # A descriptor of the socket's folder of the relay's own: it removes its socket
+        # there at the end, even after whoever gave `listen` has closed theirs.
+        self._folder = os.open(self.listen.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         with contextlib.suppress(FileNotFoundError):
-            self.listen.unlink()  # a socket left by a gateway before this one
+            os.unlink(self.listen.name, dir_fd=self._folder)  # left by a gateway before this one
         self._server = await asyncio.start_unix_server(
-            self._accept, path=str(self.listen), limit=HEAD_LIMIT
+            self._accept, path=f"/proc/self/fd/{self._folder}/{self.listen.name}", limit=HEAD_LIMIT
         )
         if os.geteuid() == 0:  # kernels run as another user; the folder is the gateway's own
-            os.chmod(self.listen, 0o666)
+            os.chmod(self.listen.name, 0o666, dir_fd=self._folder)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -92,8 +96,11 @@ class Relay:
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
-        with contextlib.suppress(OSError):
-            self.listen.unlink()
+        if self._folder is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.listen.name, dir_fd=self._folder)
+            os.close(self._folder)
+            self._folder = None
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
