@@ -227,6 +227,7 @@ class Registry:
     def network_policy(self, asked: list[str] | str | None) -> list[str]:
         """The allowlist a new session gets: `asked` (patterns, or "none") checked against
         `--egress-allow`, or `--egress-default` when it asks nothing."""
+        wide: list[str] = []
         if asked is None:
             patterns = list(self.settings.egress_default_list)
         elif asked == "none":
@@ -234,12 +235,21 @@ class Registry:
         elif isinstance(asked, str):
             raise InvalidRequest('\'network\' is "none" or {"allow": [domain patterns]}')
         else:
-            try:
-                patterns = list(dict.fromkeys(normalize(p) for p in asked))
-            except BadPattern as exc:
-                raise InvalidRequest(f"'network.allow': {exc}") from None
+            patterns = []
+            for raw in asked:
+                try:
+                    patterns.append(normalize(raw))
+                except BadPattern as exc:
+                    # Beyond the ceiling whatever it is: refused as not allowed (403), with why
+                    # it could not be a pattern anyway; within it (a malformed spelling of an
+                    # allowed name), a bad request.
+                    if outside(self.settings.egress_ceiling, [raw.strip().lower()]):
+                        wide.append(f"{raw!r} ({exc})")
+                    else:
+                        raise InvalidRequest(f"'network.allow': {exc}") from None
+            patterns = list(dict.fromkeys(patterns))
         ceiling = self.settings.egress_ceiling
-        wide = outside(ceiling, patterns)
+        wide += outside(ceiling, patterns)
         if wide:
             allowed = ", ".join(ceiling) if ceiling else "no domains at all"
             raise NetworkNotAllowed(

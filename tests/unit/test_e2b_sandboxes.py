@@ -229,9 +229,12 @@ async def test_what_a_sandbox_cannot_have_is_refused_not_ignored(registry: Regis
             "/v2/sandboxes", json={"network": {"allowOut": ["example.com"]}}, headers=key
         )  # beyond the gateway's --egress-allow (empty here): E2B's 403, naming it
         assert outside.status_code == 403 and "example.com" in outside.json()["message"]
+        literal = await http.post(
+            "/v2/sandboxes", json={"network": {"allowOut": ["1.2.3.4"]}}, headers=key
+        )  # not a domain, and beyond the ceiling anyway: 403, saying both
+        assert literal.status_code == 403 and "IP address" in literal.json()["message"]
         for body in (
             {"network": {"allowOut": "example.com"}},
-            {"network": {"allowOut": ["1.2.3.4"]}},
             {"mcp": {"github": {}}},
             {"volumeMounts": [{"name": "v", "path": "/data"}]},
         ):
