@@ -137,7 +137,9 @@ _ERROR_REASONS = {
     400: "Bad request: the body is not JSON, a bad file path, or (without a token) a `Host` "
     "that is not a loopback name.",
     401: "Missing or wrong bearer token (the same answer for both).",
-    403: "The file path is or passes through a symlink, or cannot be accessed.",
+    403: "The file path is or passes through a symlink, or cannot be accessed; or the "
+    "network policy asks for domains beyond the gateway's `--egress-allow` "
+    "(`network_not_allowed`).",
     404: "No such session, execution, file or route.",
     409: "The session is busy (too many queued executions), deleted, or failed; or the file "
     "path names a folder.",
@@ -331,7 +333,7 @@ def _operations(settings: Settings) -> list[tuple[str, str, JSON]]:
                 "responses": {
                     "200": _ok("The execution's events.", _STREAM, _EXECUTION_ID),
                 },
-                "x-errors": [*json_body, 429, *kernel_start],
+                "x-errors": [*json_body, 403, 429, *kernel_start],
             },
         ),
         (
@@ -352,7 +354,7 @@ def _operations(settings: Settings) -> list[tuple[str, str, JSON]]:
                         "links": _SESSION_LINKS,
                     }
                 },
-                "x-errors": [*json_body, 429, *kernel_start],
+                "x-errors": [*json_body, 403, 429, *kernel_start],
             },
         ),
         (
