@@ -21,6 +21,7 @@
     ├── InvalidRequest                422 invalid_request     (well-formed JSON, wrong fields)
     ├── TooManySessions               429 too_many_sessions   (+ Retry-After)
     ├── KernelUnavailable             503 kernel_unavailable  (+ Retry-After: no kernel could start)
+    │   └── HibernationFailed         503 hibernation_failed  (not saved: the session runs on)
     ├── BadGateway                    502 bad_gateway         (router: a node's answer was broken)
     ├── ShuttingDown                  503 shutting_down       (+ Retry-After: the gateway drains)
     │   └── NodeUnavailable           503 node_unavailable    (router: a node restarts; Retry-After)
@@ -149,6 +150,12 @@ class TooManySessions(GatewayError):
 class KernelUnavailable(GatewayError):
     status_code = 503
     error_type = "kernel_unavailable"
+
+
+class HibernationFailed(KernelUnavailable):
+    """A session could not be saved to disk: it was not hibernated, and runs on as it was."""
+
+    error_type = "hibernation_failed"
 
 
 class ShuttingDown(GatewayError):

@@ -136,6 +136,28 @@ class Metrics:
             ["decision"],
             registry=r,
         )
+        self.hibernations = Counter(
+            "kernel_gateway_hibernations",
+            "Sessions hibernated (saved to disk, kernel stopped).",
+            registry=r,
+        )
+        self.hibernation_failures = Counter(
+            "kernel_gateway_hibernation_failures",
+            "Hibernations that failed to save the session (it ran on).",
+            registry=r,
+        )
+        self.hibernate_seconds = Histogram(
+            "kernel_gateway_hibernate_duration_seconds",
+            "Time to hibernate a session: its snapshot written, its kernel stopped.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.resume_seconds = Histogram(
+            "kernel_gateway_resume_duration_seconds",
+            "Time to resume a hibernated session: a kernel on its disk, its snapshot loaded.",
+            buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10),
+            registry=r,
+        )
         self.http_requests = Counter(
             "kernel_gateway_http_requests",
             "HTTP requests answered, by method, route template and status.",
@@ -200,6 +222,16 @@ class Metrics:
         for event in events:
             self.events_sent.labels(event if event in EVENT_NAMES else "other", "json").inc()
         self.bytes_sent.labels("json").inc(size)
+
+    def hibernated(self, seconds: float) -> None:
+        self.hibernations.inc()
+        self.hibernate_seconds.observe(seconds)
+
+    def hibernation_failed(self) -> None:
+        self.hibernation_failures.inc()
+
+    def resumed(self, seconds: float) -> None:
+        self.resume_seconds.observe(seconds)
 
     def egress_request(self, decision: str) -> None:
         self.egress_requests.labels(decision if decision in EGRESS_DECISIONS else "failed").inc()

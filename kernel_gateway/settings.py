@@ -63,6 +63,7 @@ POSITIVE_NUMBERS = (
     "restart_window",
     "cpu_limit",
     "drain_timeout",
+    "hibernated_ttl",
 )
 
 
@@ -128,6 +129,8 @@ class Settings:
     exec_timeout: float = 60.0
     max_exec_timeout: float = 3600.0
     idle_timeout: float = 1200.0
+    hibernate_after: float = 0.0
+    hibernated_ttl: float = 7 * 24 * 3600.0
     interrupt_grace: float = 1.5
     kernel_start_timeout: float = 30.0
     max_concurrent_starts: int = 4
@@ -200,6 +203,10 @@ class Settings:
             raise ValueError(f"{_origin('adopt_wait')}: must be a finite number >= 0")
         if not (math.isfinite(self.reconnect_grace) and self.reconnect_grace >= 0):
             raise ValueError(f"{_origin('reconnect_grace')}: must be a finite number >= 0")
+        if not math.isfinite(self.hibernate_after) or self.hibernate_after < 0:
+            raise ValueError(
+                f"{_origin('hibernate_after')}: must be a finite number >= 0 (0: never)"
+            )
         if self.persist_sessions and self.backend == "local":
             raise ValueError(
                 f"{_origin('persist_sessions')}: sessions can outlive the gateway only on the "
@@ -527,7 +534,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="the egress proxy's image (default the kernel image's name with -egress)",
     )
     add("--exec-timeout", type=float, help="default execution timeout, seconds (default 60)")
-    add("--idle-timeout", type=float, help="idle session lifetime, seconds (default 1200)")
+    add(
+        "--idle-timeout",
+        type=float,
+        help="idle session lifetime, seconds (default 1200); with --hibernate-after, "
+        "sessions are hibernated instead",
+    )
+    add(
+        "--hibernate-after",
+        type=float,
+        help="seconds idle before a session is saved to disk and its kernel stopped "
+        "(default 0: never); it resumes by itself on its next call",
+    )
+    add(
+        "--hibernated-ttl",
+        type=float,
+        help="seconds a hibernated session is kept before it is deleted with its files "
+        "(default 604800: 7 days)",
+    )
     add("--memory-limit", help="memory per kernel, e.g. 512m, 1g, 1GiB (default 1g)")
     add("--cpu-limit", type=float, help="CPUs per kernel container (default 1.0)")
     add("--pids-limit", type=int, help="processes per kernel container (default 256)")

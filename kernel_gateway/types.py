@@ -12,7 +12,9 @@ DoneStatus = Literal["ok", "error", "timeout", "interrupted", "died"]
 """How a cell ended: the `status` of its `done` event (one stop reason each)."""
 DONE_STATUSES: tuple[DoneStatus, ...] = get_args(DoneStatus)
 
-EventName = Literal["stdout", "stderr", "display", "result", "clear", "error", "file", "done"]
+EventName = Literal[
+    "resumed", "stdout", "stderr", "display", "result", "clear", "error", "file", "done"
+]
 """The events a cell's stream carries (SSE `event:` names), in the API's documented order."""
 EVENT_NAMES: tuple[EventName, ...] = get_args(EventName)
 
@@ -25,7 +27,7 @@ DIED_REASONS: tuple[DiedReason, ...] = get_args(DiedReason)
 ExecutionStatus = Literal[Literal["queued", "running"], DoneStatus]
 """Where an execution is: waiting its turn, running, or how it ended."""
 
-SessionStatus = Literal["idle", "busy", "restarting", "failed", "closed"]
+SessionStatus = Literal["idle", "busy", "restarting", "hibernated", "failed", "closed"]
 """A session's state as the API reports it."""
 
 

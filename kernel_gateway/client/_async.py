@@ -259,6 +259,16 @@ class AsyncSession(BaseSession[AsyncClient]):
     async def delete(self) -> None:
         await self.client._send(self._delete())
 
+    async def hibernate(self) -> dict[str, Any]:
+        """Save the session's variables to disk and stop its kernel (it resumes by itself on
+        its next call); the session, whose `hibernation.lost` names what was not kept."""
+        return await self.client._send(self._hibernate())
+
+    async def resume(self) -> dict[str, Any] | None:
+        """Bring a hibernated session back now: what resuming reported (`lost`: the names
+        that did not come back, each with why), or None if it was not hibernated."""
+        return await self.client._send(self._resume())
+
     async def upload(self, path: str, data: bytes) -> dict[str, Any]:
         return await self.client._send(self._upload(path, data))
 

@@ -337,6 +337,12 @@ class BaseSession(Generic[ClientT]):
     def _delete(self) -> Call[None]:
         return Call("DELETE", self._path, _nothing)
 
+    def _hibernate(self) -> Call[dict[str, Any]]:
+        return Call("POST", f"{self._path}/hibernate", json_object)
+
+    def _resume(self) -> Call[dict[str, Any] | None]:
+        return Call("POST", f"{self._path}/resume", _field("resumed"))
+
     def _upload(self, path: str, data: bytes) -> Call[dict[str, Any]]:
         return Call("PUT", _file_path(self.id, path), json_object, content=data)
 

@@ -214,6 +214,16 @@ class Session(BaseSession[Client]):
     def delete(self) -> None:
         self.client._send(self._delete())
 
+    def hibernate(self) -> dict[str, Any]:
+        """Save the session's variables to disk and stop its kernel (it resumes by itself on
+        its next call); the session, whose `hibernation.lost` names what was not kept."""
+        return self.client._send(self._hibernate())
+
+    def resume(self) -> dict[str, Any] | None:
+        """Bring a hibernated session back now: what resuming reported (`lost`: the names
+        that did not come back, each with why), or None if it was not hibernated."""
+        return self.client._send(self._resume())
+
     def upload(self, path: str, data: bytes) -> dict[str, Any]:
         return self.client._send(self._upload(path, data))
 

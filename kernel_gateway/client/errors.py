@@ -31,6 +31,7 @@
             ├── BadGatewayError         502 bad_gateway (a cluster router: a node's answer broke)
             └── UnavailableError        503 (retry_after)
                 ├── KernelUnavailableError   503 kernel_unavailable
+                │   └── HibernationFailedError 503 hibernation_failed (not saved: runs on)
                 ├── ShuttingDownError        503 shutting_down (the gateway is restarting)
                 │   └── NodeUnavailableError 503 node_unavailable (a cluster node restarts)
                 └── BackendUnavailableError  503 backend_unavailable
@@ -194,6 +195,10 @@ class KernelUnavailableError(UnavailableError):
     """503: no kernel could be started in time."""
 
 
+class HibernationFailedError(KernelUnavailableError):
+    """503: the session could not be saved to disk; it was not hibernated and runs on."""
+
+
 class ShuttingDownError(UnavailableError):
     """503: the gateway is stopping for a restart and refused the call before doing anything."""
 
@@ -232,6 +237,7 @@ BY_TYPE: dict[str, type[APIError]] = {
     "internal_error": ServerError,
     "bad_gateway": BadGatewayError,
     "kernel_unavailable": KernelUnavailableError,
+    "hibernation_failed": HibernationFailedError,
     "backend_unavailable": BackendUnavailableError,
     "shutting_down": ShuttingDownError,
     "node_unavailable": NodeUnavailableError,

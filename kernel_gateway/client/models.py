@@ -68,6 +68,23 @@ class File:
 
 
 @dataclass(frozen=True)
+class Lost:
+    """A name a hibernated session's snapshot could not keep, and why."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The session was hibernated and resumed for this cell: what did not come back."""
+
+    lost: list[Lost]
+    hibernated_seconds: float
+    resume_ms: float
+
+
+@dataclass(frozen=True)
 class Done:
     status: str
     execution_count: int | None
@@ -75,9 +92,19 @@ class Done:
     restarted: bool
     reason: str | None = None
     truncated: bool = False
+    resumed: Resumed | None = None
+    """Set when the session resumed from hibernation for this cell."""
 
 
-Event = Stdout | Stderr | Display | Result | Clear | Error | File | Done
+Event = Resumed | Stdout | Stderr | Display | Result | Clear | Error | File | Done
+
+
+def _resumed(data: dict[str, Any]) -> Resumed:
+    return Resumed(
+        [Lost(str(x["name"]), str(x["reason"])) for x in data["lost"]],
+        float(data["hibernated_seconds"]),
+        float(data["resume_ms"]),
+    )
 
 
 def event_from(name: str, data: dict[str, Any]) -> Event | None:
@@ -111,7 +138,10 @@ def event_from(name: str, data: dict[str, Any]) -> Event | None:
             data["restarted"],
             data.get("reason"),
             bool(data.get("truncated", False)),
+            _resumed(data["resumed"]) if data.get("resumed") else None,
         )
+    if name == "resumed":
+        return _resumed(data)
     return None
 
 
@@ -157,6 +187,9 @@ class Execution:
     files: list[File] = field(default_factory=list)
     error: Error | None = None
     done: Done | None = None
+    resumed: Resumed | None = None
+    """Set when the session resumed from hibernation for this cell: `lost` names what did
+    not come back."""
 
     @property
     def status(self) -> str:
@@ -187,3 +220,5 @@ class Execution:
             self.error = event
         elif isinstance(event, Done):
             self.done = event
+        elif isinstance(event, Resumed):
+            self.resumed = event

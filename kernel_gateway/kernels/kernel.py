@@ -46,6 +46,10 @@ logger = logging.getLogger(__name__)
 Listener = Callable[[Message], None]
 
 
+class KernelCallFailed(Exception):
+    """Silent code the gateway ran in a kernel failed (`Kernel.evaluate`): the words say why."""
+
+
 class OutputSink(Protocol):
     """Receives what one execute_request caused on IOPub, already parsed."""
 
@@ -254,6 +258,42 @@ class Kernel:
             return reply.done() and reply.result()["content"].get("status") == "ok"
         finally:
             self.forget(msg_id)
+
+    async def evaluate(self, code: str, expression: str, seconds: float) -> str:
+        """Run `code` silently, then return `expression`'s value as text (`text/plain`).
+
+        Raises `KernelCallFailed` saying why when the code fails, the kernel ends, or no
+        answer comes within `seconds`."""
+        content = {
+            "code": code,
+            "silent": True,
+            "store_history": False,
+            "user_expressions": {"value": expression},
+            "allow_stdin": False,
+            "stop_on_error": False,
+        }
+        msg_id, reply = await self._send(self._shell, "execute_request", content)
+        try:
+            waiting: set[asyncio.Future[Any]] = {reply, self.exited}
+            await asyncio.wait(waiting, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.forget(msg_id)
+        if not reply.done() or reply.cancelled():
+            if self.exit_info is not None:
+                raise KernelCallFailed(self.exit_info.describe())
+            raise KernelCallFailed(f"no answer within {seconds:g} s")
+        answer = reply.result()["content"]
+        if answer.get("status") != "ok":
+            raise KernelCallFailed(f"{answer.get('ename', 'Error')}: {answer.get('evalue', '')}")
+        value = answer.get("user_expressions", {}).get("value", {})
+        if not isinstance(value, dict) or value.get("status") != "ok":
+            name = value.get("ename", "Error") if isinstance(value, dict) else "Error"
+            evalue = value.get("evalue", "") if isinstance(value, dict) else ""
+            raise KernelCallFailed(f"{name}: {evalue}")
+        text = value.get("data", {}).get("text/plain")
+        if not isinstance(text, str):
+            raise KernelCallFailed("the kernel answered without a value")
+        return text
 
     async def wait_ready(self, seconds: float) -> None:
         """Wait until the kernel answers on shell and its IOPub output reaches us.

@@ -90,6 +90,37 @@ def make_storage_dirs(storage: SessionStorage, owner: tuple[int, int] | None) ->
         os.chmod(path, mode)
 
 
+CARRIED = ("files", "tmp", "home")
+"""A storage's folders a kernel sees (its working directory, /tmp and home)."""
+
+
+def carry(carrier: SessionStorage, storage: SessionStorage) -> None:
+    """Mount `storage`'s folders over `carrier`'s: a kernel started on `carrier`, whose binds
+    receive mounts made below its storage's root, works on `storage` from now on.
+
+    All or nothing: on failure the mounts made are undone, and the error raised."""
+    done: list[Path] = []
+    try:
+        for name in CARRIED:
+            point = carrier.root / name
+            _run("mount", "--bind", str(storage.root / name), str(point))
+            done.append(point)
+    except BaseException:
+        for point in reversed(done):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                unmount(point)
+        raise
+
+
+def uncarry(carrier: SessionStorage) -> None:
+    """Undo `carry`: unmount what was mounted over `carrier`'s folders (none: nothing)."""
+    mounted = set(mounts_under(carrier.root))
+    for name in CARRIED:
+        point = carrier.root / name
+        if str(point.resolve()) in mounted:
+            unmount(point)
+
+
 def mounts_under(folder: Path) -> list[str]:
     """Mount points below `folder` (such as session disks), as /proc/self/mounts lists them."""
     prefix = str(folder.resolve()) + "/"
@@ -175,6 +206,9 @@ class LoopStorage(StorageProvider):
                 os.close(fd)
             _run("mkfs.ext4", *MKFS_OPTIONS, str(image))
             _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(root))
+            # Shared: mounts made below it later reach the kernel's container (its binds
+            # receive them), which is how a warm kernel takes up a hibernated session's disk.
+            _run("mount", "--make-shared", str(root))
             if self.direct_io:
                 set_direct_io(root)
             storage = SessionStorage(root)

@@ -59,6 +59,7 @@ RESPONSES = (
     models.Error,
     models.Session,
     models.InterruptedSession,
+    models.ResumedSession,
     models.SessionList,
     models.ExecutionList,
     models.FileInfo,
@@ -241,6 +242,8 @@ _SESSION_LINKS = {
         ("ListExecutions", "listExecutions"),
         ("Interrupt", "interruptSession"),
         ("Restart", "restartSession"),
+        ("Hibernate", "hibernateSession"),
+        ("Resume", "resumeSession"),
         ("ListFiles", "listFiles"),
     )
 }
@@ -485,6 +488,41 @@ def _operations(settings: Settings) -> list[tuple[str, str, JSON]]:
                 "parameters": [_SESSION_ID],
                 "responses": {"200": _ok("The session, on a fresh kernel.", _json("Session"))},
                 "x-errors": [404, 410, *kernel_start],
+            },
+        ),
+        (
+            "/sessions/{session_id}/hibernate",
+            "post",
+            {
+                "operationId": "hibernateSession",
+                "summary": "Save the session's variables to disk and stop its kernel; it "
+                "resumes by itself on its next call (Python sessions).",
+                "description": "Waits until it is saved. 409 `session_busy` while a cell runs "
+                "or waits (or arrives while it is saved: the cell wins); 503 "
+                "`hibernation_failed` when it could not be saved (it runs on as it was). "
+                "`hibernation.lost` names what the snapshot could not keep.",
+                "tags": ["sessions"],
+                "parameters": [_SESSION_ID],
+                "responses": {"200": _ok("The session, hibernated.", _json("Session"))},
+                "x-errors": [404, 409, 410, 503],
+            },
+        ),
+        (
+            "/sessions/{session_id}/resume",
+            "post",
+            {
+                "operationId": "resumeSession",
+                "summary": "Bring a hibernated session back now (any call that needs its "
+                "kernel does this by itself).",
+                "tags": ["sessions"],
+                "parameters": [_SESSION_ID],
+                "responses": {
+                    "200": _ok(
+                        "The session, running, with what resuming it reported.",
+                        _json("ResumedSession"),
+                    )
+                },
+                "x-errors": [404, 409, 410, *kernel_start],
             },
         ),
         (

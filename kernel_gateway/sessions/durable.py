@@ -135,6 +135,11 @@ class DurableSessions:
         )
         warm = registry.warm
         keep = {s.slot.storage.root.name for s in registry.sessions()}
+        keep |= {s.carrier.root.name for s in registry.sessions() if s.carrier is not None}
+        # Snapshots of sessions not adopted: deleted with them.
+        snapshots = registry.hibernator.snapshots
+        for orphan in await asyncio.to_thread(snapshots.ids) - {s.id for s in registry.sessions()}:
+            await asyncio.to_thread(snapshots.delete, orphan)
         # Listed now (before the warm pool makes new ones), released while serving.
         self._tasks.spawn(warm.remove_storages(await warm.unclaimed_storage(keep)))
         if records:
@@ -156,6 +161,14 @@ class DurableSessions:
         reason = None
         if warm is None:
             reason = f"this gateway does not serve its language, {record.language}"
+        elif record.hibernated is not None:  # no kernel: its disk and snapshot are enough
+            if not await asyncio.to_thread(storage.files.is_dir):
+                reason = "its files are gone"
+            else:
+                if process is not None:  # a kernel it had before it hibernated: not its own
+                    await process.cleanup()
+                await registry.add_hibernated(record, storage)
+                return True
         elif process is None:
             reason = "its kernel is no longer running"
         elif not await asyncio.to_thread(storage.files.is_dir):

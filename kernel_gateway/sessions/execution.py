@@ -87,6 +87,9 @@ class Execution:
         """The kernel was replaced before or during this cell: earlier state is gone."""
         self.session_failed = False
         """This cell's kernel death spent the session's restart budget."""
+        self.resumed: JSON | None = None
+        """The session resumed from hibernation for this cell (or since its last one): what
+        was lost, in `done` too."""
         self.around: tuple[str, str] | None = None
         """Silent code the kernel runs just before and just after the cell (`submit`)."""
         self.idle = asyncio.Event()
@@ -197,6 +200,8 @@ class Execution:
                 data["session_failed"] = True
         if self._limiter.truncated:
             data["truncated"] = True
+        if self.resumed is not None:
+            data["resumed"] = self.resumed
         return data
 
     # -- what the kernel sends (OutputSink) -------------------------------------------------

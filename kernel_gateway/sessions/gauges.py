@@ -36,6 +36,11 @@ class RegistryGauges(Collector):
         stats = registry.stats()
         for name, value, text in (
             ("sessions", len(sessions), "Sessions open (stateless ones not included)."),
+            (
+                "hibernated_sessions",
+                sum(1 for s in sessions if s.hibernated),
+                "Sessions hibernated: on disk, no kernel running (counted in sessions).",
+            ),
             ("sessions_limit", stats["max_sessions"], "--max-sessions."),
             ("stateless_executions", stats["stateless"], "Stateless executions under way."),
             ("stateless_limit", stats["max_stateless"], "--max-stateless."),

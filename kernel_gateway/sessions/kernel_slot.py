@@ -38,7 +38,7 @@ class KernelSlot:
     def __init__(
         self,
         session_id: str,
-        kernel: Kernel,
+        kernel: Kernel | None,
         storage: SessionStorage,
         launch: Launcher,
         policy: RestartPolicy,
@@ -50,8 +50,11 @@ class KernelSlot:
         self._metrics = metrics
         self._session_id = session_id
         self.kernel: Kernel | None = kernel
-        self.kernel_id = kernel.id
+        self.kernel_id = kernel.id if kernel is not None else ""
         """The id of the kernel last put in the slot (kept while a replacement starts)."""
+        self.hibernated = kernel is None
+        """No kernel, on purpose: the session is hibernated (`park`); it resumes with a kernel
+        given to `install` (sessions/hibernation.py), never by `revive`."""
         self.storage = storage
         self._launch = launch
         self.policy = policy
@@ -69,7 +72,8 @@ class KernelSlot:
         self._counted: set[Kernel] = set()
         self._notice = False
         self._tasks = TaskSet()
-        self._watch(kernel)
+        if kernel is not None:
+            self._watch(kernel)
 
     @property
     def alive(self) -> bool:
@@ -115,6 +119,8 @@ class KernelSlot:
         """
         if self.alive:
             return False
+        if self.hibernated:
+            raise KernelUnavailable("the session is hibernated: resume it first")
         if self.kernel is not None:
             self.note_death(self.kernel)
         if self.policy.failed:
@@ -137,9 +143,23 @@ class KernelSlot:
         if self.closed:
             await kernel.close()
             return
-        self.kernel, self.kernel_id = kernel, kernel.id
         self.restarts += 1
         self._metrics.kernel_restarted()
+        await self.install(kernel)
+
+    def park(self) -> Kernel | None:
+        """Take the kernel out without a death or a restart notice: the session hibernates
+        (hold `lock`). Returns it, for the caller to end once it has saved what it needs."""
+        kernel, self.kernel = self.kernel, None
+        self.hibernated = True
+        return kernel
+
+    async def install(self, kernel: Kernel) -> None:
+        """Put a new, running `kernel` in the slot and prepare it (hold `lock`): after a
+        replacement, or as a hibernated session resumes. Raises KernelUnavailable, with the
+        kernel closed, when it could not be prepared. (A resuming session stays `hibernated`
+        until its snapshot is loaded.)"""
+        self.kernel, self.kernel_id = kernel, kernel.id
         self._watch(kernel)
         try:
             for prepare in self.prepare:

@@ -355,6 +355,25 @@ class NetworkGranted(TypedDict):
 
 
 @_closed
+class LostName(TypedDict):
+    name: str
+    """The variable's name (`Out[N]` for an output kept in `Out`; `*` for all of them)."""
+    reason: str
+    """Why it could not be kept, e.g. `TypeError: cannot pickle 'socket' object`."""
+
+
+@_closed
+class Hibernation(TypedDict):
+    """A hibernated session's snapshot: its variables are on disk, its kernel stopped."""
+
+    since: Timestamp
+    bytes: Count
+    """The snapshot's size on disk."""
+    lost: list[LostName]
+    """Names the snapshot could not keep: they will be missing when the session resumes."""
+
+
+@_closed
 class Session(TypedDict):
     """A session: a kernel kept for one client, with its working directory."""
 
@@ -377,12 +396,30 @@ class Session(TypedDict):
         Literal["none"] | NetworkGranted,
         Field(description='Its network policy: "none", or the domains it may reach.'),
     ]
+    hibernation: Annotated[
+        Hibernation | None,
+        Field(
+            description="While `status` is `hibernated`: its snapshot; else null. Any call "
+            "that needs the kernel resumes it."
+        ),
+    ]
 
 
 @_closed
 class InterruptedSession(Session):
     interrupted: bool
     """false when nothing was running"""
+
+
+@_closed
+class ResumedSession(Session):
+    resumed: Annotated[
+        ResumedData | None,
+        Field(
+            description="What resuming it reported (the names that did not come back); null "
+            "when it was not hibernated."
+        ),
+    ]
 
 
 @_closed
@@ -537,6 +574,16 @@ class FileData(TypedDict):
 
 
 @_closed
+class ResumedData(TypedDict):
+    """The session was hibernated and resumed for this cell (or since its last one)."""
+
+    lost: list[LostName]
+    """Names that did not come back, each with why; empty when everything did."""
+    hibernated_seconds: Annotated[float, Field(ge=0)]
+    resume_ms: Milliseconds
+
+
+@_closed
 class DoneData(TypedDict):
     status: DoneStatus
     execution_count: int | None
@@ -546,6 +593,14 @@ class DoneData(TypedDict):
     """Why the kernel went away; only with status `died`."""
     session_failed: NotRequired[Literal[True]]
     truncated: NotRequired[Literal[True]]
+    resumed: NotRequired[ResumedData]
+    """Present when the session resumed from hibernation for this cell: what was lost."""
+
+
+@_closed
+class ResumedEvent(TypedDict):
+    event: Literal["resumed"]
+    data: ResumedData
 
 
 @_closed
@@ -597,6 +652,7 @@ class DoneEvent(TypedDict):
 
 
 EVENT_TYPES = (
+    ResumedEvent,
     StdoutEvent,
     StderrEvent,
     DisplayEvent,
@@ -609,7 +665,8 @@ EVENT_TYPES = (
 Event = TypeAliasType(
     "Event",
     Annotated[
-        StdoutEvent
+        ResumedEvent
+        | StdoutEvent
         | StderrEvent
         | DisplayEvent
         | ResultEvent

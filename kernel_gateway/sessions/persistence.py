@@ -44,6 +44,27 @@ class RunningCell:
 
 
 @dataclass(frozen=True)
+class HibernatedState:
+    """A hibernated session: since when, its snapshot's size, what it could not keep (each
+    `{"name", "reason"}`), and why there is no snapshot at all, if that happened."""
+
+    since: float
+    """Wall-clock time (epoch seconds) it was hibernated."""
+    bytes: int = 0
+    lost: list[dict[str, str]] = field(default_factory=list)
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HibernatedState:
+        return cls(
+            since=float(data["since"]),
+            bytes=int(data.get("bytes", 0)),
+            lost=[{"name": str(x["name"]), "reason": str(x["reason"])} for x in data["lost"]],
+            error=str(data["error"]) if data.get("error") else None,
+        )
+
+
+@dataclass(frozen=True)
 class SessionRecord:
     id: str
     kernel_id: str
@@ -63,6 +84,12 @@ class SessionRecord:
     """Its kernel's language (records written before languages existed are Python's)."""
     network: list[str] = field(default_factory=list)
     """Its network allowlist (empty: no network)."""
+    hibernated: HibernatedState | None = None
+    """Set while it is hibernated: no kernel runs (`kernel_id` is its last one's), its
+    namespace is in its snapshot."""
+    carrier: str | None = None
+    """The storage folder (by name) whose kernel was given this session's disk when it
+    resumed (`Backend.carry`): kept until the session is hibernated again or deleted."""
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self)}
@@ -84,6 +111,10 @@ class SessionRecord:
             restarts=int(data["restarts"]),
             language=str(data.get("language", "python")),
             network=[str(p) for p in data.get("network") or []],
+            hibernated=HibernatedState.from_json(data["hibernated"])
+            if data.get("hibernated")
+            else None,
+            carrier=str(data["carrier"]) if data.get("carrier") else None,
             running=None
             if running is None
             else RunningCell(

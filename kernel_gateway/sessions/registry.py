@@ -28,10 +28,12 @@ from kernel_gateway.errors import (
     BadRequest,
     Conflict,
     Forbidden,
+    GatewayError,
     InvalidRequest,
     KernelUnavailable,
     NetworkNotAllowed,
     NotFound,
+    SessionBusy,
     SessionLost,
     SessionNotFound,
     ShuttingDown,
@@ -40,14 +42,16 @@ from kernel_gateway.errors import (
 )
 from kernel_gateway.in_proxy.policy import BadPattern, normalize, outside
 from kernel_gateway.kernels.backends.base import Backend, SessionStorage
+from kernel_gateway.kernels.hibernation import Snapshots
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import PYTHON, Languages
 from kernel_gateway.kernels.pools.fork import ForkPool
 from kernel_gateway.kernels.pools.lease import Lease
-from kernel_gateway.kernels.pools.warm import WarmPool
+from kernel_gateway.kernels.pools.warm import KernelLess, WarmPool
 from kernel_gateway.kernels.workspace import Workspace
 from kernel_gateway.sessions.execution import Execution
 from kernel_gateway.sessions.files import SessionFiles
+from kernel_gateway.sessions.hibernation import Hibernator
 from kernel_gateway.sessions.kernel_slot import KernelSlot
 from kernel_gateway.sessions.network import NETWORK_LANGUAGES, SessionNetwork
 from kernel_gateway.sessions.persistence import SessionRecord, SessionStore
@@ -61,6 +65,8 @@ if TYPE_CHECKING:  # the proxy's module loads the Docker SDK: only when egress i
     from kernel_gateway.kernels.egress.proxy import EgressProxy
 
 logger = logging.getLogger(__name__)
+
+MAX_GONE_KEPT = 100_000  # ids of sessions gone for good, remembered to answer 410 (not 404)
 
 
 class Registry:
@@ -102,6 +108,15 @@ class Registry:
         """The egress proxy, when the operator allows some domains (`--egress-allow`)."""
         self._reaper: asyncio.Task[None] | None = None
         self._tasks = TaskSet()
+        self.hibernator = Hibernator(
+            warm, Snapshots(warm.workspaces.parent / "snapshots"), warm.metrics
+        )
+        """Hibernates and resumes Python sessions (on demand, and idle ones with
+        `--hibernate-after`)."""
+        self._hibernating: set[str] = set()
+        self._unsaved: dict[str, float] = {}
+        """Sessions a hibernation failed for, with their activity then: not tried again
+        until they are used."""
 
     @property
     def backend(self) -> Backend:
@@ -137,6 +152,7 @@ class Registry:
         await asyncio.gather(*(self._close(c) for c in companions), return_exceptions=True)
         await asyncio.gather(*(self._close(s) for s in sessions), return_exceptions=True)
         await self._tasks.join()  # releases under way
+        await self.hibernator.close()
         if self.forks is not None:
             await self.forks.close()
         await asyncio.gather(
@@ -180,6 +196,21 @@ class Registry:
         (its network policy too: without the proxy, its kernel reaches nothing)."""
         session = self._session_on(lease, ephemeral=False, id=record.id, language=record.language)
         session.restore(record)
+        if record.carrier is not None:  # its kernel runs on this disk, carrying the session's
+            session.carrier = SessionStorage(self.warm.workspaces / record.carrier)
+        self._sessions[session.id] = session
+        if record.network:
+            await self._restore_network(session, record.network)
+        return session
+
+    async def add_hibernated(self, record: SessionRecord, storage: SessionStorage) -> Session:
+        """A session a predecessor persisted while it was hibernated: no kernel to adopt; it
+        resumes onto `storage` when next called."""
+        pool = self.pools[record.language]
+        session = self._session_on(
+            KernelLess(storage, pool), ephemeral=False, id=record.id, language=record.language
+        )
+        session.restore(record)
         self._sessions[session.id] = session
         if record.network:
             await self._restore_network(session, record.network)
@@ -187,7 +218,16 @@ class Registry:
 
     def mark_lost(self, session_id: str, reason: str) -> None:
         """A persisted session that could not be adopted: it answers 410 `session_lost`."""
-        self._lost[session_id] = reason
+        self._gone(
+            session_id,
+            f"session {session_id} did not survive the gateway's restart ({reason}); "
+            "its variables and files are gone: create a new session",
+        )
+
+    def _gone(self, session_id: str, message: str) -> None:
+        self._lost[session_id] = message
+        while len(self._lost) > MAX_GONE_KEPT:
+            del self._lost[next(iter(self._lost))]
 
     def stats(self) -> JSON:
         return {
@@ -340,12 +380,9 @@ class Registry:
         return session
 
     def _missing(self, session_id: str) -> SessionNotFound | SessionLost:
-        reason = self._lost.get(session_id)
-        if reason is not None:
-            return SessionLost(
-                f"session {session_id} did not survive the gateway's restart ({reason}); "
-                "its variables and files are gone: create a new session"
-            )
+        message = self._lost.get(session_id)
+        if message is not None:
+            return SessionLost(message)
         return SessionNotFound(f"no session with id {session_id!r}")
 
     def _refuse_if_draining(self) -> None:
@@ -479,7 +516,7 @@ class Registry:
         pool = self.pools.get(language, self.warm)
         slot = KernelSlot(
             session_id,
-            lease.kernel,
+            None if isinstance(lease, KernelLess) else lease.kernel,
             lease.storage,
             pool.launch if lease.relaunchable else _never_relaunched,
             RestartPolicy(s.restart_budget, s.restart_window),
@@ -500,6 +537,8 @@ class Registry:
             language=language,
         )
         slot.on_replace = session.persist
+        if self.hibernator.supports(session):
+            session.hibernator = self.hibernator
         self._leases[session] = lease
         return session
 
@@ -512,22 +551,86 @@ class Registry:
         try:
             await session.close()
         finally:
+            if session.hibernator is not None:  # its snapshot, and the disk it was carried on
+                await session.hibernator.forget(session)
             if lease is not None:
                 await lease.release()
 
     async def _reap_idle(self) -> None:
-        timeout = self.settings.idle_timeout
+        """Every few seconds: idle sessions are hibernated (`--hibernate-after`) or removed
+        (`--idle-timeout`); hibernated ones are removed past `--hibernated-ttl`."""
+        s = self.settings
+        shortest = min(t for t in (s.idle_timeout, s.hibernate_after, s.hibernated_ttl) if t > 0)
         while True:
-            await asyncio.sleep(min(30.0, max(0.5, timeout / 4)))
+            await asyncio.sleep(min(30.0, max(0.5, shortest / 4)))
             for session in list(self._sessions.values()):
-                if session.idle_seconds() >= timeout:
-                    logger.info("session %s idle for %.0f s; removing it", session.id, timeout)
-                    try:
-                        await self.delete_session(session.id)
-                    except SessionNotFound:
-                        pass
-                    except Exception:
-                        logger.exception("removing idle session %s failed", session.id)
+                try:
+                    await self._reap(session)
+                except SessionNotFound:
+                    pass
+                except Exception:
+                    logger.exception("reaping idle session %s failed", session.id)
+
+    async def _reap(self, session: Session) -> None:
+        s = self.settings
+        idle = session.idle_seconds()
+        if session.hibernated:
+            if idle >= s.hibernated_ttl:
+                logger.info(
+                    "session %s hibernated and idle for %.0f s; removing it", session.id, idle
+                )
+                await self.delete_session(session.id)
+                self._gone(
+                    session.id,
+                    f"session {session.id} was hibernated for longer than --hibernated-ttl "
+                    f"({s.hibernated_ttl:g} s) and was deleted with its variables and files",
+                )
+            return
+        if self._may_hibernate(session):  # never removed while it can hibernate instead
+            if idle >= s.hibernate_after and session.id not in self._hibernating:
+                self._hibernating.add(session.id)
+                self._tasks.spawn(self._hibernate_idle(session))
+            return
+        if idle >= s.idle_timeout:
+            logger.info("session %s idle for %.0f s; removing it", session.id, s.idle_timeout)
+            await self.delete_session(session.id)
+
+    def _may_hibernate(self, session: Session) -> bool:
+        return (
+            self.settings.hibernate_after > 0
+            and session.hibernator is not None
+            and not self._companions.get(session.id)  # E2B contexts: their kernels run on
+            and self._unsaved.get(session.id) != session.last_activity
+        )
+
+    async def _hibernate_idle(self, session: Session) -> None:
+        try:
+            await session.hibernate()
+        except SessionBusy:
+            pass  # used meanwhile: idle again later
+        except GatewayError as exc:
+            logger.warning("session %s was not hibernated: %s", session.id, exc.message)
+            self._unsaved[session.id] = session.last_activity
+        finally:
+            self._hibernating.discard(session.id)
+            if session.closed:
+                self._unsaved.pop(session.id, None)
+
+    async def hibernate(self, session_id: str) -> Session:
+        """Hibernate a session now (`POST /sessions/{id}/hibernate`)."""
+        session = self.get(session_id)
+        if session.hibernator is None:
+            raise BadRequest(
+                f"{session.language} sessions cannot be hibernated (only Python kernels' "
+                "variables can be saved)"
+            )
+        if self._companions.get(session_id):
+            raise Conflict(
+                f"session {session_id} has other kernels on its files (E2B contexts); "
+                "delete them first"
+            )
+        await session.hibernate()
+        return session
 
 
 def _check_network_language(language: str, allow: list[str]) -> None:

@@ -29,9 +29,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from kernel_gateway import logs
 from kernel_gateway.errors import (
+    BadRequest,
     ExecutionExpired,
     ExecutionNotFound,
     KernelUnavailable,
@@ -54,10 +56,14 @@ from kernel_gateway.sessions.execution import Execution, StopReason
 from kernel_gateway.sessions.files import SessionFiles
 from kernel_gateway.sessions.kernel_slot import KernelSlot
 from kernel_gateway.sessions.network import SessionNetwork
-from kernel_gateway.sessions.persistence import RunningCell, SessionRecord
+from kernel_gateway.sessions.persistence import HibernatedState, RunningCell, SessionRecord
 from kernel_gateway.settings import Settings
 from kernel_gateway.tasks import TaskSet
-from kernel_gateway.types import JSON, Message, SessionStatus
+from kernel_gateway.types import JSON, Event, Message, SessionStatus
+
+if TYPE_CHECKING:
+    from kernel_gateway.kernels.backends.base import SessionStorage
+    from kernel_gateway.sessions.hibernation import Hibernator
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +121,15 @@ class Session:
         """The running cell as a successor gateway would need it (persisted)."""
         self.network: SessionNetwork | None = None
         """Its network policy and way out, when it may reach some domains (`network.py`)."""
+        self.hibernator: Hibernator | None = None
+        """How it hibernates and resumes (None: it cannot, e.g. not a Python kernel)."""
+        self.hibernation: HibernatedState | None = None
+        """Set while it is hibernated (`slot.hibernated`): its snapshot's particulars."""
+        self.carrier: SessionStorage | None = None
+        """The storage of the warm kernel that resumed it, carrying its disk (`hibernation.py`)."""
+        self.resume_notice: JSON | None = None
+        """What its last resume could not bring back, for the next cell's stream (and
+        `done`), given once."""
 
     # -- what the API asks -------------------------------------------------------------------
 
@@ -273,6 +288,8 @@ class Session:
             await self.slot.retire(old)
         async with self.slot.lock:
             self.slot.policy.reset()
+            if self.slot.hibernated and self.hibernator is not None:
+                await self.hibernator.discard(self)  # a fresh kernel: the snapshot is moot
             if self.slot.kernel is old or not self.slot.alive:
                 await self.slot.replace()
             self.slot.take_restart_notice()  # asked for: the next cell is not surprised
@@ -305,6 +322,36 @@ class Session:
         await self.slot.detach()
         if self.network is not None:
             await self.network.suspend()
+
+    # -- hibernation (sessions/hibernation.py does the work) ----------------------------------
+
+    async def hibernate(self) -> bool:
+        """Save the namespace to disk and stop the kernel; False if it was already hibernated.
+        Raises SessionBusy while a cell runs or waits, HibernationFailed if it could not be
+        saved (the session runs on)."""
+        if self.hibernator is None:
+            raise BadRequest(f"{self.language} sessions cannot be hibernated")
+        return await self.hibernator.hibernate(self)
+
+    async def resume(self) -> JSON | None:
+        """Bring a hibernated session back now; what its resume reported (None: it was not
+        hibernated). Its next cell's stream reports it too."""
+        self.touch()
+        async with self.slot.lock:
+            if self.closed:
+                raise SessionClosed(f"session {self.id} was deleted")
+            return await self._wake()
+
+    async def _wake(self) -> JSON | None:
+        """Resume if hibernated (hold `slot.lock`): KernelUnavailable if no kernel came."""
+        if not self.slot.hibernated or self.hibernator is None:
+            return None
+        self.resume_notice = await self.hibernator.wake(self)
+        return self.resume_notice
+
+    @property
+    def hibernated(self) -> bool:
+        return self.slot.hibernated
 
     @property
     def busy(self) -> bool:
@@ -343,6 +390,8 @@ class Session:
             running=self._running,
             language=self.language,
             network=self.network.allow if self.network is not None else [],
+            hibernated=self.hibernation if self.slot.hibernated else None,
+            carrier=self.carrier.root.name if self.carrier is not None else None,
         )
 
     def restore(self, record: SessionRecord) -> None:
@@ -361,6 +410,9 @@ class Session:
         self._last_event_id = record.last_event_id + (most if record.running else 0)
         self.execution_count = record.execution_count
         self.slot.restarts = record.restarts
+        if record.hibernated is not None:  # no kernel to settle: it resumes when called
+            self.hibernation = record.hibernated
+            return
         execution = None
         if record.running is not None:
             execution = self._adopted_execution(record.running)
@@ -456,6 +508,8 @@ class Session:
     def status(self) -> SessionStatus:
         if self.closed:
             return "closed"
+        if self.slot.hibernated:
+            return "hibernated"
         if self.slot.policy.failed:
             return "failed"
         if self.current is not None:
@@ -476,7 +530,18 @@ class Session:
             "restarts": self.slot.restarts,
             "failed": self.slot.policy.failed,
             "network": self.network.to_json() if self.network is not None else "none",
+            "hibernation": self._hibernation_json(),
         }
+
+    def _hibernation_json(self) -> JSON | None:
+        state = self.hibernation
+        if state is None or not self.slot.hibernated:
+            return None
+        since = datetime.fromtimestamp(state.since, UTC).isoformat().replace("+00:00", "Z")
+        lost = list(state.lost)
+        if state.error:
+            lost = [{"name": "*", "reason": f"the snapshot was not kept: {state.error}"}]
+        return {"since": since, "bytes": state.bytes, "lost": lost}
 
     # -- one cell ----------------------------------------------------------------------------
 
@@ -547,6 +612,7 @@ class Session:
 
     async def _execute(self, execution: Execution) -> None:
         try:
+            await self._wake()
             await self.slot.revive()
         except KernelUnavailable as exc:
             execution.restarted = True
@@ -565,6 +631,9 @@ class Session:
                 execution.emit(error_event("SessionClosed", f"session {self.id} was deleted"))
             return
         execution.restarted = self.slot.take_restart_notice()
+        if self.resume_notice is not None:
+            execution.resumed, self.resume_notice = self.resume_notice, None
+            execution.emit(Event("resumed", execution.resumed))
         if execution.around is not None and not await kernel.run_silent(
             execution.around[0], AROUND_SECONDS
         ):

@@ -265,6 +265,11 @@ def _message(msg_type: str, content: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_events_fit_their_data_models() -> None:
+    resumed = {
+        "lost": [{"name": "sock", "reason": "TypeError: cannot pickle 'socket' object"}],
+        "hibernated_seconds": 12.5,
+        "resume_ms": 180.2,
+    }
     produced = [
         translate(_message("stream", {"name": "stdout", "text": "hi\n"})),
         translate(_message("stream", {"name": "stderr", "text": "oops\n"})),
@@ -287,6 +292,9 @@ def test_events_fit_their_data_models() -> None:
         ("file", {"path": "a.png", "size": 3, "mime": "image/png", "url": None, "data": "AAA="}),
         ("done", {"status": "died", "execution_count": None, "duration_ms": 1.5,
                   "restarted": True, "reason": "out_of_memory", "truncated": True}),
+        ("resumed", resumed),
+        ("done", {"status": "ok", "execution_count": 2, "duration_ms": 1.5,
+                  "restarted": False, "resumed": resumed}),
     ]  # fmt: skip
     seen = set()
     for event in produced:

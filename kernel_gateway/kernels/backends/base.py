@@ -65,6 +65,10 @@ class KernelProcess(abc.ABC):
     language: str = "python"
     """The language it runs (`Language.name`): only Python's kernel has the gateway's
     in-kernel code (its outcome log, its preloads)."""
+    handover: tuple[Path, str, tuple[int, int] | None] | None = None
+    """A folder for files between the gateway and the kernel (its connection folder): its
+    path on the gateway's side, its path as the kernel sees it, and the uid/gid to give
+    files the kernel must read (None: keep the gateway's). None: the backend has none."""
 
     @abc.abstractmethod
     def poll(self) -> ExitInfo | None:
@@ -185,6 +189,22 @@ class Backend(abc.ABC):
 
         Never raises: a failure is logged, and the folder is removed anyway.
         """
+
+    @property
+    def can_carry(self) -> bool:
+        """Whether `carry` works here: a running kernel can be given another storage."""
+        return False
+
+    async def carry(self, carrier: SessionStorage, storage: SessionStorage) -> dict[str, int]:
+        """Make a kernel launched on `carrier` work on `storage` from now on (its files, /tmp
+        and home): how a warm kernel takes up a hibernated session's disk, with no copy.
+        Returns each folder as the kernel sees it → the device it must now be on (for the
+        kernel to check before it trusts the folder). Undone by `uncarry` once that kernel is
+        gone. Raises only `KernelUnavailable`."""
+        raise KernelUnavailable(f"the {self.name} backend cannot move a kernel's storage")
+
+    async def uncarry(self, carrier: SessionStorage) -> None:  # noqa: B027 - optional
+        """Undo `carry` on `carrier` (nothing if it was not carrying). Never raises."""
 
     @abc.abstractmethod
     async def start(self) -> None:

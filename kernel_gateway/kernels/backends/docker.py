@@ -18,6 +18,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import tarfile
 import threading
 import time
@@ -61,7 +62,9 @@ from kernel_gateway.kernels.storage import (
     PlainStorage,
     SessionStorage,
     StorageProvider,
+    carry,
     choose_provider,
+    uncarry,
 )
 from kernel_gateway.settings import Settings
 from kernel_gateway.tasks import TaskSet
@@ -116,6 +119,7 @@ class DockerKernel(KernelProcess):
         self._removed = False
         self._egress_fd: int | None = None
         """A descriptor of `/conn/egress/` once a network policy gave the kernel one."""
+        self.handover = (conn_dir, "/conn", backend.owner)
 
     def _on_oom(self) -> None:
         self._oom = True
@@ -276,6 +280,35 @@ class DockerBackend(Backend):
     async def prepare_storage(self, root: Path) -> SessionStorage:
         """Make `root` the session's storage with the provider chosen at startup."""
         return await to_the_end(self.call(self._storage.prepare, root, self._owner))
+
+    @property
+    def can_carry(self) -> bool:
+        """On its own disks under runc: each a shared mount, bound into the kernel's container
+        so that mounts made below it reach the container. gVisor serves binds through its
+        gofer, which does not see them: kernels there are started on a session's disk."""
+        return self._storage.capped and self._settings.runtime in (None, "", "runc")
+
+    async def carry(self, carrier: SessionStorage, storage: SessionStorage) -> dict[str, int]:
+        try:
+            await to_the_end(self.call(carry, carrier, storage))
+            return {
+                inside: (await asyncio.to_thread(os.stat, host)).st_dev
+                for inside, host in (
+                    ("/workspace", storage.files),
+                    ("/tmp", storage.tmp),
+                    ("/home/sandbox", storage.home),
+                )
+            }
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise KernelUnavailable(
+                f"could not move a kernel onto the session's disk: {exc}"
+            ) from exc
+
+    async def uncarry(self, carrier: SessionStorage) -> None:
+        try:
+            await asyncio.shield(self.call(uncarry, carrier))
+        except Exception:
+            logger.exception("unmounting the storage carried at %s failed", carrier.root)
 
     async def release_storage(self, storage: SessionStorage) -> None:
         try:
@@ -606,15 +639,17 @@ class DockerBackend(Backend):
         name = f"kg-{self._runtime.instance}-{kernel_id}"
         kernel = DockerKernel(self, kernel_id, name, conn_dir, info, language.name)
         self._kernels[name] = kernel  # before create: a death event may come at once
+        # Binds of a session's disk receive mounts made below it (see `carry`).
+        disk = "rw,rslave" if self.can_carry and not fork_server else "rw"
         binds: dict[str, Mapping[str, str]] = {
             str(conn_dir): {"bind": "/conn", "mode": "rw"},
-            str(storage.files): {"bind": "/workspace", "mode": "rw"},
+            str(storage.files): {"bind": "/workspace", "mode": disk},
         }
         tmpfs: dict[str, str] = {}
         owner = "uid=0,gid=0" if fork_server else f"uid={self._uid},gid={self._uid}"
         if self._storage.capped:  # one disk, one cap: files, /tmp and home
-            binds[str(storage.tmp)] = {"bind": "/tmp", "mode": "rw"}
-            binds[str(storage.home)] = {"bind": "/home/sandbox", "mode": "rw"}
+            binds[str(storage.tmp)] = {"bind": "/tmp", "mode": disk}
+            binds[str(storage.home)] = {"bind": "/home/sandbox", "mode": disk}
         else:  # no disk of its own: keep /tmp and home off the host's disk, as memory
             tmpfs = {
                 "/tmp": f"rw,nosuid,nodev,size={s.workspace_size},mode=1777",

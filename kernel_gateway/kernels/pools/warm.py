@@ -52,6 +52,30 @@ class WarmKernel:
 
 
 @dataclass
+class KernelLess:
+    """A hibernated session's storage, adopted from a predecessor with no kernel running (it
+    resumes onto it); as a `Lease`: relaunchable, released by removing the storage."""
+
+    storage: SessionStorage
+    pool: WarmPool = field(repr=False)
+
+    @property
+    def kernel(self) -> Kernel:
+        raise KernelUnavailable("a hibernated session has no kernel until it resumes")
+
+    @property
+    def relaunchable(self) -> bool:
+        return True
+
+    @property
+    def files_owner(self) -> tuple[int, int] | None:
+        return self.pool.backend.workspace_owner
+
+    async def release(self) -> None:
+        await self.pool.remove_storage(self.storage)
+
+
+@dataclass
 class SharedKernel:
     """A kernel on another lease's storage (an E2B context beside its sandbox's kernel); as a
     `Lease`: relaunchable, and released by nothing (the storage is its owner's)."""

@@ -37,6 +37,8 @@ routes = [
     ),
     Route("/sessions/{session_id}/interrupt", sessions.interrupt, methods=["POST"]),
     Route("/sessions/{session_id}/restart", sessions.restart, methods=["POST"]),
+    Route("/sessions/{session_id}/hibernate", sessions.hibernate, methods=["POST"]),
+    Route("/sessions/{session_id}/resume", sessions.resume, methods=["POST"]),
     Route("/sessions/{session_id}/files", files.list_files, methods=["GET"]),
     Route("/sessions/{session_id}/files/{path:path}", files.download, methods=["GET"]),
     Route("/sessions/{session_id}/files/{path:path}", files.upload, methods=["PUT"]),

@@ -23,13 +23,13 @@ from kernel_gateway.kernels.workspace import (
     iso_time,
 )
 from kernel_gateway.server.http import JSONResponse, check_declared_length
-from kernel_gateway.server.routes.sessions import _registry, _session
+from kernel_gateway.server.routes.sessions import _registry, awake_session
 
 CHUNK = 256 * 1024
 
 
 async def list_files(request: Request) -> Response:
-    session = _session(request)
+    session = await awake_session(request)
     files = await session.files.listing()
     return JSONResponse({"files": [_file_json(session.id, f) for f in files]})
 
@@ -45,7 +45,7 @@ def _file_json(session_id: str, info: FileInfo) -> dict[str, object]:
 
 
 async def download(request: Request) -> Response:
-    session = _session(request)
+    session = await awake_session(request)
     path = request.path_params["path"]
     fd, info = await session.files.open_read(path)
     mime = guess_mime(path)
@@ -79,7 +79,7 @@ async def _read_chunks(fd: int, size: int) -> AsyncIterator[bytes]:
 
 
 async def upload(request: Request) -> Response:
-    session = _session(request)
+    session = await awake_session(request)
     path = request.path_params["path"]
     limit = _registry(request).settings.max_upload_bytes
     check_declared_length(request, limit)
@@ -88,6 +88,6 @@ async def upload(request: Request) -> Response:
 
 
 async def delete(request: Request) -> Response:
-    session = _session(request)
+    session = await awake_session(request)
     await session.files.delete(request.path_params["path"])
     return Response(status_code=204)

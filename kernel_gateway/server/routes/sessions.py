@@ -109,6 +109,26 @@ async def restart(request: Request) -> Response:
     return JSONResponse(session.to_json())
 
 
+async def hibernate(request: Request) -> Response:
+    session = await _registry(request).hibernate(request.path_params["session_id"])
+    return JSONResponse(session.to_json())
+
+
+async def resume(request: Request) -> Response:
+    session = _session(request)
+    resumed = await session.resume()
+    return JSONResponse({**session.to_json(), "resumed": resumed})
+
+
+async def awake_session(request: Request) -> Session:
+    """The session, resumed first if it is hibernated (calls that touch its kernel or
+    files)."""
+    session = _session(request)
+    if session.hibernated:
+        await session.resume()
+    return session
+
+
 async def execute_stateless(request: Request) -> Response:
     """Run one cell in a fresh kernel that is destroyed once the cell ends."""
     registry = _registry(request)

@@ -1,0 +1,153 @@
+"""Inside a Python kernel: its user namespace saved to a file, and loaded into a new kernel.
+
+The gateway sends this module's source as silent code, with one call at its end
+(`kernels/hibernation.py` on the gateway's side), so nothing of it is in the kernel before or
+after. It only uses what the kernel image has (IPython, cloudpickle).
+
+What is saved: every name the user made (variables, functions and classes defined in cells,
+instances, closures: cloudpickle pickles `__main__`'s by value; modules by name, so they are
+imported again), `In`/`Out` and the execution count, the working directory, `sys.path` entries
+added and environment variables. Everything goes into one pickle, so objects shared between
+names stay shared. A name whose value cannot be pickled (an open socket, a generator, a thread,
+a C extension's object that refuses) is left out, and reported with why; an `Out` entry too.
+
+The report is a JSON string, read back by the gateway from the call's result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+from typing import Any
+
+# Names IPython makes and keeps by itself: never the user's.
+_IPYTHON_NAMES = frozenset(
+    {"In", "Out", "_ih", "_oh", "_dh", "_", "__", "___", "_i", "_ii", "_iii", "exit", "quit"}
+)
+_FORMAT = 1
+
+
+class _Sink:
+    """A file that keeps nothing: pickling a value only to learn whether it can be."""
+
+    def write(self, data: Any) -> int:
+        return memoryview(data).nbytes  # bytes, or a protocol-5 PickleBuffer
+
+
+def _user_names(shell: Any) -> list[str]:
+    hidden = shell.user_ns_hidden
+    names = []
+    for name, value in shell.user_ns.items():
+        if name in _IPYTHON_NAMES or name.startswith("__"):
+            continue
+        if name in hidden and hidden[name] is value:
+            continue  # put there by IPython or the gateway's start-up, not by a cell
+        names.append(name)
+    return names
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    detail = text[0] if text else ""
+    return f"{type(exc).__name__}: {detail}"[:300] if detail else type(exc).__name__
+
+
+def _picklable(value: Any, dumps: Any) -> str | None:
+    """None if `value` pickles; else why not."""
+    try:
+        dumps(value, _Sink())
+    except RecursionError:
+        return "RecursionError: too deeply nested to save"
+    except BaseException as exc:  # noqa: BLE001 - any failure means "not kept", with why
+        return _why(exc)
+    return None
+
+
+def save(path: str) -> str:
+    """Write the user's namespace to `path`; return the report as JSON."""
+    import cloudpickle  # type: ignore[import-not-found,unused-ignore]
+
+    shell = get_ipython()  # type: ignore[name-defined]  # noqa: F821 - an IPython global
+    history = shell.history_manager
+
+    def dump(value: Any, file: Any) -> None:
+        cloudpickle.dump(value, file, protocol=pickle.HIGHEST_PROTOCOL)
+
+    namespace = {name: shell.user_ns[name] for name in _user_names(shell)}
+    out = dict(shell.user_ns.get("Out", {}))
+    lost: list[dict[str, str]] = []
+    payload = {
+        "format": _FORMAT,
+        "names": namespace,
+        "out": out,
+        "in": list(history.input_hist_parsed),
+        "in_raw": list(history.input_hist_raw),
+        "execution_count": shell.execution_count,
+        "cwd": os.getcwd(),
+        "sys_path": list(sys.path),
+        "environ": dict(os.environ),
+    }
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(path, flags, 0o600), "wb") as file:
+        try:
+            dump(payload, file)
+        except BaseException:  # noqa: BLE001 - find the names at fault, leave them out
+            for name in list(namespace):
+                reason = _picklable(namespace[name], dump)
+                if reason is not None:
+                    del namespace[name]
+                    lost.append({"name": name, "reason": reason})
+            for key in list(out):
+                reason = _picklable(out[key], dump)
+                if reason is not None:
+                    del out[key]
+                    lost.append({"name": f"Out[{key}]", "reason": reason})
+            file.seek(0)
+            file.truncate()
+            dump(payload, file)
+        size = file.tell()
+    return json.dumps({"saved": len(namespace), "lost": lost, "bytes": size, "pid": os.getpid()})
+
+
+def restore(path: str, devices: dict[str, int]) -> str:
+    """Load what `save` wrote at `path` into this (fresh) kernel; return the report as JSON.
+
+    `devices`: the device each storage folder must be on, as the gateway sees it: a kernel
+    that sees other storage (a runtime where the gateway's mounts do not reach it) refuses to
+    load, so no session ever runs on another's files.
+    """
+    import importlib
+    import site
+
+    for folder, device in devices.items():
+        if os.stat(folder).st_dev != device:
+            raise RuntimeError(f"{folder} is not this session's storage")
+    os.chdir(os.getcwd())  # the folder mounted over the one the kernel started in
+    user_site = site.getusersitepackages()
+    if os.path.isdir(user_site) and user_site not in sys.path:
+        site.addsitedir(user_site)  # packages the user installed, found again
+    importlib.invalidate_caches()
+    shell = get_ipython()  # type: ignore[name-defined]  # noqa: F821 - an IPython global
+    with open(path, "rb") as file:
+        payload = pickle.load(file)
+    if payload.get("format") != _FORMAT:
+        raise RuntimeError(f"unknown snapshot format {payload.get('format')!r}")
+    for entry in payload["sys_path"]:
+        if entry not in sys.path:
+            sys.path.append(entry)
+    for name, value in payload["environ"].items():
+        os.environ.setdefault(name, value)
+    try:
+        os.chdir(payload["cwd"])
+    except OSError:
+        pass
+    shell.user_ns.update(payload["names"])
+    history = shell.history_manager
+    history.input_hist_parsed[:] = payload["in"]
+    history.input_hist_raw[:] = payload["in_raw"]
+    history.output_hist.clear()
+    history.output_hist.update(payload["out"])
+    shell.execution_count = payload["execution_count"]
+    return json.dumps({"restored": len(payload["names"])})

@@ -1,0 +1,246 @@
+"""Snapshots of Python kernels' namespaces: written by a kernel, kept by the gateway, loaded
+into a new kernel (hibernation; docs/hibernation.md).
+
+The kernel writes its snapshot into its handover folder (`KernelProcess.handover`, its
+connection folder), with the code of `in_kernel/hibernation.py`. Once that kernel has ended
+(nothing of the user's can still run and change the file), the gateway takes the file into
+its own folder (`<runtime>/<instance>/snapshots/`, 0700, each file 0600), checked: a regular
+file, one link, never through a symlink. To resume, it moves the file into the new kernel's
+handover folder, readable by that kernel, and deletes it once loaded. A snapshot is named by
+its session's id and only ever given to that session's next kernel.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernel_gateway.kernels.backends.base import in_kernel_source
+from kernel_gateway.kernels.kernel import Kernel, KernelCallFailed
+
+SAVE_SECONDS = 300.0  # a namespace of about the memory limit, written to disk
+LOAD_SECONDS = 300.0
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class SnapshotError(Exception):
+    """A snapshot could not be written, taken or loaded: the words say why."""
+
+
+@dataclass
+class Lost:
+    """A name the snapshot could not keep, and why."""
+
+    name: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "reason": self.reason}
+
+
+@dataclass
+class Saved:
+    """What a kernel wrote: how many names, which were left out, the file's size."""
+
+    names: int
+    lost: list[Lost] = field(default_factory=list)
+    bytes: int = 0
+
+
+class Snapshots:
+    """The gateway's folder of snapshots, one file per hibernated session."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def open(self) -> None:
+        """Create the folder, 0700 (blocks)."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.folder, 0o700)
+
+    def path(self, session_id: str) -> Path:
+        if not _SAFE_ID.fullmatch(session_id):
+            raise ValueError(f"not a session id: {session_id!r}")
+        return self.folder / f"{session_id}.snapshot"
+
+    def exists(self, session_id: str) -> bool:
+        return self.path(session_id).is_file()
+
+    def size(self, session_id: str) -> int:
+        with contextlib.suppress(OSError):
+            return self.path(session_id).stat().st_size
+        return 0
+
+    def delete(self, session_id: str) -> None:
+        """Delete a session's snapshot, if it has one (blocks)."""
+        self.path(session_id).unlink(missing_ok=True)
+
+    def ids(self) -> set[str]:
+        """The sessions that have a snapshot here (blocks)."""
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return set()
+        return {n.removesuffix(".snapshot") for n in names if n.endswith(".snapshot")}
+
+    # -- a kernel writes one ---------------------------------------------------------------
+
+    async def save(self, kernel: Kernel) -> tuple[Saved, str]:
+        """Have `kernel` write its namespace into its handover folder: what it saved, and
+        the file's name there (take it with `take` once the kernel has ended)."""
+        host, inside, _ = _handover(kernel)
+        name = f"snapshot-{secrets.token_hex(8)}"
+        call = f"save({str(Path(inside) / name)!r})"
+        try:
+            report = await _run(kernel, call, SAVE_SECONDS)
+        except SnapshotError:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(_unlink_in, host, name)
+            raise
+        lost = [Lost(str(x["name"]), str(x["reason"])) for x in report.get("lost", [])]
+        return Saved(int(report.get("saved", 0)), lost, int(report.get("bytes", 0))), name
+
+    async def drop(self, kernel: Kernel, name: str) -> None:
+        """Delete what `save` wrote (as `name`), unused."""
+        host, _, _ = _handover(kernel)
+        await asyncio.to_thread(_unlink_in, host, name)
+
+    async def take(self, kernel: Kernel, name: str, session_id: str) -> None:
+        """Move what `save` wrote (as `name`) out of `kernel`'s folder and keep it as
+        `session_id`'s snapshot. Call only once `kernel` has ended."""
+        host, _, _ = _handover(kernel)
+        await asyncio.to_thread(self._take, host, name, self.path(session_id))
+
+    def _take(self, host: Path, name: str, target: Path) -> None:
+        self.open()
+        dir_fd = os.open(host, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            except OSError as exc:
+                raise SnapshotError(f"the kernel's snapshot is not there: {exc}") from exc
+            try:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                    raise SnapshotError("the kernel's snapshot is not a plain file")
+                os.fchown(fd, os.geteuid(), os.getegid())
+                os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
+            os.rename(name, target, src_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+            raise
+        finally:
+            os.close(dir_fd)
+
+    # -- a new kernel loads it -------------------------------------------------------------
+
+    async def load(
+        self, kernel: Kernel, session_id: str, devices: dict[str, int] | None = None
+    ) -> None:
+        """Load `session_id`'s snapshot into `kernel` (a fresh one of that session).
+
+        `devices`: folder in the kernel → the device it must be on, checked before loading.
+        On success the snapshot is deleted; on failure it is moved back (kept, for another
+        kernel), and SnapshotError says why."""
+        host, inside, owner = _handover(kernel)
+        name = f"restore-{secrets.token_hex(8)}"
+        source = self.path(session_id)
+        try:
+            await asyncio.to_thread(_give, source, host, name, owner)
+        except OSError as exc:
+            raise SnapshotError(f"the snapshot is not there: {exc}") from None
+        call = f"restore({str(Path(inside) / name)!r}, {devices or {}!r})"
+        try:
+            await _run(kernel, call, LOAD_SECONDS)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(_move_back, host, name, source))
+            raise
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(_unlink_in, host, name)
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(source.unlink, True)
+
+
+def _handover(kernel: Kernel) -> tuple[Path, str, tuple[int, int] | None]:
+    handover = kernel.process.handover
+    if handover is None:
+        raise SnapshotError("this backend's kernels have no folder for snapshots")
+    return handover
+
+
+async def _run(kernel: Kernel, call: str, seconds: float) -> dict[str, Any]:
+    """Run `in_kernel/hibernation.py` with `call` in `kernel`, leaving no name behind; its
+    JSON report."""
+    source = in_kernel_source("hibernation.py").decode()
+    code = (
+        "(lambda ns: (exec(compile(ns.pop('__source__'), '<kernel-gateway: hibernation>', "
+        "'exec'), ns), setattr(__import__('sys'), '_kg_hibernation', "
+        f"eval({call!r}, ns))))({{'__name__': 'kg_hibernation', '__source__': {source!r}}})"
+    )
+    expression = "__import__('sys').__dict__.pop('_kg_hibernation', '')"
+    try:
+        text = await kernel.evaluate(code, expression, seconds)
+        report = json.loads(ast.literal_eval(text))
+    except KernelCallFailed as exc:
+        raise SnapshotError(str(exc)) from None
+    except (ValueError, SyntaxError) as exc:
+        raise SnapshotError(f"the kernel's report is unreadable: {exc}") from None
+    if not isinstance(report, dict):
+        raise SnapshotError("the kernel's report is unreadable")
+    return report
+
+
+def _give(source: Path, host: Path, name: str, owner: tuple[int, int] | None) -> None:
+    """Move the snapshot into a kernel's folder, readable by the kernel's user only."""
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if owner is not None:
+            os.fchown(fd, *owner)
+        os.fchmod(fd, 0o400)
+    finally:
+        os.close(fd)
+    dir_fd = os.open(host, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.rename(source, name, dst_dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _move_back(host: Path, name: str, target: Path) -> None:
+    """A snapshot a kernel failed to load, back in the gateway's folder (if still there)."""
+    dir_fd = os.open(host, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                return
+            os.fchown(fd, os.geteuid(), os.getegid())
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+        os.rename(name, target, src_dir_fd=dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def _unlink_in(host: Path, name: str) -> None:
+    dir_fd = os.open(host, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
