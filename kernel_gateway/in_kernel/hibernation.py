@@ -56,6 +56,11 @@ def _why(exc: BaseException) -> str:
 
 def _picklable(value: Any, dumps: Any) -> str | None:
     """None if `value` pickles; else why not."""
+    import io
+
+    if isinstance(value, io.IOBase):
+        state = "a closed file" if value.closed else "an open file"
+        return f"{state}: open it again by name (what it wrote is on disk)"
     try:
         dumps(value, _Sink())
     except RecursionError:

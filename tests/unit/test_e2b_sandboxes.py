@@ -37,13 +37,13 @@ async def test_a_sandbox_lives_until_its_timeout(
         assert sandbox.accepts(sandbox.token) and not sandbox.accepts("nope")
         assert not sandbox.accepts(None)
         before = sandbox.end_at
-        _, resumed = sandboxes.connect(sandbox.id, 10)  # connect never shortens
+        _, resumed = await sandboxes.connect(sandbox.id, 10)  # connect never shortens
         assert sandbox.end_at == before and not resumed
-        sandboxes.pause(sandbox.id)
+        await sandboxes.pause(sandbox.id)
         with pytest.raises(SandboxError) as again:
-            sandboxes.pause(sandbox.id)
+            await sandboxes.pause(sandbox.id)
         assert again.value.status == 409
-        _, resumed = sandboxes.connect(sandbox.id, None)
+        _, resumed = await sandboxes.connect(sandbox.id, None)
         assert resumed and not sandbox.paused
         sandboxes.set_timeout(sandbox.id, 1)
         await until(lambda: not sandboxes.has(sandbox.id), 5)
@@ -197,7 +197,7 @@ async def test_sandboxes_are_kept_for_the_next_gateway(registry: Registry, tmp_p
     sandboxes.start()
     kept = await sandboxes.create("base", 600, {"who": "me"}, {"A": "1"})
     gone = await sandboxes.create("base", 600, {}, {})
-    sandboxes.pause(kept.id)
+    await sandboxes.pause(kept.id)
     await sandboxes.close()
     assert sorted(p.name for p in (tmp_path / "e2b").iterdir()) == sorted(
         [f"{kept.id}.json", f"{gone.id}.json"]
@@ -288,7 +288,7 @@ async def test_auto_pause_at_the_end_and_auto_resume_on_a_call(
         assert not sandbox.paused
         plain = await http.post("/v2/sandboxes", json={"timeout": 60}, headers=key)
         other = service.sandboxes.get(plain.json()["sandboxID"])
-        service.sandboxes.pause(other.id)
+        await service.sandboxes.pause(other.id)
         envd_other = {**envd, "E2b-Sandbox-Id": other.id}
         envd_other["X-Access-Token"] = plain.json()["envdAccessToken"]
         assert (await http.get("/health", headers=envd_other)).status_code == 502  # stays paused

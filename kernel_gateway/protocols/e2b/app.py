@@ -370,12 +370,13 @@ async def set_timeout(request: Request, service: E2BService) -> Response:
 
 async def connect(request: Request, service: E2BService) -> Response:
     body = await _json_body(request)
-    sandbox, resumed = service.sandboxes.connect(request.path_params["id"], _int(body, "timeout"))
+    sandbox_id = request.path_params["id"]
+    sandbox, resumed = await service.sandboxes.connect(sandbox_id, _int(body, "timeout"))
     return JSONResponse(sandbox_json(sandbox), status_code=201 if resumed else 200)
 
 
 async def pause(request: Request, service: E2BService) -> Response:
-    service.sandboxes.pause(request.path_params["id"])
+    await service.sandboxes.pause(request.path_params["id"])
     return Response(status_code=204)
 
 

@@ -205,6 +205,13 @@ class Processes:
         if not isinstance(asked, str) or "\0" in asked:
             raise ConnectError("invalid_argument", "'process.cwd' must be a path")
         cwd = posixpath.join(HOME, asked)  # a relative one is taken from /home/user
+        if session.hibernated:  # its commands run beside its kernel: bring it back
+            try:
+                await session.resume()
+            except GatewayError as exc:
+                raise ConnectError(
+                    "unavailable", f"the sandbox could not resume: {exc.message}"
+                ) from None
         kernel = session.slot.kernel
         if kernel is None:
             raise ConnectError("unavailable", "the sandbox's kernel is starting; retry")

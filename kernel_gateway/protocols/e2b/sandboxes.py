@@ -351,14 +351,22 @@ class Sandboxes:
         sandbox.end_at = time.time() + _timeout(timeout)
         self._save(sandbox)
 
-    def connect(self, sandbox_id: str, timeout: int | None) -> tuple[Sandbox, bool]:
-        """The sandbox, resumed if it was paused (the second value says so); its end time
-        only ever moves later."""
+    async def connect(self, sandbox_id: str, lifetime: int | None) -> tuple[Sandbox, bool]:
+        """The sandbox, resumed if it was paused (the second value says so), its session
+        brought back from hibernation; its end time only ever moves later."""
         sandbox = self.get(sandbox_id)
         resumed = sandbox.paused
+        session = self._session(sandbox_id)
+        if session is not None and session.hibernated:
+            try:
+                await session.resume()
+            except GatewayError as exc:
+                raise SandboxError(
+                    503, f"the sandbox could not be resumed: {exc.message}"
+                ) from None
         sandbox.paused = False
-        if timeout is not None:
-            sandbox.end_at = max(sandbox.end_at, time.time() + _timeout(timeout))
+        if lifetime is not None:
+            sandbox.end_at = max(sandbox.end_at, time.time() + _timeout(lifetime))
         self._save(sandbox)
         return sandbox, resumed
 
@@ -373,12 +381,31 @@ class Sandboxes:
         logger.info("E2B sandbox %s resumed by a call to it", sandbox.id)
         return True
 
-    def pause(self, sandbox_id: str) -> None:
+    async def pause(self, sandbox_id: str) -> None:
         sandbox = self.get(sandbox_id)
         if sandbox.paused:
             raise SandboxError(409, f"sandbox {sandbox_id!r} is already paused")
         sandbox.paused = True
         self._save(sandbox)
+        await self._hibernate(sandbox)
+
+    async def _hibernate(self, sandbox: Sandbox) -> None:
+        """A paused sandbox gives back its memory: its session hibernates (its variables and
+        files on disk). One with commands or other contexts running, or not a Python
+        sandbox, stays paused with its kernel running (they cannot be saved)."""
+        session = self._session(sandbox.id)
+        if session is None or session.hibernated:
+            return
+        if self._in_use(sandbox.id) or self.registry.companions(sandbox.id):
+            logger.info(
+                "E2B sandbox %s paused with its kernel running: it has commands or other contexts",
+                sandbox.id,
+            )
+            return
+        try:
+            await self.registry.hibernate(sandbox.id)
+        except GatewayError as exc:
+            logger.info("E2B sandbox %s paused with its kernel running: %s", sandbox.id, exc)
 
     def all(self) -> Iterator[Sandbox]:
         for sandbox_id in list(self._by_id):
@@ -424,6 +451,7 @@ class Sandboxes:
                     logger.info("E2B sandbox %s reached its timeout; pausing it", sandbox.id)
                     sandbox.paused = True
                     self._save(sandbox)
+                    await self._hibernate(sandbox)
                     continue
                 logger.info("E2B sandbox %s reached its timeout; killing it", sandbox.id)
                 try:

@@ -319,6 +319,9 @@ class ChannelProxy:
                 await self._status("dead")
                 return None
             slot = self.session.slot
+            if slot.hibernated:  # a notebook connects: bring its kernel back
+                with contextlib.suppress(GatewayError):
+                    await self.session.resume()
             if slot.alive and slot.kernel is not None:
                 return slot.kernel
             if slot.policy.failed and not said_dead:
