@@ -72,7 +72,7 @@ def _picklable(value: Any, dumps: Any) -> str | None:
 
 def save(path: str) -> str:
     """Write the user's namespace to `path`; return the report as JSON."""
-    import cloudpickle  # type: ignore[import-not-found,unused-ignore]
+    import cloudpickle  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     shell = get_ipython()  # type: ignore[name-defined]  # noqa: F821 - an IPython global
     history = shell.history_manager
