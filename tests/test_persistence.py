@@ -202,6 +202,38 @@ def test_an_e2b_sandbox_survives_a_restart(gw: Gateway, how: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_hibernated_sessions_survive_a_restart(gw: Gateway, how: str) -> None:
+    """A hibernated session is adopted as it was (no kernel, its snapshot and disk kept) and
+    resumes on its next call; one resumed onto a warm kernel (running on that kernel's disk,
+    carrying its own) is adopted with both disks, and hibernates and resumes again."""
+    gw.start("--pool-size", "2")
+    gw.wait_for_warm_kernels(2)
+    with Client(gw.url, reconnect_seconds=30) as client:
+        asleep, carried = client.session(), client.session()
+        assert asleep.run("x = 'asleep'").ok and carried.run("y = 'carried'").ok
+        asleep.hibernate()
+        carried.hibernate()
+        gw.wait_for_warm_kernels(1)
+        resumed = carried.resume()
+        assert resumed is not None and resumed["lost"] == []
+        assert gw.record(gw.instance(), carried.id)["carrier"]  # on a warm kernel's disk
+        gw.stop(getattr(signal, how))
+        gw.start("--pool-size", "2")
+        assert asleep.info()["status"] == "hibernated"
+        result = asleep.run("print(x)")
+        assert result.stdout == "asleep\n" and result.resumed is not None
+        assert result.resumed.lost == []
+        assert carried.info()["status"] == "idle"
+        assert carried.run("print(y)").stdout == "carried\n"
+        carried.hibernate()
+        assert carried.run("print(y)").stdout == "carried\n"
+        asleep.delete()
+        carried.delete()
+    snapshots = gw.runtime / gw.instance() / "snapshots"
+    assert list(snapshots.iterdir()) == []
+
+
 def test_sessions_of_other_languages_are_adopted_with_their_variables(gw: Gateway) -> None:
     """An R, a TypeScript and a Bash session survive a restart: same kernels, same variables,
     same language; and a language the new gateway no longer serves is reported lost."""
