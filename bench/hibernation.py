@@ -12,9 +12,10 @@ cost running and hibernated; all in one run, on the docker backend.
   one, a kernel is started on the session's disk: a cold start more); and **first result**:
   `1 + 1` sent to a hibernated session until its `done` (the resume included).
 - **memory**: the host's memory in use (processes' own, shared, and the kernel's for them:
-  `USED`; clean caches dropped first) above what it was before the sessions, with 200 idle sessions running, then with the same
-  200 hibernated (their disks still mounted, their records in the gateway); beside it the
-  kernel containers' own cgroup memory.
+  `USED`; clean caches dropped first) above what it was before the sessions, with 200 idle
+  sessions running, then with the same 200 hibernated (their disks still mounted, their
+  records in the gateway); beside it the kernel containers' own cgroup memory (warm kernels
+  included).
 
 Asserts nothing; prints tables and writes bench/results/hibernation.json.
 """
