@@ -76,7 +76,7 @@ def containers_mib(instance: str) -> tuple[int, float]:
         found = engine.containers.list(filters={"label": labels})
         total = 0.0
         for container in found:
-            stats = container.stats(stream=False)
+            stats: dict[str, Any] = container.stats(stream=False)  # type: ignore[assignment]
             usage = stats.get("memory_stats", {})
             cache = usage.get("stats", {}).get("inactive_file", 0)
             total += (usage.get("usage", 0) - cache) / 2**20
