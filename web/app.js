@@ -462,10 +462,22 @@ class Answer {
       case "file":
         this.file(data);
         break;
+      case "resumed":
+        this.resumed(data);
+        break;
       case "done":
         this.done(data);
         break;
     }
+  }
+
+  resumed(data) {
+    // The session came back from hibernation: say what, if anything, it could not keep.
+    const lost = data.lost || [];
+    const text = lost.length
+      ? `Resumed from hibernation; not kept: ${lost.map((x) => `${x.name} (${x.reason})`).join("; ")}`
+      : "Resumed from hibernation: everything was kept.";
+    this.add(el("div", lost.length ? "resumed lost" : "resumed", text));
   }
 
   display(data) {

@@ -25,9 +25,11 @@ from kernel_gateway.client import (
     Event,
     File,
     Result,
+    Resumed,
     Stderr,
     Stdout,
 )
+from kernel_gateway.kernels.events import resumed_note
 
 EXIT_STATUS = {"ok": 0, "error": 1, "timeout": 124, "interrupted": 130, "died": 137}
 IMAGE_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/svg+xml": "svg"}
@@ -75,6 +77,11 @@ class Printer:
         elif isinstance(event, Error):
             tb = "\n".join(event.traceback) or f"{event.ename}: {event.evalue}"
             self.stderr.write((tb if self.color else ANSI.sub("", tb)) + "\n")
+        elif isinstance(event, Resumed):
+            lost = [{"name": x.name, "reason": x.reason} for x in event.lost]
+            note = resumed_note({"lost": lost})
+            if note:
+                self.stderr.write(note)
         elif isinstance(event, Done) and event.status != "ok":
             note = f"[{event.status}"
             note += f": {event.reason}" if event.reason else ""

@@ -232,7 +232,8 @@ class Registry:
     def stats(self) -> JSON:
         return {
             **self.warm.stats(),
-            "sessions": len(self._sessions),
+            # Running ones: what `--max-sessions` bounds (and a cluster router places by).
+            "sessions": sum(1 for s in self._sessions.values() if not s.hibernated),
             "max_sessions": self.settings.max_sessions,
             "stateless": len(self._ephemeral),
             "max_stateless": self.settings.max_stateless,
@@ -396,6 +397,7 @@ class Registry:
         session = self._sessions.pop(session_id, None)
         if session is None:
             raise self._missing(session_id)
+        self._unsaved.pop(session_id, None)
         if self.store is not None:  # first: a crash from here on must not bring it back
             self.store.delete(session_id)
             await self.store.flush()
@@ -431,8 +433,11 @@ class Registry:
         return session
 
     def _held(self) -> int:
-        """Kernels held against `--max-sessions`: sessions and their companions."""
-        return len(self._sessions) + sum(len(c) for c in self._companions.values())
+        """Kernels held against `--max-sessions`: sessions and their companions. Hibernated
+        sessions hold none, and do not count (a resume is never refused for capacity: the
+        session is the user's; idle ones hibernate again)."""
+        running = sum(1 for s in self._sessions.values() if not s.hibernated)
+        return running + sum(len(c) for c in self._companions.values())
 
     def companions(self, owner_id: str) -> list[Session]:
         return list(self._companions.get(owner_id, ()))

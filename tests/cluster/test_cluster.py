@@ -103,6 +103,27 @@ def test_sessions_land_on_several_nodes_and_keep_state_across_routers(
                 assert out["stdout"] == f"{mark} {k + 2}\n", (node.name, out)
 
 
+def test_hibernated_sessions_resume_on_their_own_node(
+    cluster: Deployment, sessions: dict[str, str]
+) -> None:
+    """Hibernated through one router, seen through another, resumed through a third: on the
+    node its id names, with its variables."""
+    routers = cluster.swarm.nodes
+    by_node = {sid.partition(".")[0]: sid for sid in sessions}
+    for step, sid in enumerate(list(by_node.values())[:2]):
+        with cluster.client(routers[step % 3]) as c:
+            answer = c.post(f"/sessions/{sid}/hibernate")
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["hibernation"]["lost"] == []
+        with cluster.client(routers[(step + 1) % 3]) as c:
+            assert c.get(f"/sessions/{sid}").json()["status"] == "hibernated"
+        with cluster.client(routers[(step + 2) % 3]) as c:
+            out = _run(c, sid, "print(mark, len(history))")
+            assert out["stdout"].split()[0] == sessions[sid], out
+            resumed = [d for name, d in out["events"] if name == "resumed"]
+            assert resumed and resumed[0]["lost"] == [], out
+
+
 def test_router_health_shows_every_node_and_capacity(cluster: Deployment) -> None:
     for node in cluster.swarm.nodes:
         health = cluster.health(node)

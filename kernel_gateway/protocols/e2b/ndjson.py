@@ -22,6 +22,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from kernel_gateway.kernels.events import resumed_note
+
 FIELDS = {
     "text/plain": "text",
     "text/html": "html",
@@ -93,6 +95,9 @@ def lines_of(name: str, data: dict[str, Any]) -> list[bytes]:
                 else str(traceback),
             )
         ]
+    if name == "resumed":  # E2B has no word for it: said on stderr when something was lost
+        note = resumed_note(data)
+        return [line("stderr", text=note, timestamp=timestamp())] if note else []
     if name == "done":
         out = []
         count = data.get("execution_count")

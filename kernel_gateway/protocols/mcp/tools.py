@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, PlainValidator, ValidationInfo
 from pydantic_core import PydanticCustomError
 
 from kernel_gateway.errors import GatewayError
+from kernel_gateway.kernels.events import resumed_note
 from kernel_gateway.sessions.models import (
     Code,
     FilePath,
@@ -390,6 +391,10 @@ class CellReport:
             self.parts.append(("error", text))
         elif name == "file":
             self.files.append(data)
+        elif name == "resumed":
+            note = resumed_note(data)
+            if note:
+                self._text(note)
         elif name == "done":
             self.done = data
 
