@@ -1,0 +1,71 @@
+"""The gateway's side of snapshot files (kernels/hibernation.py): what a kernel wrote is taken
+only as a plain file of one link, never through a symlink, kept 0600 in a 0700 folder, and
+given back to that session's kernel only."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from kernel_gateway.kernels.hibernation import SnapshotError, Snapshots, _give, _move_back
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Snapshots:
+    return Snapshots(tmp_path / "snapshots")
+
+
+def test_a_written_snapshot_is_taken_private(store: Snapshots, tmp_path: Path) -> None:
+    handover = tmp_path / "conn"
+    handover.mkdir()
+    (handover / "snapshot-1").write_bytes(b"pickle")
+    os.chmod(handover / "snapshot-1", 0o644)
+    store._take(handover, "snapshot-1", store.path("abc123"))
+    kept = store.path("abc123")
+    assert kept.read_bytes() == b"pickle" and not (handover / "snapshot-1").exists()
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert stat.S_IMODE(store.folder.stat().st_mode) == 0o700
+    assert store.ids() == {"abc123"} and store.exists("abc123") and store.size("abc123") == 6
+    store.delete("abc123")
+    assert store.ids() == set()
+
+
+def test_a_symlink_or_a_second_link_is_never_taken(store: Snapshots, tmp_path: Path) -> None:
+    handover = tmp_path / "conn"
+    handover.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_text("the host's")
+    (handover / "snapshot-link").symlink_to(secret)
+    with pytest.raises(SnapshotError):
+        store._take(handover, "snapshot-link", store.path("s1"))
+    assert not store.exists("s1") and secret.read_text() == "the host's"
+    os.link(secret, handover / "snapshot-hard")
+    with pytest.raises(SnapshotError):
+        store._take(handover, "snapshot-hard", store.path("s2"))
+    assert not store.exists("s2") and secret.exists()
+
+
+def test_given_to_a_kernel_readable_only_and_moved_back_on_failure(
+    store: Snapshots, tmp_path: Path
+) -> None:
+    store.open()
+    store.path("s3").write_bytes(b"pickle")
+    handover = tmp_path / "conn"
+    handover.mkdir()
+    _give(store.path("s3"), handover, "restore-1", None)
+    given = handover / "restore-1"
+    assert given.read_bytes() == b"pickle" and not store.exists("s3")
+    assert stat.S_IMODE(given.stat().st_mode) == 0o400
+    _move_back(handover, "restore-1", store.path("s3"))
+    assert store.path("s3").read_bytes() == b"pickle" and not given.exists()
+    assert stat.S_IMODE(store.path("s3").stat().st_mode) == 0o600
+
+
+def test_session_ids_name_files_and_nothing_else(store: Snapshots) -> None:
+    assert store.path("node-1.0123abcd").name == "node-1.0123abcd.snapshot"
+    for bad in ("../x", "a/b", "", ".hidden", "x" * 200):
+        with pytest.raises(ValueError):
+            store.path(bad)
