@@ -123,3 +123,33 @@ def test_bench_egress_measures_a_proxied_request_beside_a_direct_one(tmp_path: P
         assert figures[way]["p50_ms"] > 0 and figures[way]["download_mib_s"] > 0, figures
     assert figures["proxy_memory_mib"] > 0
     assert "| HTTP GET, new connection" in result.stdout
+
+
+def test_bench_hibernation_measures_both_sessions_and_the_memory(tmp_path: Path) -> None:
+    require_docker()
+    out = tmp_path / "hibernation.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.hibernation",
+            "--smoke",
+            "--image",
+            IMAGE,
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    for kind in ("small", "dataframe"):
+        for key in ("hibernate", "resume", "first_result"):
+            assert figures[kind][key]["n"] > 0, (kind, key)
+    assert figures["dataframe"]["snapshot_bytes"] > 100_000_000
+    memory = figures["memory"]
+    assert memory["sessions"] == 4 and memory["running_containers"] >= 4
+    assert "| 100 MB DataFrame |" in result.stdout
