@@ -6,10 +6,12 @@ after. It only uses what the kernel image has (IPython, cloudpickle).
 
 What is saved: every name the user made (variables, functions and classes defined in cells,
 instances, closures: cloudpickle pickles `__main__`'s by value; modules by name, so they are
-imported again), `In`/`Out` and the execution count, the working directory, `sys.path` entries
-added and environment variables. Everything goes into one pickle, so objects shared between
-names stay shared. A name whose value cannot be pickled (an open socket, a generator, a thread,
-a C extension's object that refuses) is left out, and reported with why; an `Out` entry too.
+imported again; `_`, `__`, `___`), `In`/`Out` and the execution count, the working directory,
+`sys.path` and environment variables. The kernel's settings come first, in a pickle of plain
+values, so they are back before the names are loaded; then every name in one pickle, so
+objects shared between names stay shared. A name whose value cannot be pickled (an open
+socket, a generator, a thread, a C extension's object that refuses) is left out, and reported
+with why; an `Out` entry too.
 
 The report is a JSON string, read back by the gateway from the call's result.
 """
@@ -22,11 +24,11 @@ import pickle
 import sys
 from typing import Any
 
-# Names IPython makes and keeps by itself: never the user's.
-_IPYTHON_NAMES = frozenset(
-    {"In", "Out", "_ih", "_oh", "_dh", "_", "__", "___", "_i", "_ii", "_iii", "exit", "quit"}
-)
-_FORMAT = 1
+# Names IPython makes and keeps by itself (`In`/`Out` are restored through its history).
+_IPYTHON_NAMES = frozenset({"In", "Out", "_ih", "_oh", "_dh", "exit", "quit"})
+# Variables each kernel has of its own: never carried from the old kernel to the new one.
+_KERNEL_OWN = frozenset({"HOME", "PWD", "OLDPWD", "HOSTNAME", "KERNEL_ID", "SHLVL", "_"})
+_FORMAT = 2
 
 
 class _Sink:
@@ -40,7 +42,7 @@ def _user_names(shell: Any) -> list[str]:
     hidden = shell.user_ns_hidden
     names = []
     for name, value in shell.user_ns.items():
-        if name in _IPYTHON_NAMES or name.startswith("__"):
+        if name in _IPYTHON_NAMES or (len(name) > 4 and name[:2] == name[-2:] == "__"):
             continue
         if name in hidden and hidden[name] is value:
             continue  # put there by IPython or the gateway's start-up, not by a cell
@@ -58,20 +60,25 @@ def _picklable(value: Any, dumps: Any) -> str | None:
     """None if `value` pickles; else why not."""
     import io
 
-    if isinstance(value, io.IOBase):
-        state = "a closed file" if value.closed else "an open file"
-        return f"{state}: open it again by name (what it wrote is on disk)"
     try:
         dumps(value, _Sink())
     except RecursionError:
         return "RecursionError: too deeply nested to save"
     except BaseException as exc:  # noqa: BLE001 - any failure means "not kept", with why
+        if isinstance(value, io.IOBase) and not isinstance(value, (io.BytesIO, io.StringIO)):
+            state = "a closed file" if value.closed else "an open file"
+            return f"{state}: open it again by name (what it wrote is on disk)"
         return _why(exc)
     return None
 
 
 def save(path: str) -> str:
-    """Write the user's namespace to `path`; return the report as JSON."""
+    """Write the user's namespace to `path`; return the report as JSON.
+
+    Two pickles, one after the other: first the kernel's settings (working directory,
+    `sys.path`, environment, history), made of plain values, so that `restore` puts them back
+    before it loads anything that may need them (a module imported from a folder the user
+    added to `sys.path`); then every name and `Out` in one, so shared objects stay shared."""
     import cloudpickle  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     shell = get_ipython()  # type: ignore[name-defined]  # noqa: F821 - an IPython global
@@ -80,22 +87,23 @@ def save(path: str) -> str:
     def dump(value: Any, file: Any) -> None:
         cloudpickle.dump(value, file, protocol=pickle.HIGHEST_PROTOCOL)
 
-    namespace = {name: shell.user_ns[name] for name in _user_names(shell)}
-    out = dict(shell.user_ns.get("Out", {}))
-    lost: list[dict[str, str]] = []
-    payload = {
+    settings = {
         "format": _FORMAT,
-        "names": namespace,
-        "out": out,
-        "in": list(history.input_hist_parsed),
-        "in_raw": list(history.input_hist_raw),
-        "execution_count": shell.execution_count,
+        "in": [str(x) for x in history.input_hist_parsed],
+        "in_raw": [str(x) for x in history.input_hist_raw],
+        "execution_count": int(shell.execution_count),
         "cwd": os.getcwd(),
-        "sys_path": list(sys.path),
+        "sys_path": [str(x) for x in sys.path],
         "environ": dict(os.environ),
     }
+    namespace = {name: shell.user_ns[name] for name in _user_names(shell)}
+    out = dict(shell.user_ns.get("Out", {}))
+    payload = {"names": namespace, "out": out}
+    lost: list[dict[str, str]] = []
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     with os.fdopen(os.open(path, flags, 0o600), "wb") as file:
+        pickle.dump(settings, file, protocol=pickle.HIGHEST_PROTOCOL)
+        start = file.tell()
         try:
             dump(payload, file)
         except BaseException:  # noqa: BLE001 - find the names at fault, leave them out
@@ -109,11 +117,11 @@ def save(path: str) -> str:
                 if reason is not None:
                     del out[key]
                     lost.append({"name": f"Out[{key}]", "reason": reason})
-            file.seek(0)
+            file.seek(start)
             file.truncate()
             dump(payload, file)
         size = file.tell()
-    return json.dumps({"saved": len(namespace), "lost": lost, "bytes": size, "pid": os.getpid()})
+    return json.dumps({"saved": len(namespace), "lost": lost, "bytes": size})
 
 
 def restore(path: str, devices: dict[str, int]) -> str:
@@ -129,30 +137,34 @@ def restore(path: str, devices: dict[str, int]) -> str:
     for folder, device in devices.items():
         if os.stat(folder).st_dev != device:
             raise RuntimeError(f"{folder} is not this session's storage")
-    os.chdir(os.getcwd())  # the folder mounted over the one the kernel started in
-    user_site = site.getusersitepackages()
-    if os.path.isdir(user_site) and user_site not in sys.path:
-        site.addsitedir(user_site)  # packages the user installed, found again
-    importlib.invalidate_caches()
     shell = get_ipython()  # type: ignore[name-defined]  # noqa: F821 - an IPython global
     with open(path, "rb") as file:
+        settings = pickle.load(file)
+        if not isinstance(settings, dict) or settings.get("format") != _FORMAT:
+            raise RuntimeError("not a snapshot of this gateway's format")
+        # The kernel's settings first: what loading the names may need.
+        try:
+            os.chdir(settings["cwd"])
+        except OSError:
+            os.chdir(os.getcwd())  # the folder mounted over the one the kernel started in
+        saved_path = settings["sys_path"]
+        sys.path[:] = saved_path + [p for p in sys.path if p not in saved_path]
+        user_site = site.getusersitepackages()
+        if os.path.isdir(user_site) and user_site not in sys.path:
+            site.addsitedir(user_site)  # packages the user installed, found again
+        importlib.invalidate_caches()
+        environ = settings["environ"]
+        for name in [n for n in os.environ if n not in environ and n not in _KERNEL_OWN]:
+            del os.environ[name]
+        for name, value in environ.items():
+            if name not in _KERNEL_OWN:
+                os.environ[name] = value
         payload = pickle.load(file)
-    if payload.get("format") != _FORMAT:
-        raise RuntimeError(f"unknown snapshot format {payload.get('format')!r}")
-    for entry in payload["sys_path"]:
-        if entry not in sys.path:
-            sys.path.append(entry)
-    for name, value in payload["environ"].items():
-        os.environ.setdefault(name, value)
-    try:
-        os.chdir(payload["cwd"])
-    except OSError:
-        pass
     shell.user_ns.update(payload["names"])
     history = shell.history_manager
-    history.input_hist_parsed[:] = payload["in"]
-    history.input_hist_raw[:] = payload["in_raw"]
+    history.input_hist_parsed[:] = settings["in"]
+    history.input_hist_raw[:] = settings["in_raw"]
     history.output_hist.clear()
     history.output_hist.update(payload["out"])
-    shell.execution_count = payload["execution_count"]
+    shell.execution_count = settings["execution_count"]
     return json.dumps({"restored": len(payload["names"])})

@@ -2,12 +2,13 @@
 into a new kernel (hibernation; docs/hibernation.md).
 
 The kernel writes its snapshot into its handover folder (`KernelProcess.handover`, its
-connection folder), with the code of `in_kernel/hibernation.py`. Once that kernel has ended
-(nothing of the user's can still run and change the file), the gateway takes the file into
-its own folder (`<runtime>/<instance>/snapshots/`, 0700, each file 0600), checked: a regular
-file, one link, never through a symlink. To resume, it moves the file into the new kernel's
-handover folder, readable by that kernel, and deletes it once loaded. A snapshot is named by
-its session's id and only ever given to that session's next kernel.
+connection folder), with the code of `in_kernel/hibernation.py`. The gateway keeps it in its
+own folder (`<runtime>/<instance>/snapshots/`, 0700, each file 0600): opened without
+following a link or blocking, checked to be a regular file of one link, and linked in from
+that descriptor, so the kernel cannot swap something else in (`take`). To resume, it links
+the file into the new kernel's handover folder, readable (not writable) by that kernel,
+removes that link after the load, and deletes the snapshot once the resume is recorded. A
+snapshot is named by its session's id and only ever given to that session's next kernel.
 """
 
 from __future__ import annotations
@@ -81,51 +82,66 @@ class Snapshots:
         return 0
 
     def delete(self, session_id: str) -> None:
-        """Delete a session's snapshot, if it has one (blocks)."""
+        """Delete a session's snapshot, and one set aside, if it has them (blocks)."""
         self.path(session_id).unlink(missing_ok=True)
+        self.path(session_id).with_suffix(".failed").unlink(missing_ok=True)
+
+    def set_aside(self, session_id: str) -> None:
+        """A snapshot no kernel could load: kept beside (`<id>.failed`), for the operator,
+        until the session is deleted (blocks)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self.path(session_id), self.path(session_id).with_suffix(".failed"))
 
     def ids(self) -> set[str]:
-        """The sessions that have a snapshot here (blocks)."""
+        """The sessions that have a snapshot here, loadable or set aside (blocks)."""
         try:
             names = os.listdir(self.folder)
         except FileNotFoundError:
             return set()
-        return {n.removesuffix(".snapshot") for n in names if n.endswith(".snapshot")}
+        return {n.rsplit(".", 1)[0] for n in names if n.endswith((".snapshot", ".failed"))}
 
     # -- a kernel writes one ---------------------------------------------------------------
 
     async def save(self, kernel: Kernel) -> tuple[Saved, str]:
         """Have `kernel` write its namespace into its handover folder: what it saved, and
-        the file's name there (take it with `take` once the kernel has ended)."""
-        host, inside, _ = _handover(kernel)
+        the file's name there (keep it with `take`, or `drop` it)."""
+        host, inside = _handover(kernel)
         name = f"snapshot-{secrets.token_hex(8)}"
         call = f"save({str(Path(inside) / name)!r})"
         try:
             report = await _run(kernel, call, SAVE_SECONDS)
-        except SnapshotError:
+        except BaseException:
             with contextlib.suppress(OSError):
-                await asyncio.to_thread(_unlink_in, host, name)
+                await asyncio.shield(asyncio.to_thread(_unlink_in, host, name))
             raise
         lost = [Lost(str(x["name"]), str(x["reason"])) for x in report.get("lost", [])]
         return Saved(int(report.get("saved", 0)), lost, int(report.get("bytes", 0))), name
 
     async def drop(self, kernel: Kernel, name: str) -> None:
         """Delete what `save` wrote (as `name`), unused."""
-        host, _, _ = _handover(kernel)
+        host, _ = _handover(kernel)
         await asyncio.to_thread(_unlink_in, host, name)
 
     async def take(self, kernel: Kernel, name: str, session_id: str) -> None:
-        """Move what `save` wrote (as `name`) out of `kernel`'s folder and keep it as
-        `session_id`'s snapshot. Call only once `kernel` has ended."""
-        host, _, _ = _handover(kernel)
-        await asyncio.to_thread(self._take, host, name, self.path(session_id))
+        """Keep what `save` wrote (as `name`) as `session_id`'s snapshot, out of the
+        kernel's reach. The kernel may still run: the file is opened without following a
+        link or blocking on a FIFO, checked to be a plain file of one link, made the
+        gateway's (0600) through that descriptor, and linked into the gateway's folder from
+        it (`/proc/self/fd`), so what is kept is the inode checked, whatever the kernel does
+        with the name meanwhile."""
+        host, _ = _handover(kernel)
+        try:
+            await asyncio.to_thread(self._take, host, name, self.path(session_id))
+        except OSError as exc:
+            raise SnapshotError(f"the kernel's snapshot could not be kept: {exc}") from None
 
     def _take(self, host: Path, name: str, target: Path) -> None:
         self.open()
         dir_fd = os.open(host, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+                fd = os.open(name, flags, dir_fd=dir_fd)
             except OSError as exc:
                 raise SnapshotError(f"the kernel's snapshot is not there: {exc}") from exc
             try:
@@ -134,14 +150,15 @@ class Snapshots:
                     raise SnapshotError("the kernel's snapshot is not a plain file")
                 os.fchown(fd, os.geteuid(), os.getegid())
                 os.fchmod(fd, 0o600)
+                partial = target.with_suffix(".partial")
+                partial.unlink(missing_ok=True)
+                _link_open_file(fd, partial)
+                os.replace(partial, target)
             finally:
                 os.close(fd)
-            os.rename(name, target, src_dir_fd=dir_fd)
-        except BaseException:
+        finally:
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=dir_fd)
-            raise
-        finally:
             os.close(dir_fd)
 
     # -- a new kernel loads it -------------------------------------------------------------
@@ -152,28 +169,24 @@ class Snapshots:
         """Load `session_id`'s snapshot into `kernel` (a fresh one of that session).
 
         `devices`: folder in the kernel → the device it must be on, checked before loading.
-        On success the snapshot is deleted; on failure it is moved back (kept, for another
-        kernel), and SnapshotError says why."""
-        host, inside, owner = _handover(kernel)
+        The kernel reads a second link of the gateway's file (readable, not writable, by
+        it), removed after; the snapshot itself stays until the caller has recorded the
+        resume (`delete`). SnapshotError says why it could not be loaded."""
+        host, inside = _handover(kernel)
         name = f"restore-{secrets.token_hex(8)}"
         source = self.path(session_id)
         try:
-            await asyncio.to_thread(_give, source, host, name, owner)
+            await asyncio.to_thread(_give, source, host, name)
         except OSError as exc:
             raise SnapshotError(f"the snapshot is not there: {exc}") from None
         call = f"restore({str(Path(inside) / name)!r}, {devices or {}!r})"
         try:
             await _run(kernel, call, LOAD_SECONDS)
-        except BaseException:
-            await asyncio.shield(asyncio.to_thread(_move_back, host, name, source))
-            raise
-        with contextlib.suppress(OSError):
-            await asyncio.to_thread(_unlink_in, host, name)
-        with contextlib.suppress(OSError):
-            await asyncio.to_thread(source.unlink, True)
+        finally:
+            await asyncio.shield(asyncio.to_thread(_take_back, source, host, name))
 
 
-def _handover(kernel: Kernel) -> tuple[Path, str, tuple[int, int] | None]:
+def _handover(kernel: Kernel) -> tuple[Path, str]:
     handover = kernel.process.handover
     if handover is None:
         raise SnapshotError("this backend's kernels have no folder for snapshots")
@@ -202,40 +215,42 @@ async def _run(kernel: Kernel, call: str, seconds: float) -> dict[str, Any]:
     return report
 
 
-def _give(source: Path, host: Path, name: str, owner: tuple[int, int] | None) -> None:
-    """Move the snapshot into a kernel's folder, readable by the kernel's user only."""
-    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+def _give(source: Path, host: Path, name: str) -> None:
+    """A second link of the gateway's snapshot in a kernel's folder, readable by anyone who
+    reaches it (the runtime folder is the gateway's alone), writable by no one but the
+    gateway."""
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if owner is not None:
-            os.fchown(fd, *owner)
-        os.fchmod(fd, 0o400)
+        os.fchmod(fd, 0o444)
     finally:
         os.close(fd)
     dir_fd = os.open(host, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.rename(source, name, dst_dir_fd=dir_fd)
+        os.link(source, name, dst_dir_fd=dir_fd, follow_symlinks=False)
     finally:
         os.close(dir_fd)
 
 
-def _move_back(host: Path, name: str, target: Path) -> None:
-    """A snapshot a kernel failed to load, back in the gateway's folder (if still there)."""
-    dir_fd = os.open(host, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+def _take_back(source: Path, host: Path, name: str) -> None:
+    """Undo `_give`: the kernel's link removed, the snapshot private again."""
+    with contextlib.suppress(OSError):
+        _unlink_in(host, name)
+    with contextlib.suppress(OSError):
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-                return
-            os.fchown(fd, os.geteuid(), os.getegid())
             os.fchmod(fd, 0o600)
         finally:
             os.close(fd)
-        os.rename(name, target, src_dir_fd=dir_fd)
-    except OSError:
-        pass
+
+
+def _link_open_file(fd: int, target: Path) -> None:
+    """A new name for the file open as `fd` (linkat through `/proc/self/fd`, following the
+    magic link: the inode opened, whatever its old name is now)."""
+    fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.link(str(fd), target, src_dir_fd=fds, follow_symlinks=True)
     finally:
-        os.close(dir_fd)
+        os.close(fds)
 
 
 def _unlink_in(host: Path, name: str) -> None:

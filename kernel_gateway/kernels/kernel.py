@@ -272,7 +272,12 @@ class Kernel:
             "allow_stdin": False,
             "stop_on_error": False,
         }
-        msg_id, reply = await self._send(self._shell, "execute_request", content)
+        if self.closed:
+            raise KernelCallFailed("the kernel was closed")
+        try:
+            msg_id, reply = await self._send(self._shell, "execute_request", content)
+        except zmq.ZMQError as exc:
+            raise KernelCallFailed(f"the kernel cannot be reached: {exc}") from None
         try:
             waiting: set[asyncio.Future[Any]] = {reply, self.exited}
             await asyncio.wait(waiting, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)

@@ -112,6 +112,22 @@ def carry(carrier: SessionStorage, storage: SessionStorage) -> None:
         raise
 
 
+def share(root: Path) -> None:
+    """Make the disk mounted at `root` a shared mount, if it is not one yet (disks made before
+    `prepare` made them shared: a kernel's binds that receive mounts need it)."""
+    point = str(root.resolve())
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        fields = line.split(" - ", 1)[0].split()
+        if len(fields) > 4 and _unescape(fields[4]) == point:
+            if not any(f.startswith("shared:") for f in fields[6:]):
+                _run("mount", "--make-shared", point)
+            return
+
+
 def uncarry(carrier: SessionStorage) -> None:
     """Undo `carry`: unmount what was mounted over `carrier`'s folders (none: nothing)."""
     mounted = set(mounts_under(carrier.root))

@@ -2,17 +2,21 @@
 it resumes by itself on its next call (docs/hibernation.md).
 
 To hibernate (under the session's kernel lock, so no cell runs meanwhile), the kernel writes
-its namespace to a snapshot (`kernels/hibernation.py`); a cell that arrived while it did so
-cancels the hibernation (the snapshot is dropped, nothing changes). Otherwise the kernel is
-killed and removed, and the snapshot kept in the gateway's folder. The session's disk stays
-as it was (mounted, no copy), so its files are served while it sleeps.
+its namespace to a snapshot (`kernels/hibernation.py`); if the session was used while it did
+(a cell, a notebook, a command), the hibernation is cancelled and nothing changes. Otherwise
+the snapshot is kept in the gateway's folder, the session's record says it is hibernated,
+and only then is its kernel killed and removed. The session's disk stays as it was (mounted,
+no copy), so its files are served while it sleeps.
 
 To resume (under the same lock: two calls resume it once), a warm kernel takes up the
 session's disk (`Backend.carry`, with no copy: the kernel checks it sees that disk before it
 loads anything), or, where the backend cannot do that, a kernel starts on the disk. It is
-prepared like any of the session's kernels (network, environment), then loads the snapshot.
-The names the snapshot could not keep are reported to the next cell (a `resumed` event and
-`done.resumed`); if the snapshot cannot be loaded at all, that is reported the same way.
+prepared like any of the session's kernels (network, environment), then loads the snapshot;
+the snapshot is deleted once the record says the session runs again. The names it could not
+keep are reported to the next cell (a `resumed` event and `done.resumed`); if it cannot be
+loaded at all, that is reported the same way and the file set aside. Whatever fails or is
+cancelled half-way, the session is left hibernated with its snapshot, and no kernel or
+carried disk behind.
 """
 
 from __future__ import annotations
@@ -21,15 +25,21 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import replace
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from kernel_gateway.errors import HibernationFailed, KernelUnavailable, SessionBusy
+from kernel_gateway.errors import (
+    Conflict,
+    HibernationFailed,
+    KernelUnavailable,
+    SessionBusy,
+    SessionClosed,
+)
 from kernel_gateway.kernels.backends.base import SessionStorage
 from kernel_gateway.kernels.hibernation import SnapshotError, Snapshots
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import PYTHON
-from kernel_gateway.kernels.pools.warm import WarmPool
+from kernel_gateway.kernels.pools.warm import WarmKernel, WarmPool
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.sessions.persistence import HibernatedState
 from kernel_gateway.tasks import TaskSet
@@ -40,7 +50,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-KILL_WAIT = 10.0  # seconds for a killed kernel to be seen ended
+NOT_ITS_STORAGE = "is not this session's storage"
+"""What a kernel says when it does not see the disk it was given (in_kernel/hibernation.py)."""
 
 
 class Hibernator:
@@ -52,6 +63,9 @@ class Hibernator:
         self.metrics = metrics
         self._carry = pool.backend.can_carry
         self._tasks = TaskSet()
+        self.flush: Callable[[], Awaitable[None]] = _nothing_to_flush
+        """Waits until the session records written so far are on disk (the registry's, when
+        sessions are persisted)."""
 
     @staticmethod
     def supports(session: Session) -> bool:
@@ -63,49 +77,57 @@ class Hibernator:
     # -- hibernate ---------------------------------------------------------------------------
 
     async def hibernate(self, session: Session) -> bool:
-        """See `Session.hibernate`."""
-        if session.busy:
-            raise SessionBusy(f"session {session.id} is running a cell; hibernate it when idle")
+        """See `Session.hibernate`.
+
+        The order keeps a stop or crash at any moment harmless: the snapshot is kept in the
+        gateway's folder, then the record says the session is hibernated (on disk, with
+        `--persist-sessions`), and only then is the kernel killed. A successor that finds a
+        hibernated record with its kernel still running ends that kernel and resumes from
+        the snapshot."""
         slot = session.slot
         async with slot.lock:
             if session.closed or slot.hibernated:
                 return False
-            if session.busy:
-                raise SessionBusy(f"session {session.id} is running a cell")
+            self._refuse_if_in_use(session)
             began = time.monotonic()
             if not slot.alive:
                 await slot.revive()  # a kernel that died idle: its state is gone anyway
             kernel = slot.kernel
             assert kernel is not None
+            activity = session.last_activity
+            session.hibernating = True
             try:
-                saved, name = await self.snapshots.save(kernel)
-            except SnapshotError as exc:
-                self.metrics.hibernation_failed()
-                raise HibernationFailed(
-                    f"session {session.id} could not be saved ({exc}); it runs on as it was"
-                ) from None
-            if session.busy or session.closed:  # a cell came meanwhile: it wins
-                await self._drop_written(kernel, name)
-                raise SessionBusy(
-                    f"a cell arrived for session {session.id} while it was being saved; "
-                    "it runs instead"
+                try:
+                    saved, name = await self.snapshots.save(kernel)
+                except SnapshotError as exc:
+                    self.metrics.hibernation_failed()
+                    raise HibernationFailed(
+                        f"session {session.id} could not be saved ({exc}); it runs on as it was"
+                    ) from None
+                if session.closed or session.last_activity != activity or session.busy:
+                    # Used meanwhile (a cell, a notebook, a command): the use wins.
+                    with contextlib.suppress(OSError, SnapshotError):
+                        await self.snapshots.drop(kernel, name)
+                    raise SessionBusy(
+                        f"session {session.id} was used while it was being saved; it runs on"
+                    )
+                try:
+                    await self.snapshots.take(kernel, name, session.id)
+                except SnapshotError as exc:
+                    self.metrics.hibernation_failed()
+                    raise HibernationFailed(
+                        f"session {session.id} could not be saved ({exc}); it runs on as it was"
+                    ) from None
+                session.hibernation = HibernatedState(
+                    since=time.time(), bytes=saved.bytes, lost=[x.to_json() for x in saved.lost]
                 )
-            slot.park()
-            state = HibernatedState(
-                since=time.time(), bytes=saved.bytes, lost=[x.to_json() for x in saved.lost]
-            )
-            try:
-                await kernel.kill()
-                await asyncio.wait_for(asyncio.shield(kernel.exited), KILL_WAIT)
-                await self.snapshots.take(kernel, name, session.id)
-            except (SnapshotError, OSError, TimeoutError, KernelUnavailable) as exc:
-                logger.error("session %s: its snapshot was not kept: %s", session.id, exc)
-                state = replace(state, error=str(exc) or type(exc).__name__)
+                slot.park()
+                carrier, session.carrier = session.carrier, None
+                session.persist()
+                await self.flush()  # on disk before the kernel goes
+                self._tasks.spawn(self._end(kernel, carrier))
             finally:
-                self._tasks.spawn(kernel.close())
-            session.hibernation = state
-            await self._drop_carrier(session)
-            session.persist()
+                session.hibernating = False
         self.metrics.hibernated(time.monotonic() - began)
         logger.info(
             "session %s hibernated: %d names, %d bytes%s",
@@ -116,46 +138,62 @@ class Hibernator:
         )
         return True
 
-    async def _drop_written(self, kernel: Kernel, name: str) -> None:
-        with contextlib.suppress(OSError, SnapshotError):
-            await self.snapshots.drop(kernel, name)
+    @staticmethod
+    def _refuse_if_in_use(session: Session) -> None:
+        if session.busy:
+            raise SessionBusy(f"session {session.id} is running a cell; hibernate it when idle")
+        if session.holders:
+            raise Conflict(
+                f"session {session.id} has a client connected to its kernel (a notebook); "
+                "it cannot be hibernated under it"
+            )
+
+    async def _end(self, kernel: Kernel, carrier: SessionStorage | None) -> None:
+        """A hibernated session's last kernel: ended and removed, then the disk it ran on
+        when a warm kernel carried the session."""
+        try:
+            await kernel.close()
+        finally:
+            if carrier is not None:
+                await self.release_carrier(carrier)
 
     # -- resume ------------------------------------------------------------------------------
 
     async def wake(self, session: Session) -> JSON:
         """Resume `session` (hold its kernel lock; it is hibernated): what it reports.
-        Raises KernelUnavailable when no kernel could be had (it stays hibernated)."""
+
+        Raises KernelUnavailable when no kernel could be had, SessionClosed when the session
+        was deleted meanwhile: either way it stays as it was (hibernated, its snapshot kept),
+        with no kernel or carried disk left behind."""
         began = time.monotonic()
         slot = session.slot
         state = session.hibernation or HibernatedState(since=time.time())
-        kernel, devices = await self._kernel_for(session)
+        session.hibernating = True
         try:
-            await slot.install(kernel)
+            failure = await self._load(session, state)
         except BaseException:
-            await self._drop_carrier(session)
+            await asyncio.shield(self._undo_wake(session))
             raise
+        finally:
+            session.hibernating = False
         lost = list(state.lost)
-        failure = state.error
-        if failure is None:
-            try:
-                await self.snapshots.load(kernel, session.id, devices)
-            except SnapshotError as exc:
-                failure = str(exc)
-                if devices is not None:  # carried: try once more, on a kernel of its disk
-                    logger.warning(
-                        "session %s: a warm kernel could not resume it (%s); starting one on "
-                        "its disk",
-                        session.id,
-                        exc,
-                    )
-                    failure = await self._resume_cold(session)
         if failure is not None:
-            lost = [{"name": "*", "reason": f"the snapshot could not be loaded: {failure}"}]
-            with contextlib.suppress(OSError):
-                await asyncio.to_thread(self.snapshots.delete, session.id)
+            lost = [
+                {
+                    "name": "*",
+                    "reason": f"the snapshot could not be loaded: {failure} (it is kept, "
+                    "set aside, until the session is deleted)",
+                }
+            ]
         slot.hibernated = False
         session.hibernation = None
         session.persist()
+        await self.flush()  # the resume on disk before the snapshot goes
+        with contextlib.suppress(OSError, ValueError):
+            if failure is None:
+                await asyncio.to_thread(self.snapshots.delete, session.id)
+            else:
+                await asyncio.to_thread(self.snapshots.set_aside, session.id)
         seconds = time.monotonic() - began
         self.metrics.resumed(seconds)
         logger.info(
@@ -170,40 +208,82 @@ class Hibernator:
             "resume_ms": round(seconds * 1000, 3),
         }
 
-    async def _kernel_for(self, session: Session) -> tuple[Kernel, dict[str, int] | None]:
-        """A running kernel on the session's disk: a warm one carrying it (with the devices
-        it must see), else a new one started on it (None)."""
-        storage = session.slot.storage
-        if self._carry:
-            warm = await self.pool.acquire()
-            try:
-                devices = await self.pool.backend.carry(warm.storage, storage)
-            except KernelUnavailable as exc:
-                logger.warning("a warm kernel could not take up a session's disk: %s", exc)
-                await self.pool.backend.uncarry(warm.storage)
-                self._tasks.spawn(self.pool.discard(warm))
-            else:
-                session.carrier = warm.storage
-                return warm.kernel, devices
-        return await self.pool.launch(storage), None
-
-    async def _resume_cold(self, session: Session) -> str | None:
-        """The snapshot, loaded into a kernel started on the session's disk; None if it
-        was, else why not."""
-        slot = session.slot
-        old = slot.park()
-        if old is not None:
-            await old.close()
-        await self._drop_carrier(session)
-        kernel = await self.pool.launch(slot.storage)
-        await slot.install(kernel)
+    async def _load(self, session: Session, state: HibernatedState) -> str | None:
+        """A kernel on the session's disk, prepared, with the snapshot loaded; None, or why
+        the snapshot could not be loaded (the kernel is in the slot either way)."""
+        kernel, devices = await self._kernel_for(session)
+        await self._install(session, kernel)
+        if state.error is not None:
+            return state.error
+        try:
+            await self.snapshots.load(kernel, session.id, devices)
+            return None
+        except SnapshotError as exc:
+            if devices is None:
+                return str(exc)
+            # Carried: try once more, on a kernel started on the session's disk.
+            logger.warning(
+                "session %s: a warm kernel could not resume it (%s); starting one on its disk",
+                session.id,
+                exc,
+            )
+            if NOT_ITS_STORAGE in str(exc):
+                self._carry = False  # warm kernels do not see the disks they are given here
+                logger.warning("warm kernels cannot take up hibernated sessions' disks here")
+        await self._undo_wake(session)
+        self._refuse_if_closed(session)
+        kernel = await self.pool.launch(session.slot.storage)
+        await self._install(session, kernel)
         try:
             await self.snapshots.load(kernel, session.id)
         except SnapshotError as exc:
             return str(exc)
-        self._carry = False  # warm kernels do not see the disks they are given here
-        logger.warning("warm kernels cannot take up hibernated sessions' disks here")
         return None
+
+    @staticmethod
+    def _refuse_if_closed(session: Session) -> None:
+        if session.closed:
+            raise SessionClosed(f"session {session.id} was deleted")
+
+    @classmethod
+    async def _install(cls, session: Session, kernel: Kernel) -> None:
+        if session.closed:
+            await kernel.close()
+        cls._refuse_if_closed(session)
+        await session.slot.install(kernel)
+
+    async def _undo_wake(self, session: Session) -> None:
+        """Back to hibernated with nothing running: the kernel that was being resumed
+        onto, and the disk it carried the session on, gone."""
+        kernel = session.slot.park()
+        if kernel is not None:
+            with contextlib.suppress(Exception):
+                await kernel.close()
+        await self._drop_carrier(session)
+
+    async def _kernel_for(self, session: Session) -> tuple[Kernel, dict[str, int] | None]:
+        """A running kernel on the session's disk: a warm one carrying it (with the devices
+        it must see), else a new one started on it (None)."""
+        storage = session.slot.storage
+        self._refuse_if_closed(session)
+        if self._carry:
+            warm = await self.pool.acquire()
+            try:
+                devices = await self.pool.backend.carry(warm.storage, storage)
+            except BaseException as exc:
+                logger.warning("a warm kernel could not take up a session's disk: %s", exc)
+                await asyncio.shield(self._discard_warm(warm))
+                if not isinstance(exc, KernelUnavailable):
+                    raise
+            else:
+                session.carrier = warm.storage
+                return warm.kernel, devices
+        self._refuse_if_closed(session)
+        return await self.pool.launch(storage), None
+
+    async def _discard_warm(self, warm: WarmKernel) -> None:
+        await self.pool.backend.uncarry(warm.storage)
+        await self.pool.discard(warm)
 
     # -- the end of a session ----------------------------------------------------------------
 
@@ -215,6 +295,12 @@ class Hibernator:
     async def release_carrier(self, carrier: SessionStorage) -> None:
         await self.pool.backend.uncarry(carrier)
         await self.pool.remove_storage(carrier)
+
+    def kernel_replaced(self, session: Session) -> None:
+        """The session's kernel was replaced (a restart, a death): the new one runs on the
+        session's own disk, so a disk that carried it is no longer needed."""
+        if session.carrier is not None:
+            self._tasks.spawn(self._drop_carrier(session))
 
     async def discard(self, session: Session) -> None:
         """A hibernated session restarted (hold its kernel lock): its snapshot is dropped and
@@ -229,3 +315,7 @@ class Hibernator:
         await self._drop_carrier(session)
         with contextlib.suppress(OSError, ValueError):
             await asyncio.to_thread(self.snapshots.delete, session.id)
+
+
+async def _nothing_to_flush() -> None:
+    pass

@@ -146,6 +146,8 @@ class KernelSlot:
         self.restarts += 1
         self._metrics.kernel_restarted()
         await self.install(kernel)
+        if self.on_replace is not None:
+            self.on_replace()
 
     def park(self) -> Kernel | None:
         """Take the kernel out without a death or a restart notice: the session hibernates
@@ -159,6 +161,9 @@ class KernelSlot:
         replacement, or as a hibernated session resumes. Raises KernelUnavailable, with the
         kernel closed, when it could not be prepared. (A resuming session stays `hibernated`
         until its snapshot is loaded.)"""
+        if self.closed:
+            await kernel.close()
+            raise KernelUnavailable("the session was deleted")
         self.kernel, self.kernel_id = kernel, kernel.id
         self._watch(kernel)
         try:
@@ -170,8 +175,6 @@ class KernelSlot:
             self.kernel = None
             await kernel.close()
             raise KernelUnavailable(f"the new kernel could not be set up: {exc}") from exc
-        if self.on_replace is not None:
-            self.on_replace()
 
     async def close(self) -> None:
         self.closed = True

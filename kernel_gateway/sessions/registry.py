@@ -113,6 +113,7 @@ class Registry:
         )
         """Hibernates and resumes Python sessions (on demand, and idle ones with
         `--hibernate-after`)."""
+        self.hibernator.flush = self._flush
         self._hibernating: set[str] = set()
         self._unsaved: dict[str, float] = {}
         """Sessions a hibernation failed for, with their activity then: not tried again
@@ -541,11 +542,20 @@ class Registry:
             metrics=self.warm.metrics,
             language=language,
         )
-        slot.on_replace = session.persist
         if self.hibernator.supports(session):
             session.hibernator = self.hibernator
+
+        def replaced() -> None:
+            session.persist()
+            self.hibernator.kernel_replaced(session)
+
+        slot.on_replace = replaced
         self._leases[session] = lease
         return session
+
+    async def _flush(self) -> None:
+        if self.store is not None:
+            await self.store.flush()
 
     def _save(self, session: Session) -> None:
         if self.store is not None and self._sessions.get(session.id) is session:
@@ -604,6 +614,7 @@ class Registry:
         return (
             self.settings.hibernate_after > 0
             and session.hibernator is not None
+            and not session.holders  # a notebook is connected to its kernel
             and not self._companions.get(session.id)  # E2B contexts: their kernels run on
             and self._unsaved.get(session.id) != session.last_activity
         )

@@ -72,6 +72,7 @@ REPLY_WAIT = 2.0  # seconds to wait for the shell reply once IOPub said idle
 PERSIST_ACTIVITY_EVERY = 5.0  # seconds: how stale a persisted idle clock may get
 AROUND_SECONDS = 30.0  # seconds the silent code around a cell may take (`submit`)
 ADOPTED_READY_WAIT = 5.0  # seconds an adopted, idle kernel has to answer on shell
+SUSPEND_WAIT = 60.0  # seconds a stopping gateway waits for a hibernation under way
 
 
 class Session:
@@ -127,6 +128,11 @@ class Session:
         """Set while it is hibernated (`slot.hibernated`): its snapshot's particulars."""
         self.carrier: SessionStorage | None = None
         """The storage of the warm kernel that resumed it, carrying its disk (`hibernation.py`)."""
+        self.hibernating = False
+        """A hibernation or a resume is under way (a stop waits for it to end)."""
+        self.holders = 0
+        """Clients holding a live connection to its kernel (Jupyter WebSockets): it is not
+        hibernated under them."""
         self.resume_notice: JSON | None = None
         """What its last resume could not bring back, for the next cell's stream (and
         `done`), given once."""
@@ -314,6 +320,10 @@ class Session:
         holds later cells back until it ends, and enforces its timeout.
         """
         self.draining = True
+        for _ in range(int(SUSPEND_WAIT / 0.05)):  # a hibernation or resume ends consistent
+            if not self.hibernating:
+                break
+            await asyncio.sleep(0.05)
         self.persist()
         self.closed = True
         self._grace_timers.cancel()
@@ -614,6 +624,10 @@ class Session:
         try:
             await self._wake()
             await self.slot.revive()
+        except SessionClosed as exc:  # deleted while it resumed
+            execution.stop(StopReason.CLOSED)
+            execution.emit(error_event("SessionClosed", exc.message))
+            return
         except KernelUnavailable as exc:
             execution.restarted = True
             execution.stop(StopReason.DEATH, "start_failed")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_gateway.kernels.hibernation import SnapshotError, Snapshots, _give, _move_back
+from kernel_gateway.kernels.hibernation import SnapshotError, Snapshots, _give, _take_back
 
 
 @pytest.fixture
@@ -48,20 +48,38 @@ def test_a_symlink_or_a_second_link_is_never_taken(store: Snapshots, tmp_path: P
     assert not store.exists("s2") and secret.exists()
 
 
-def test_given_to_a_kernel_readable_only_and_moved_back_on_failure(
+def test_given_to_a_kernel_as_a_read_only_link_then_private_again(
     store: Snapshots, tmp_path: Path
 ) -> None:
     store.open()
     store.path("s3").write_bytes(b"pickle")
     handover = tmp_path / "conn"
     handover.mkdir()
-    _give(store.path("s3"), handover, "restore-1", None)
+    _give(store.path("s3"), handover, "restore-1")
     given = handover / "restore-1"
-    assert given.read_bytes() == b"pickle" and not store.exists("s3")
-    assert stat.S_IMODE(given.stat().st_mode) == 0o400
-    _move_back(handover, "restore-1", store.path("s3"))
-    assert store.path("s3").read_bytes() == b"pickle" and not given.exists()
+    assert given.read_bytes() == b"pickle" and store.exists("s3")  # kept until recorded
+    assert stat.S_IMODE(given.stat().st_mode) == 0o444 and given.stat().st_uid == os.geteuid()
+    _take_back(store.path("s3"), handover, "restore-1")
+    assert not given.exists() and store.path("s3").read_bytes() == b"pickle"
     assert stat.S_IMODE(store.path("s3").stat().st_mode) == 0o600
+
+
+def test_a_fifo_in_place_of_the_snapshot_never_blocks(store: Snapshots, tmp_path: Path) -> None:
+    handover = tmp_path / "conn"
+    handover.mkdir()
+    os.mkfifo(handover / "snapshot-fifo")
+    with pytest.raises(SnapshotError):
+        store._take(handover, "snapshot-fifo", store.path("s4"))
+    assert not store.exists("s4")
+
+
+def test_a_set_aside_snapshot_is_deleted_with_its_session(store: Snapshots) -> None:
+    store.open()
+    store.path("s5").write_bytes(b"x")
+    store.set_aside("s5")
+    assert not store.exists("s5") and store.ids() == {"s5"}
+    store.delete("s5")
+    assert store.ids() == set()
 
 
 def test_session_ids_name_files_and_nothing_else(store: Snapshots) -> None:

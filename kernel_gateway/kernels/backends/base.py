@@ -65,10 +65,10 @@ class KernelProcess(abc.ABC):
     language: str = "python"
     """The language it runs (`Language.name`): only Python's kernel has the gateway's
     in-kernel code (its outcome log, its preloads)."""
-    handover: tuple[Path, str, tuple[int, int] | None] | None = None
+    handover: tuple[Path, str] | None = None
     """A folder for files between the gateway and the kernel (its connection folder): its
-    path on the gateway's side, its path as the kernel sees it, and the uid/gid to give
-    files the kernel must read (None: keep the gateway's). None: the backend has none."""
+    path on the gateway's side and its path as the kernel sees it. None: the backend has
+    none."""
 
     @abc.abstractmethod
     def poll(self) -> ExitInfo | None:

@@ -64,6 +64,7 @@ from kernel_gateway.kernels.storage import (
     StorageProvider,
     carry,
     choose_provider,
+    share,
     uncarry,
 )
 from kernel_gateway.settings import Settings
@@ -119,7 +120,7 @@ class DockerKernel(KernelProcess):
         self._removed = False
         self._egress_fd: int | None = None
         """A descriptor of `/conn/egress/` once a network policy gave the kernel one."""
-        self.handover = (conn_dir, "/conn", backend.owner)
+        self.handover = (conn_dir, "/conn")
 
     def _on_oom(self) -> None:
         self._oom = True
@@ -671,6 +672,11 @@ class DockerBackend(Backend):
                 "command": ["/opt/venv/bin/python", "/conn/zygote.py", "/conn/zygote.json"],
             }
         try:
+            if disk != "rw":
+                try:
+                    await self.call(share, storage.root)
+                except (OSError, subprocess.SubprocessError) as exc:
+                    raise KernelUnavailable(f"the session's disk cannot be shared: {exc}") from exc
             host_config = self.client.api.create_host_config(
                 binds=binds,
                 network_mode=s.network,

@@ -67,7 +67,7 @@ class LocalKernel(KernelProcess):
     ) -> None:
         self.id = kernel_id
         self._conn_dir = conn_dir
-        self.handover = (conn_dir, str(conn_dir), None)
+        self.handover = (conn_dir, str(conn_dir))
         self._proc = proc
         self._kernel_pid = kernel_pid or proc.pid
         """The kernel itself: inside bwrap it is not the process we started."""

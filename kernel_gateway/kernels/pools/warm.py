@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -19,7 +20,13 @@ from pathlib import Path
 import zmq.asyncio
 
 from kernel_gateway.errors import KernelUnavailable
-from kernel_gateway.kernels.backends.base import Backend, KernelProcess, RuntimeDir, SessionStorage
+from kernel_gateway.kernels.backends.base import (
+    Backend,
+    KernelProcess,
+    RuntimeDir,
+    SessionStorage,
+    mounts_under,
+)
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language
 from kernel_gateway.kernels.pools.refill import Refill
@@ -154,7 +161,12 @@ class WarmPool:
         try:
             await self.backend.release_storage(storage)
         finally:
-            await asyncio.to_thread(shutil.rmtree, storage.root, True)
+            if await asyncio.to_thread(_still_mounted, storage.root):
+                # Never delete through a mount: it may be another session's disk carried
+                # here (a failed unmount); left for the next start's reclaim.
+                logger.error("storage at %s is still mounted; not removed", storage.root)
+            else:
+                await asyncio.to_thread(shutil.rmtree, storage.root, True)
 
     @property
     def workspaces(self) -> Path:
@@ -275,6 +287,10 @@ class WarmPool:
             await warm.kernel.close()
         finally:
             await self.remove_storage(warm.storage)
+
+
+def _still_mounted(root: Path) -> bool:
+    return os.path.ismount(root) or bool(mounts_under(root))
 
 
 def _raise_unavailable(exc: BaseException) -> None:

@@ -176,10 +176,12 @@ class JupyterKernels:
         proxy = ChannelProxy(self, session, websocket, protocol)
         state.proxies.add(proxy)
         state.connections += 1
+        session.holders += 1
         try:
             await proxy.run()
         finally:
             state.connections -= 1
+            session.holders -= 1
             state.proxies.discard(proxy)
             self.forget(session.id)  # what IOPub said is stale once nobody listens
 
