@@ -237,7 +237,7 @@ def test_other_languages_are_refused_clearly(api: httpx.Client, gateway: ServerT
     other_id = created.json()["id"]
     try:
         refused = api.post(f"/sessions/{other_id}/hibernate")
-        assert refused.status_code == 400, refused.text
+        assert refused.status_code == 409, refused.text
         assert "cannot be hibernated" in refused.json()["error"]["message"]
     finally:
         api.delete(f"/sessions/{other_id}")

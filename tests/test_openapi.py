@@ -83,7 +83,10 @@ def test_every_event_matches_its_schema_in_sse_and_json(
     sid = session.json()["id"]
 
     seen: set[str] = set()
-    for code in (EVERY_EVENT, "1/0", "import os; os._exit(3)"):
+    for code in (EVERY_EVENT, "1/0", "import os; os._exit(3)", "HIBERNATE"):
+        if code == "HIBERNATE":  # the next cell resumes it: a `resumed` event, done.resumed
+            check(document, "Session", api.post(f"/sessions/{sid}/hibernate").json())
+            code = "import socket; s = socket.socket()"  # lost at the next hibernation
         with api.stream("POST", f"/sessions/{sid}/execute", json={"code": code}) as response:
             assert response.headers["content-type"].startswith("text/event-stream")
             body = response.read().decode()
@@ -102,6 +105,11 @@ def test_every_event_matches_its_schema_in_sse_and_json(
         )
         check(document, "CollectedExecution", collected.json())
     assert seen == set(data_schema), "the cells above should produce every event type"
+    hibernated = api.post(f"/sessions/{sid}/hibernate").json()
+    check(document, "Session", hibernated)
+    assert hibernated["hibernation"]["lost"][0]["name"] == "s"
+    check(document, "ResumedSession", api.post(f"/sessions/{sid}/resume").json())
+    check(document, "ResumedSession", api.post(f"/sessions/{sid}/resume").json())  # null
 
     stateless = api.post(
         "/execute",

@@ -498,8 +498,9 @@ def _operations(settings: Settings) -> list[tuple[str, str, JSON]]:
                 "summary": "Save the session's variables to disk and stop its kernel; it "
                 "resumes by itself on its next call (Python sessions).",
                 "description": "Waits until it is saved. 409 `session_busy` while a cell runs "
-                "or waits (or arrives while it is saved: the cell wins); 503 "
-                "`hibernation_failed` when it could not be saved (it runs on as it was). "
+                "or waits (or the session is used while it is saved: the use wins); 409 "
+                "`conflict` for a session of another language, or with a notebook connected; "
+                "503 `hibernation_failed` when it could not be saved (it runs on as it was). "
                 "`hibernation.lost` names what the snapshot could not keep.",
                 "tags": ["sessions"],
                 "parameters": [_SESSION_ID],

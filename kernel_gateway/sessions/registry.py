@@ -635,8 +635,8 @@ class Registry:
     async def hibernate(self, session_id: str) -> Session:
         """Hibernate a session now (`POST /sessions/{id}/hibernate`)."""
         session = self.get(session_id)
-        if session.hibernator is None:
-            raise BadRequest(
+        if session.hibernator is None:  # a well-formed call this session cannot take
+            raise Conflict(
                 f"{session.language} sessions cannot be hibernated (only Python kernels' "
                 "variables can be saved)"
             )

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from kernel_gateway import logs
 from kernel_gateway.errors import (
-    BadRequest,
+    Conflict,
     ExecutionExpired,
     ExecutionNotFound,
     KernelUnavailable,
@@ -340,7 +340,7 @@ class Session:
         Raises SessionBusy while a cell runs or waits, HibernationFailed if it could not be
         saved (the session runs on)."""
         if self.hibernator is None:
-            raise BadRequest(f"{self.language} sessions cannot be hibernated")
+            raise Conflict(f"{self.language} sessions cannot be hibernated")
         return await self.hibernator.hibernate(self)
 
     async def resume(self) -> JSON | None:
