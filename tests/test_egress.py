@@ -366,6 +366,26 @@ def test_a_restarted_kernel_keeps_its_sessions_policy(gw: ServerThread) -> None:
     assert found["allowed"][0] == "reached" and found["other"][0] != "reached", found
 
 
+def test_a_resumed_session_keeps_its_policy(gw: ServerThread) -> None:
+    """Hibernated, then resumed onto a warm kernel: its way out is set up in that kernel
+    before its variables come back; still only its own domains."""
+    sid = new_session(gw, {"allow": ["allowed.test"]})
+    assert "ok" in run(gw, sid, "kept = 'ok'; print(kept)")
+    answer = httpx.post(f"{gw.url}/sessions/{sid}/hibernate", timeout=120)
+    assert answer.status_code == 200 and answer.json()["status"] == "hibernated", answer.text
+    assert answer.json()["network"] == {"allow": ["allowed.test"]}
+    found = attempts(
+        gw,
+        sid,
+        {
+            "allowed": "get('http://allowed.test/data.csv')",
+            "other": "get('http://other.test/data.csv')",
+        },
+    )
+    assert found["allowed"][0] == "reached" and found["other"][0] != "reached", found
+    assert "ok" in run(gw, sid, "print(kept)")
+
+
 def test_under_gvisor_too(servers: ServerFactory, upstream: dict[str, str]) -> None:
     require_gvisor()
     gvisor = start(servers, upstream, "gvisor")
