@@ -37,14 +37,11 @@ from kernel_gateway.types import JSON
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class WarmKernel:
-    """A kernel of the warm pool on storage of its own; as a `Lease`: relaunchable, and
-    released by removing the storage."""
+class _PoolLease:
+    """What every lease of a warm pool answers alike: relaunchable, files owned by the
+    backend's kernel user."""
 
-    kernel: Kernel
-    storage: SessionStorage
-    pool: WarmPool = field(repr=False)
+    pool: WarmPool
 
     @property
     def relaunchable(self) -> bool:
@@ -54,14 +51,24 @@ class WarmKernel:
     def files_owner(self) -> tuple[int, int] | None:
         return self.pool.backend.workspace_owner
 
+
+@dataclass
+class WarmKernel(_PoolLease):
+    """A kernel of the warm pool on storage of its own; as a `Lease`: released by removing
+    the storage."""
+
+    kernel: Kernel
+    storage: SessionStorage
+    pool: WarmPool = field(repr=False)
+
     async def release(self) -> None:
         await self.pool.remove_storage(self.storage)
 
 
 @dataclass
-class KernelLess:
+class KernelLess(_PoolLease):
     """A hibernated session's storage, adopted from a predecessor with no kernel running (it
-    resumes onto it); as a `Lease`: relaunchable, released by removing the storage."""
+    resumes onto it); as a `Lease`: released by removing the storage."""
 
     storage: SessionStorage
     pool: WarmPool = field(repr=False)
@@ -70,34 +77,18 @@ class KernelLess:
     def kernel(self) -> Kernel:
         raise KernelUnavailable("a hibernated session has no kernel until it resumes")
 
-    @property
-    def relaunchable(self) -> bool:
-        return True
-
-    @property
-    def files_owner(self) -> tuple[int, int] | None:
-        return self.pool.backend.workspace_owner
-
     async def release(self) -> None:
         await self.pool.remove_storage(self.storage)
 
 
 @dataclass
-class SharedKernel:
+class SharedKernel(_PoolLease):
     """A kernel on another lease's storage (an E2B context beside its sandbox's kernel); as a
-    `Lease`: relaunchable, and released by nothing (the storage is its owner's)."""
+    `Lease`: released by nothing (the storage is its owner's)."""
 
     kernel: Kernel
     storage: SessionStorage
     pool: WarmPool = field(repr=False)
-
-    @property
-    def relaunchable(self) -> bool:
-        return True
-
-    @property
-    def files_owner(self) -> tuple[int, int] | None:
-        return self.pool.backend.workspace_owner
 
     async def release(self) -> None:
         pass  # the storage stays: it is the owner's
