@@ -70,14 +70,7 @@ def test_bench_image_only_measures_the_given_image(tmp_path: Path) -> None:
 def test_bench_languages_measures_every_language(tmp_path: Path) -> None:
     require_languages("javascript", "typescript", "r", "bash", "java")
     out = tmp_path / "languages.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.languages", "--smoke", "--image", IMAGE, "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_bench("bench.languages", out, timeout=900)
     figures = json.loads(out.read_text())
     assert list(figures["languages"]) == ["python", "javascript", "typescript", "r", "bash", "java"]
     for name, entry in figures["languages"].items():
@@ -92,14 +85,7 @@ def test_bench_e2b_measures_the_sdk_beside_our_client(tmp_path: Path) -> None:
     pytest.importorskip("e2b_code_interpreter")
     require_docker()
     out = tmp_path / "e2b.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.e2b", "--smoke", "--image", IMAGE, "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_bench("bench.e2b", out)
     figures = json.loads(out.read_text())
     for key in ("first_result", "round_trip"):
         for client in ("e2b_sdk", "own_client"):
@@ -110,14 +96,7 @@ def test_bench_e2b_measures_the_sdk_beside_our_client(tmp_path: Path) -> None:
 def test_bench_egress_measures_a_proxied_request_beside_a_direct_one(tmp_path: Path) -> None:
     require_docker()
     out = tmp_path / "egress.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.egress", "--smoke", "--image", IMAGE, "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_bench("bench.egress", out)
     figures = json.loads(out.read_text())
     for way in ("direct", "proxied"):
         assert figures[way]["p50_ms"] > 0 and figures[way]["download_mib_s"] > 0, figures
@@ -128,23 +107,7 @@ def test_bench_egress_measures_a_proxied_request_beside_a_direct_one(tmp_path: P
 def test_bench_hibernation_measures_both_sessions_and_the_memory(tmp_path: Path) -> None:
     require_docker()
     out = tmp_path / "hibernation.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.hibernation",
-            "--smoke",
-            "--image",
-            IMAGE,
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_bench("bench.hibernation", out)
     figures = json.loads(out.read_text())
     for kind in ("small", "dataframe"):
         for key in ("hibernate", "resume", "first_result"):
@@ -153,3 +116,16 @@ def test_bench_hibernation_measures_both_sessions_and_the_memory(tmp_path: Path)
     memory = figures["memory"]
     assert memory["sessions"] == 4 and memory["running_containers"] >= 4
     assert "| 100 MB DataFrame |" in result.stdout
+
+
+def run_bench(module: str, out: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`python -m <module> --smoke` on the test image, its figures written to `out`."""
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--smoke", "--image", IMAGE, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
