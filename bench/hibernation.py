@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.errors
 import httpx
 
 from bench.run import ROOT, free_port, machine, report, serving, summary, wait_until, wait_warm
@@ -74,12 +75,29 @@ def containers_mib(instance: str) -> tuple[int, float]:
     stats (a second or two each)."""
     engine = docker.from_env()
     try:
-        labels = [f"io.kernel-gateway.instance={instance}", "io.kernel-gateway.role=kernel"]
-        found = engine.containers.list(filters={"label": labels})
+        found = engine.containers.list(filters={"label": _labels(instance)})
         total = 0.0
         for container in found:
-            total += _cgroup_mib(container.id or "") or _stats_mib(container)
+            memory = _cgroup_mib(container.id or "")
+            if memory is None:
+                try:
+                    memory = _stats_mib(container)
+                except docker.errors.NotFound:  # removed since it was listed
+                    continue
+            total += memory
         return len(found), total
+    finally:
+        engine.close()
+
+
+def _labels(instance: str) -> list[str]:
+    return [f"io.kernel-gateway.instance={instance}", "io.kernel-gateway.role=kernel"]
+
+
+def kernel_containers(instance: str) -> int:
+    engine = docker.from_env()
+    try:
+        return len(engine.containers.list(filters={"label": _labels(instance)}))
     finally:
         engine.close()
 
@@ -164,7 +182,7 @@ def memory(http: httpx.Client, url: str, n: int) -> dict[str, Any]:
     """`n` idle sessions running, then hibernated: memory above the baseline."""
     instance = http.get("/health").json()["instance"]
     wait_warm(url, POOL)
-    wait_until(lambda: containers_mib(instance)[0] <= POOL, 120)  # earlier sessions gone
+    wait_until(lambda: kernel_containers(instance) <= POOL, 120)  # earlier sessions gone
     settle(10)
     baseline = host_used_mib()
     with ThreadPoolExecutor(4) as pool:
@@ -175,7 +193,7 @@ def memory(http: httpx.Client, url: str, n: int) -> dict[str, Any]:
     count, cgroups = containers_mib(instance)
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda sid: _hibernate(http, sid), ids))
-    wait_until(lambda: containers_mib(instance)[0] <= POOL, 120)
+    wait_until(lambda: kernel_containers(instance) <= POOL, 120)
     settle(10)
     hibernated = host_used_mib() - baseline
     snapshots = sum(http.get(f"/sessions/{sid}").json()["hibernation"]["bytes"] for sid in ids)
