@@ -72,20 +72,22 @@ def containers_mib(instance: str) -> tuple[int, float]:
     """This gateway's kernel containers (fork servers not included): how many, and their
     cgroup memory in all (without their page cache), read from the cgroup's files when
     they are where Docker's cgroupfs driver puts them (v1 or v2), else from the engine's
-    stats (a second or two each)."""
+    stats (a second or two each). A container removed meanwhile is skipped."""
     engine = docker.from_env()
     try:
-        found = engine.containers.list(filters={"label": _labels(instance)})
+        # The low-level listing: the high-level one inspects each container, and fails on
+        # one removed between the listing and its inspection.
+        ids = [c["Id"] for c in engine.api.containers(filters={"label": _labels(instance)})]
         total = 0.0
-        for container in found:
-            memory = _cgroup_mib(container.id or "")
+        for container_id in ids:
+            memory = _cgroup_mib(container_id)
             if memory is None:
                 try:
-                    memory = _stats_mib(container)
-                except docker.errors.NotFound:  # removed since it was listed
+                    memory = _stats_mib(engine.api.stats(container_id, stream=False))
+                except docker.errors.NotFound:
                     continue
             total += memory
-        return len(found), total
+        return len(ids), total
     finally:
         engine.close()
 
@@ -97,7 +99,7 @@ def _labels(instance: str) -> list[str]:
 def kernel_containers(instance: str) -> int:
     engine = docker.from_env()
     try:
-        return len(engine.containers.list(filters={"label": _labels(instance)}))
+        return len(engine.api.containers(filters={"label": _labels(instance)}))
     finally:
         engine.close()
 
@@ -122,8 +124,7 @@ def _cgroup_mib(container_id: str) -> float | None:
     return (usage - int(fields.get(cache_key, 0))) / 2**20
 
 
-def _stats_mib(container: Any) -> float:
-    stats: dict[str, Any] = container.stats(stream=False)
+def _stats_mib(stats: dict[str, Any]) -> float:
     usage = stats.get("memory_stats", {})
     cache = usage.get("stats", {}).get("inactive_file", 0)
     return float(usage.get("usage", 0) - cache) / 2**20
