@@ -34,6 +34,7 @@ import docker
 import httpx
 from jupyter_client.blocking.client import BlockingKernelClient
 
+from bench.floor import fork_floor
 from kernel_gateway.client import Client, Display, Done, Stdout
 from kernel_gateway.client.sse import iter_events
 from kernel_gateway.kernels.backends.base import RuntimeDir
@@ -452,23 +453,33 @@ def stateless_chart(url: str, n: int) -> dict[str, Any]:
     return summary(samples)
 
 
+STATELESS_CONCURRENCY = (1, 8, 32)
+
+
 def stateless_suite(args: argparse.Namespace, runtime: Path) -> dict[str, Any]:
-    """POST /execute under load, forked from fork servers and, in the same run, the
+    """POST /execute under load on the gateway's defaults (forked from fork servers), the
+    machine's floor measured in the same run (bench/floor.py), and, unless skipped, the
     previous design (a warm container per request)."""
     seconds = args.throughput_seconds
     results: dict[str, Any] = {}
-    fork = {"stateless_mode": "fork", "fork_servers": str(args.fork_servers), "max_stateless": "64"}
+    print("the floor: a preloaded process forking a child per print(1)…", flush=True)
+    results["floor"] = fork_floor(args.image, min(seconds, 10), list(STATELESS_CONCURRENCY))
+    fork: dict[str, str] = {"stateless_mode": "fork"}
+    if args.fork_servers is not None:
+        fork["fork_servers"] = str(args.fork_servers)
     with gateway(args, runtime / "fork", 0, **fork) as url:
+        wanted = (_health(url) or {}).get("fork_servers", {}).get("target", 1)
         wait_until(
-            lambda: (
-                (_health(url) or {}).get("fork_servers", {}).get("idle", 0) >= args.fork_servers
-            ),
-            120,
+            lambda: (_health(url) or {}).get("fork_servers", {}).get("idle", 0) >= wanted, 120
         )
-        out: dict[str, Any] = {}
-        for concurrency in (1, 8, 32):
+        out: dict[str, Any] = {"fork_servers": wanted}
+        for concurrency in STATELESS_CONCURRENCY:
             print(f"stateless (fork) print(1) at concurrency {concurrency}…", flush=True)
             out[f"print_c{concurrency}"] = stateless_throughput(url, seconds, concurrency)
+            floor = results["floor"][concurrency]["forks_per_s"]
+            out[f"print_c{concurrency}"]["ratio_to_floor"] = round(
+                out[f"print_c{concurrency}"]["requests_per_s"] / floor, 3
+            )
         print("stateless (fork) numpy at concurrency 8…", flush=True)
         out["numpy_c8"] = stateless_throughput(url, seconds, 8, NUMPY)
         print("stateless (fork) chart…", flush=True)
@@ -484,24 +495,36 @@ def stateless_suite(args: argparse.Namespace, runtime: Path) -> dict[str, Any]:
 
 def stateless_table(r: dict[str, Any]) -> str:
     lines = [
-        f"{'stateless POST /execute':<44}  {'req/s':>7}  {'p50 ms':>8}  {'p99 ms':>8}  "
-        f"{'ok':>6}  {'failed':>6}  {'refused':>7}",
-        "-" * 96,
+        f"{'stateless POST /execute (defaults)':<44}  {'req/s':>7}  {'floor':>7}  {'ratio':>6}  "
+        f"{'p50 ms':>8}  {'p99 ms':>8}  {'ok':>6}  {'failed':>6}  {'refused':>7}",
+        "-" * 114,
     ]
-    rows = [(f"fork, print(1), concurrency {c}", r["fork"][f"print_c{c}"]) for c in (1, 8, 32)]
-    rows.append(("fork, numpy sum, concurrency 8", r["fork"]["numpy_c8"]))
+    rows = [
+        (f"fork, print(1), concurrency {c}", r["fork"][f"print_c{c}"], r["floor"][c])
+        for c in STATELESS_CONCURRENCY
+    ]
+    rows.append(("fork, numpy sum, concurrency 8", r["fork"]["numpy_c8"], None))
     if "container" in r:
-        rows.append(("container per request (before), concurrency 8", r["container"]["print_c8"]))
-    for name, t in rows:
+        rows.append(
+            ("container per request (before), concurrency 8", r["container"]["print_c8"], None)
+        )
+    for name, t, floor in rows:
         lat = t["latency"]
+        floor_rate = f"{floor['forks_per_s']:>7}" if floor else f"{'':>7}"
+        ratio = f"{t['ratio_to_floor']:>6.2f}" if "ratio_to_floor" in t else f"{'':>6}"
         lines.append(
-            f"{name:<44}  {t['requests_per_s']:>7}  {lat['p50_ms']:>8.1f}  {lat['p99_ms']:>8.1f}  "
-            f"{t['completed']:>6}  {t['failed']:>6}  {t['refused_429_503']:>7}"
+            f"{name:<44}  {t['requests_per_s']:>7}  {floor_rate}  {ratio}  {lat['p50_ms']:>8.1f}  "
+            f"{lat['p99_ms']:>8.1f}  {t['completed']:>6}  {t['failed']:>6}  "
+            f"{t['refused_429_503']:>7}"
         )
     chart = r["fork"]["chart"]
     lines.append(
         f"fork, a chart (plt.plot, plt.show -> PNG), sequential: p50 {chart['p50_ms']:.1f} ms, "
         f"p99 {chart['p99_ms']:.1f} ms"
+    )
+    lines.append(
+        f"floor: a preloaded process of the image forking a child per print(1), that many in "
+        f"flight; {r['fork']['fork_servers']} fork servers (the default)"
     )
     return "\n".join(lines)
 
@@ -885,7 +908,9 @@ def main() -> int:
         help="only POST /execute under load (fork servers, and the container-per-request design)",
     )
     parser.add_argument(
-        "--fork-servers", type=int, default=8, help="fork servers for the stateless run"
+        "--fork-servers",
+        type=int,
+        help="fork servers for the stateless run (default: the gateway's)",
     )
     parser.add_argument(
         "--skip-container-stateless",

@@ -8,8 +8,9 @@ Why: a stateless request used to pay for a new container, a Python start and the
 preload (about 0.7 s of CPU). Here the preloaded interpreter and an IPython shell
 are built once; each request is a `fork()` of that pristine process (copy-on-write,
 a few milliseconds) that serves exactly one client as a small Jupyter kernel
-(shell, control and IOPub over ipc sockets, signed with a key of its own), so the
-gateway drives it with the same protocol and code as any other kernel.
+(the same signed messages, with a key of its own, on one Unix stream instead of ZMQ
+sockets: see "the child" below), so the gateway drives it with the same protocol and
+code as any other kernel.
 
 What separates two requests in one container (one runs at a time):
 - each child drops to a uid no earlier request had, with no capabilities, before it
@@ -33,14 +34,18 @@ The control protocol is JSON lines on `zygote.sock` (one gateway connection):
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import gc
+import io
 import json
 import os
+import select
 import selectors
 import shutil
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -52,7 +57,6 @@ IPC_RMID = 0
 IPC_PRIVATE = 0
 IPC_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 KILL_SECONDS = 3.0
-SUBSCRIBE_WAIT = 10.0
 
 
 class Zygote:
@@ -68,7 +72,11 @@ class Zygote:
         self.oom_before = 0
         self.ipc_mark: dict[str, int] = {}
         self.libc = ctypes.CDLL(None, use_errno=True)
+        self.log = os.fdopen(os.dup(2), "w", buffering=1)
+        """The container's log (fd 2 of the fork server): a child's fds 1 and 2 are its
+        request's output."""
         self.shell: Any = None
+        self.session: Any = None
         self.inherited: list[Any] = []
 
     # -- the pristine process ----------------------------------------------------------------
@@ -90,9 +98,7 @@ class Zygote:
         sys.path.remove(self.conn_dir)
         del sys.modules["startup"]
 
-        import ipykernel.iostream  # noqa: F401
         import jupyter_client.session  # noqa: F401
-        import zmq  # noqa: F401
         from ipykernel.zmqshell import ZMQInteractiveShell
         from traitlets.config import Config
 
@@ -105,6 +111,8 @@ class Zygote:
         if dpi:
             config.InlineBackend.print_figure_kwargs = {"bbox_inches": "tight", "dpi": dpi}
         self.shell = ZMQInteractiveShell.instance(config=config)
+        # Every child's session; it gets its key and id in the child.
+        self.session = _session_class()(signature_scheme="hmac-sha256", username="kernel", key=b"-")
         preload = self.config.get("preload_code")
         if preload:
             self.shell.run_cell(preload, store_history=False, silent=True)
@@ -215,6 +223,8 @@ class Zygote:
         child_dir = os.path.dirname(prefix)
         os.makedirs(child_dir, mode=0o700, exist_ok=True)
         os.chown(child_dir, uid, uid)
+        if os.path.exists(prefix + ".sock"):  # the gateway listens there for the child
+            os.chown(prefix + ".sock", uid, uid, follow_symlinks=False)
         for path in self.writable:
             _chown_tree(path, uid)
             os.chmod(path, 0o700)
@@ -226,11 +236,11 @@ class Zygote:
         if pid == 0:
             try:
                 self._become(uid)
-                _run_kernel(self.shell, prefix, key)
+                _run_kernel(self.shell, self.session, prefix, key)
             except BaseException:
                 import traceback
 
-                traceback.print_exc(file=sys.__stderr__)
+                traceback.print_exc(file=self.log)  # the container's log, not the request's
             finally:
                 os._exit(1)
         self.child = pid
@@ -439,68 +449,275 @@ def _remove_ipc(libc: Any, objects: list[tuple[str, int]]) -> None:
 
 
 # -- the child: one client, one small Jupyter kernel -------------------------------------------
+#
+# A child serves one request and ends, so what a long-lived kernel sets up once (a ZMQ
+# context and its I/O thread, three sockets, ipykernel's IOPub thread with its event loop,
+# output streams with a watcher thread each) would be most of a request's cost. Instead:
+# - one Unix stream to the gateway, which listens on `<prefix>.sock` before the fork, so
+#   the child connects once and nothing waits for a subscription; on it, the same signed
+#   Jupyter messages, each framed as a record naming its channel (the gateway's
+#   kernels/wire.py `stream_record`: `_record` below must stay the same);
+# - `sys.stdout`/`sys.stderr` collect text, and file descriptors 1 and 2 are pipes (C
+#   libraries' and subprocesses' output) read by one thread, which sends what piled up as
+#   one `stream` message per stream every 50 ms; the end of a cell sends the rest before
+#   its reply (`_Output`).
+
+RECORD_HEAD = struct.Struct("!IcH")
+FRAME_SIZE = struct.Struct("!I")
+CHANNEL_TAGS = {"shell": b"s", "control": b"c", "iopub": b"i"}
+TAG_CHANNELS = {tag: name for name, tag in CHANNEL_TAGS.items()}
+READ_BYTES = 65536
+TICK_SECONDS = 0.05
+FLUSH_CHARS = 64 * 1024
 
 
-def _run_kernel(shell: Any, prefix: str, key: str) -> None:
-    import zmq
-    from ipykernel.iostream import IOPubThread, OutStream
+def _record(channel: str, frames: list[bytes]) -> bytes:
+    body = b"".join(FRAME_SIZE.pack(len(frame)) + frame for frame in frames)
+    return RECORD_HEAD.pack(len(body), CHANNEL_TAGS[channel], len(frames)) + body
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return bytes(data)
+
+
+class _Wire:
+    """The child's end of the stream: whole records out (any thread), records in."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.lock = threading.Lock()
+
+    def send(self, channel: str, frames: list[bytes]) -> None:
+        record = _record(channel, frames)
+        with self.lock:
+            self.sock.sendall(record)
+
+    def receive(self) -> tuple[str, list[bytes]]:
+        length, tag, count = RECORD_HEAD.unpack(_recv_exactly(self.sock, RECORD_HEAD.size))
+        body = _recv_exactly(self.sock, length)
+        frames, at = [], 0
+        for _ in range(count):
+            (size,) = FRAME_SIZE.unpack_from(body, at)
+            frames.append(body[at + 4 : at + 4 + size])
+            at += 4 + size
+        return TAG_CHANNELS.get(tag, "shell"), frames
+
+
+def _session_class() -> Any:
+    """jupyter_client's Session, sending on the child's stream: what IPython's display
+    hook and publisher call (`session.send(pub_socket, msg, ident=...)`) goes there, and
+    the "socket" they are given names the channel."""
     from jupyter_client.session import Session
 
-    session = Session(key=key.encode(), signature_scheme="hmac-sha256", username="kernel")
-    context = zmq.Context()
-    shell_socket = context.socket(zmq.ROUTER)
-    control = context.socket(zmq.ROUTER)
-    iopub = context.socket(zmq.XPUB)
-    for sock, port in (
-        (shell_socket, "shell_port"),
-        (control, "control_port"),
-        (iopub, "iopub_port"),
-    ):
-        sock.linger = 1000
-        sock.bind(f"ipc://{prefix}-{IPC_PORTS[port]}")
-    subscribed = threading.Event()
+    class StreamSession(Session):
+        wire: _Wire | None = None
 
-    class IOPub(IOPubThread):
-        """Notes when the gateway's SUB socket has subscribed (see `_MiniKernel.handle`)."""
+        def send(
+            self,
+            stream: Any,
+            msg_or_type: Any,
+            content: Any = None,
+            parent: Any = None,
+            ident: Any = None,
+            buffers: Any = None,
+            track: bool = False,
+            header: Any = None,
+            metadata: Any = None,
+        ) -> dict[str, Any] | None:
+            if isinstance(msg_or_type, dict):
+                msg = msg_or_type
+            else:
+                msg = self.msg(msg_or_type, content, parent, header, metadata)
+            frames = self.serialize(msg)
+            frames += [bytes(b) for b in buffers or msg.get("buffers") or []]
+            if self.wire is not None:
+                self.wire.send(stream if stream in CHANNEL_TAGS else "iopub", frames)
+            return msg
 
-        def _handle_subscription(self, frames: list[bytes]) -> None:
-            super()._handle_subscription(frames)  # type: ignore[no-untyped-call]
-            if any(frame[:1] == b"\x01" for frame in frames):
-                subscribed.set()
+    return StreamSession
 
-    iopub_thread = IOPub(iopub, pipe=True, session=session)  # type: ignore[no-untyped-call]
-    iopub_thread.start()  # type: ignore[no-untyped-call]
-    pub = iopub_thread.background_socket
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.stdout = OutStream(session, iopub_thread, "stdout", echo=None)  # type: ignore[no-untyped-call]
-    sys.stderr = OutStream(session, iopub_thread, "stderr", echo=None)  # type: ignore[no-untyped-call]
-    shell.displayhook.session = session
-    shell.displayhook.pub_socket = pub
+
+class _Stream(io.TextIOBase):
+    """`sys.stdout` or `sys.stderr` of a child: text goes to the request's output
+    (`_Output`); `fileno()` is the pipe, so a subprocess given it is heard too."""
+
+    def __init__(self, output: _Output, name: str, fd: int) -> None:
+        self._output = output
+        self._name = name
+        self._fd = fd
+        self._bytes: _Bytes | None = None
+
+    encoding = "utf-8"
+    errors = "replace"
+
+    @property
+    def name(self) -> str:
+        return f"<{self._name}>"
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        self._output.add(self._name, text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._output.send_pending()
+
+    @property
+    def buffer(self) -> _Bytes:
+        """Bytes written here reach the output as UTF-8 text, as in a terminal."""
+        if self._bytes is None:
+            self._bytes = _Bytes(self)
+        return self._bytes
+
+    def reconfigure(self, **options: Any) -> None:
+        """Accepted as in a terminal; the output stays UTF-8 text."""
+        allowed = {"encoding", "errors", "newline", "line_buffering", "write_through"}
+        unknown = set(options) - allowed
+        if unknown:
+            raise TypeError(f"reconfigure() got an unexpected keyword argument {unknown.pop()!r}")
+        self.flush()
+
+
+class _Bytes(io.BufferedIOBase):
+    def __init__(self, stream: _Stream) -> None:
+        self._stream = stream
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._stream.write(self._decoder.decode(view.tobytes()))
+        return len(view)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+class _Output:
+    """A child's output, sent as `stream` messages of the current cell: what Python code
+    writes (`_Stream`) and what reaches fds 1 and 2 (C libraries, subprocesses), read from
+    their pipes by one thread. What piles up is sent as one message per stream every
+    `TICK_SECONDS` (as ipykernel does every 0.2 s), at once past `FLUSH_CHARS`, on
+    `flush()`, before any display message, and at the end of the cell."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.parent: dict[str, Any] = {}
+        self.lock = threading.Lock()
+        self.reading = threading.Lock()
+        self.pending: list[tuple[str, str]] = []
+        self.size = 0
+        self.pipes: dict[int, tuple[str, Any]] = {}
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            os.set_blocking(read_end, False)
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            self.pipes[read_end] = (name, decoder)
+        sys.stdout = _Stream(self, "stdout", 1)
+        sys.stderr = _Stream(self, "stderr", 2)
+        self.poller = select.poll()
+        for read_end in self.pipes:
+            self.poller.register(read_end, select.POLLIN)
+        threading.Thread(target=self._forward, name="output", daemon=True).start()
+
+    def add(self, name: str, text: str) -> None:
+        if not text:
+            return
+        with self.lock:
+            self.pending.append((name, text))
+            self.size += len(text)
+            if self.size >= FLUSH_CHARS:
+                self._send_locked()
+
+    def send_pending(self) -> None:
+        with self.lock:
+            self._send_locked()
+
+    def _send_locked(self) -> None:
+        pending, self.pending, self.size = self.pending, [], 0
+        merged: list[tuple[str, list[str]]] = []
+        for name, text in pending:
+            if merged and merged[-1][0] == name:
+                merged[-1][1].append(text)
+            else:
+                merged.append((name, [text]))
+        for name, texts in merged:
+            content = {"name": name, "text": "".join(texts)}
+            self.session.send("iopub", "stream", content, self.parent)
+
+    def _forward(self) -> None:
+        while True:
+            if self.poller.poll(TICK_SECONDS * 1000):
+                self.read_pipes()
+            self.send_pending()
+
+    def read_pipes(self) -> None:
+        """Take what the pipes hold now (the end of a cell calls this after flushing)."""
+        with self.reading:  # one reader at a time: chunks stay in order, decoders whole
+            self._read_pipes()
+
+    def _read_pipes(self) -> None:
+        for read_end, (name, decoder) in list(self.pipes.items()):
+            while True:
+                try:
+                    data = os.read(read_end, READ_BYTES)
+                except BlockingIOError:
+                    break
+                if not data:  # every writer closed it (code closed fd 1): done
+                    self.poller.unregister(read_end)
+                    del self.pipes[read_end]
+                    break
+                self.add(name, decoder.decode(data))
+
+    def end_of_cell(self) -> None:
+        self.read_pipes()
+        self.send_pending()
+
+
+def _run_kernel(shell: Any, session: Any, prefix: str, key: str) -> None:
+    import uuid
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(prefix + ".sock")
+    session.key = key.encode()
+    session.session = uuid.uuid4().hex
+    session.wire = _Wire(sock)
+    output = _Output(session)
+    for hook in (shell.displayhook, shell.display_pub):
+        hook.session = session
+        hook.pub_socket = "iopub"
     shell.displayhook.topic = b"execute_result"
-    shell.display_pub.session = session
-    shell.display_pub.pub_socket = pub
-    kernel = _MiniKernel(shell, session, pub, shell_socket, control, subscribed)
-    kernel.loop()
+    _MiniKernel(shell, session, output).loop()
 
 
 class _MiniKernel:
-    """Answers kernel_info, execute and shutdown requests; SIGINT interrupts a cell."""
+    """Answers kernel_info, execute and shutdown requests; SIGINT interrupts a cell. The
+    gateway closing the stream ends the child."""
 
-    def __init__(
-        self,
-        shell: Any,
-        session: Any,
-        pub: Any,
-        shell_socket: Any,
-        control: Any,
-        subscribed: threading.Event,
-    ) -> None:
+    def __init__(self, shell: Any, session: Any, output: _Output) -> None:
         self.shell = shell
         self.session = session
-        self.pub = pub
-        self.sockets = (shell_socket, control)
-        self.subscribed = subscribed
+        self.output = output
         self.executing = False
         signal.signal(signal.SIGINT, self._on_sigint)
 
@@ -509,40 +726,36 @@ class _MiniKernel:
             raise KeyboardInterrupt
 
     def status(self, state: str, parent: dict[str, Any]) -> None:
-        self.session.send(self.pub, "status", {"execution_state": state}, parent=parent)
+        self.session.send("iopub", "status", {"execution_state": state}, parent=parent)
 
     def loop(self) -> None:
-        import zmq
-
-        poller = zmq.Poller()
-        for sock in self.sockets:
-            poller.register(sock, zmq.POLLIN)
+        wire = self.session.wire
         while True:
-            for sock, _ in poller.poll():
-                idents, msg = self.session.recv(sock, mode=0)
-                if msg is not None:
-                    self.handle(sock, idents, msg)
+            try:
+                channel, frames = wire.receive()
+            except (EOFError, OSError):
+                os._exit(0)
+            try:
+                _, parts = self.session.feed_identities(frames)
+                msg = self.session.deserialize(parts)
+            except Exception:  # noqa: BLE001 - not a message signed with our key: ignore it
+                continue
+            self.handle(channel, msg)
 
-    def handle(self, sock: Any, idents: list[bytes], msg: dict[str, Any]) -> None:
-        # The gateway sends its request at once, without the kernel_info handshake other
-        # kernels need: output published before its subscription arrives would be lost,
-        # so nothing is answered until it has (the XPUB socket tells).
-        self.subscribed.wait(SUBSCRIBE_WAIT)
+    def handle(self, channel: str, msg: dict[str, Any]) -> None:
         parent = msg["header"]
         msg_type = parent.get("msg_type")
         self.status("busy", parent)
         try:
             if msg_type == "kernel_info_request":
-                self.session.send(sock, "kernel_info_reply", _kernel_info(), parent, ident=idents)
+                self.session.send(channel, "kernel_info_reply", _kernel_info(), parent)
             elif msg_type == "execute_request":
                 reply = self.execute(msg["content"], parent)
-                self.session.send(sock, "execute_reply", reply, parent, ident=idents)
+                self.session.send(channel, "execute_reply", reply, parent)
             elif msg_type == "shutdown_request":
-                self.session.send(sock, "shutdown_reply", {"status": "ok"}, parent, ident=idents)
+                self.session.send(channel, "shutdown_reply", {"status": "ok"}, parent)
                 os._exit(0)
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
             self.status("idle", parent)
 
     def execute(self, content: dict[str, Any], parent: dict[str, Any]) -> dict[str, Any]:
@@ -550,9 +763,10 @@ class _MiniKernel:
         code = str(content.get("code", ""))
         silent = bool(content.get("silent"))
         shell.set_parent(parent)
+        self.output.parent = parent
         if not silent:
             self.session.send(
-                self.pub,
+                "iopub",
                 "execute_input",
                 {"code": code, "execution_count": shell.execution_count},
                 parent=parent,
@@ -564,8 +778,12 @@ class _MiniKernel:
             result = None
         finally:
             self.executing = False
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - code replaced or closed it: nothing to flush
+                pass
+        self.output.end_of_cell()
         count = shell.execution_count - 1 if not silent else shell.execution_count
         payload = shell.payload_manager.read_payload()
         shell.payload_manager.clear_payload()

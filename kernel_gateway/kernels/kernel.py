@@ -1,4 +1,5 @@
-"""One connected kernel: Jupyter messages in and out over ZMQ.
+"""One connected kernel: Jupyter messages in and out (over ZMQ, or one Unix stream for a
+forked stateless kernel: channels.py).
 
 A reader task per channel routes every incoming message by its parent's
 msg_id to whoever sent the request, so each execution sees only its own
@@ -29,16 +30,10 @@ from jupyter_client.session import Session as JupyterSession
 
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.backends.base import ExitInfo, KernelProcess
+from kernel_gateway.kernels.channels import Requests
 from kernel_gateway.kernels.events import ExecuteReply, input_count, is_idle, translate
 from kernel_gateway.kernels.languages import PYTHON
-from kernel_gateway.kernels.wire import (
-    MAX_MESSAGE_BYTES,
-    Signer,
-    deserialize,
-    pack_parts,
-    serialize,
-    socket_url,
-)
+from kernel_gateway.kernels.wire import Signer, deserialize, pack_parts, serialize
 from kernel_gateway.types import Event, Message
 
 logger = logging.getLogger(__name__)
@@ -72,49 +67,38 @@ class Kernel:
             username="kernel-gateway",
         )
         self._signer = Signer.of(info)
-        self._shell = self._socket(context, zmq.DEALER, socket_url(info, "shell"))
-        self._control = self._socket(context, zmq.DEALER, socket_url(info, "control"))
-        self._iopub = self._socket(context, zmq.SUB, socket_url(info, "iopub"))
-        self._iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._channels = process.channels(context)
         self._listeners: dict[str, Listener] = {}
         self._replies: dict[str, asyncio.Future[Message]] = {}
         self.exited: asyncio.Task[ExitInfo] = asyncio.ensure_future(process.wait())
-        self._readers = [
-            asyncio.create_task(self._read(self._iopub, self._on_iopub)),
-            asyncio.create_task(self._read(self._shell, self._on_reply)),
-            asyncio.create_task(self._read(self._control, self._on_reply)),
-        ]
+        self._killing: asyncio.Future[None] | None = None
+        self._channels.start(self._receive, self._broken)
         self.language_info: dict[str, Any] = {}
         self.closed = False
         self.dropped_messages = 0
         """Messages dropped because they did not verify, parse or have the right shape."""
 
-    @staticmethod
-    def _socket(context: zmq.asyncio.Context, kind: int, url: str) -> zmq.asyncio.Socket:
-        sock = context.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        # The kernel binds its sockets a few hundred ms after start: retry quickly.
-        sock.setsockopt(zmq.RECONNECT_IVL, 10)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 100)
-        # A kernel cannot make the gateway buffer an absurd message: past this ZMQ drops it.
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        sock.connect(url)
-        return sock
-
     # -- receiving ---------------------------------------------------------------------------
 
-    async def _read(self, sock: zmq.asyncio.Socket, handle: Listener) -> None:
+    def _receive(self, channel: str, frames: list[bytes]) -> None:
         """Each message verified and parsed once (`wire.deserialize`, which skips what
-        jupyter_client adds and the gateway never reads), then handed to `handle`."""
-        while True:
-            try:
-                frames = await sock.recv_multipart(copy=True)
-            except (zmq.ZMQError, asyncio.CancelledError):
-                return
-            try:
-                handle(deserialize(frames, self._signer))
-            except Exception as exc:
-                self._drop(exc)
+        jupyter_client adds and the gateway never reads), then routed."""
+        try:
+            msg = deserialize(frames, self._signer)
+            if channel == "iopub":
+                self._on_iopub(msg)
+            else:
+                self._on_reply(msg)
+        except Exception as exc:
+            self._drop(exc)
+
+    def _broken(self, exc: Exception) -> None:
+        """The kernel's stream stopped being framed right: nothing more from it can be
+        read, so the kernel is ended (its execution fails saying it died)."""
+        logger.warning("kernel %s broke its message stream (%s); ending it", self.id, exc)
+        self.dropped_messages += 1
+        if not self.closed:
+            self._killing = asyncio.ensure_future(self.process.kill())
 
     def _drop(self, exc: Exception) -> None:
         self.dropped_messages += 1
@@ -140,7 +124,7 @@ class Kernel:
 
     async def _send(
         self,
-        sock: zmq.asyncio.Socket,
+        channel: Requests,
         msg_type: str,
         content: dict[str, Any],
         listener: Listener | None = None,
@@ -152,7 +136,7 @@ class Kernel:
         self._replies[msg_id] = reply
         if listener is not None:
             self._listeners[msg_id] = listener
-        await sock.send_multipart(frames)
+        await self._channels.send(channel, frames)
         return msg_id, reply
 
     async def execute(self, code: str, sink: OutputSink) -> tuple[str, asyncio.Future[Message]]:
@@ -161,7 +145,7 @@ class Kernel:
         Returns the request's msg_id and a future for its shell reply.
         """
         return await self._send(
-            self._shell,
+            "shell",
             "execute_request",
             {
                 "code": code,
@@ -196,7 +180,7 @@ class Kernel:
             "allow_stdin": False,
             "stop_on_error": False,
         }
-        sent, reply = await self._send(self._shell, "execute_request", content)
+        sent, reply = await self._send("shell", "execute_request", content)
         try:
             waiting: set[asyncio.Future[Any]] = {reply, self.exited}
             await asyncio.wait(waiting, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
@@ -224,8 +208,8 @@ class Kernel:
         Asked on the control channel, which ipykernel and Deno serve even while a cell
         runs, and on shell too: IRkernel answers kernel_info on shell only.
         """
-        control_id, control = await self._send(self._control, "kernel_info_request", {})
-        shell_id, shell = await self._send(self._shell, "kernel_info_request", {})
+        control_id, control = await self._send("control", "kernel_info_request", {})
+        shell_id, shell = await self._send("shell", "kernel_info_request", {})
         try:
             waiting: set[asyncio.Future[Any]] = {control, shell, self.exited}
             await asyncio.wait(waiting, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
@@ -251,7 +235,7 @@ class Kernel:
             "allow_stdin": False,
             "stop_on_error": False,
         }
-        msg_id, reply = await self._send(self._shell, "execute_request", content)
+        msg_id, reply = await self._send("shell", "execute_request", content)
         try:
             waiting: set[asyncio.Future[Any]] = {reply, self.exited}
             await asyncio.wait(waiting, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
@@ -275,7 +259,7 @@ class Kernel:
         if self.closed:
             raise KernelCallFailed("the kernel was closed")
         try:
-            msg_id, reply = await self._send(self._shell, "execute_request", content)
+            msg_id, reply = await self._send("shell", "execute_request", content)
         except zmq.ZMQError as exc:
             raise KernelCallFailed(f"the kernel cannot be reached: {exc}") from None
         try:
@@ -315,9 +299,7 @@ class Kernel:
                 exit_info = self.exited.result().describe()
                 raise KernelUnavailable(f"kernel died while starting: {exit_info}")
             seen = asyncio.Event()
-            msg_id, reply = await self._send(
-                self._shell, "kernel_info_request", {}, _idle_setter(seen)
-            )
+            msg_id, reply = await self._send("shell", "kernel_info_request", {}, _idle_setter(seen))
             try:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -365,10 +347,7 @@ class Kernel:
         if self.closed:
             return
         self.closed = True
-        for task in self._readers:
-            task.cancel()
-        for sock in (self._shell, self._control, self._iopub):
-            sock.close(linger=0)
+        self._channels.close()
         for future in self._replies.values():
             future.cancel()
         self._replies.clear()

@@ -34,6 +34,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -176,3 +177,58 @@ def deserialize(frames: list[bytes], signer: Signer) -> Message:
     if not isinstance(msg["header"].get("msg_type"), str):
         raise BadMessage("header has no msg_type")
     return msg
+
+
+# -- one Unix stream instead of ZMQ sockets -----------------------------------------------
+#
+# A forked stateless kernel (in_kernel/zygote.py) speaks the same signed messages over one
+# Unix stream: each message is a record naming its channel, then its frames. zygote.py
+# writes records with its own copy of `stream_record` (in-kernel code imports nothing of
+# the gateway); tests/unit/test_wire.py checks the two agree.
+#
+#     record := length:u32 channel:u8 count:u16 (size:u32 frame){count}
+#
+# All integers big-endian; `length` counts the bytes after the 7-byte head.
+
+RECORD_HEAD = struct.Struct("!IcH")
+FRAME_SIZE = struct.Struct("!I")
+STREAM_CHANNELS: dict[str, bytes] = {"shell": b"s", "control": b"c", "iopub": b"i"}
+"""The channel tag of each record: the channels a stream carries."""
+CHANNEL_OF_TAG = {tag: name for name, tag in STREAM_CHANNELS.items()}
+
+
+def stream_record(channel: str, frames: Sequence[bytes]) -> bytes:
+    """One message's frames as a record of the stream, tagged with its channel."""
+    body = b"".join(FRAME_SIZE.pack(len(frame)) + frame for frame in frames)
+    return RECORD_HEAD.pack(len(body), STREAM_CHANNELS[channel], len(frames)) + body
+
+
+def record_head(head: bytes) -> tuple[int, str, int]:
+    """A record's body length, channel and frame count, from its first 7 bytes; BadMessage
+    for an unknown channel or a body past `MAX_MESSAGE_BYTES`."""
+    length, tag, count = RECORD_HEAD.unpack(head)
+    channel = CHANNEL_OF_TAG.get(tag)
+    if channel is None:
+        raise BadMessage(f"unknown channel tag {tag!r}")
+    if length > MAX_MESSAGE_BYTES:
+        raise BadMessage(f"a message of {length} bytes is over the limit")
+    return length, channel, count
+
+
+def record_frames(body: bytes, count: int) -> list[bytes]:
+    """The `count` frames of a record's body; BadMessage if they do not fill it exactly."""
+    frames = []
+    at = 0
+    view = memoryview(body)
+    for _ in range(count):
+        if at + 4 > len(body):
+            raise BadMessage("a record ends inside a frame size")
+        (size,) = FRAME_SIZE.unpack_from(body, at)
+        at += 4
+        if at + size > len(body):
+            raise BadMessage("a record ends inside a frame")
+        frames.append(bytes(view[at : at + size]))
+        at += size
+    if at != len(body):
+        raise BadMessage("a record has bytes after its frames")
+    return frames

@@ -19,8 +19,8 @@ from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.jupyter.kernels import JupyterKernels
-from kernel_gateway.protocols.mcp.server import McpService
 from kernel_gateway.server.error_handlers import exception_handlers
+from kernel_gateway.server.lazy_mcp import LazyMcp
 from kernel_gateway.server.middleware import front_middleware
 from kernel_gateway.server.protocols import protocol_state
 from kernel_gateway.server.routes import routes
@@ -40,7 +40,7 @@ class State(TypedDict):
     settings: Settings
     metrics: Metrics
     jupyter: JupyterKernels
-    mcp: McpService | None
+    mcp: LazyMcp | None
     e2b: E2BService
 
 

@@ -1,8 +1,8 @@
 """The protocols spoken besides the gateway's own API: MCP at `/mcp`, Jupyter's at `/api`.
 
 Both run on the registry's sessions; this is where their long-lived parts start
-and stop with the app (the MCP session manager's task group, the Jupyter
-channel proxies and their ZMQ context).
+and stop with the app (the MCP session manager's task group, made at the first MCP
+request: lazy_mcp.py; the Jupyter channel proxies and their ZMQ context).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import TypedDict
 
 from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.jupyter.kernels import JupyterKernels
-from kernel_gateway.protocols.mcp.server import McpService
+from kernel_gateway.server.lazy_mcp import LazyMcp
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
 
 
 class ProtocolState(TypedDict):
     jupyter: JupyterKernels
-    mcp: McpService | None
+    mcp: LazyMcp | None
     e2b: E2BService
 
 
@@ -32,12 +32,12 @@ async def protocol_state(
     """`records`: where front doors keep what must outlive the gateway (E2B's sandboxes),
     with `--persist-sessions`; None without."""
     jupyter = JupyterKernels(registry)
-    mcp = McpService(registry, settings) if settings.mcp != "off" else None
+    mcp = LazyMcp(registry, settings) if settings.mcp != "off" else None
     e2b = E2BService(registry, settings, records / "e2b" if records is not None else None)
     async with AsyncExitStack() as stack:
         stack.push_async_callback(jupyter.close)
         e2b.start()
         stack.push_async_callback(e2b.close)
         if mcp is not None:
-            await stack.enter_async_context(mcp.run())
+            stack.push_async_callback(mcp.close)
         yield {"jupyter": jupyter, "mcp": mcp, "e2b": e2b}

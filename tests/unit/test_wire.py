@@ -1,20 +1,32 @@
 """kernels/wire.py: the one copy of Jupyter's ZMQ signing and framing, checked against
-jupyter_client's own Session (what real kernels use)."""
+jupyter_client's own Session (what real kernels use), and the stream records a forked
+stateless kernel writes, checked against zygote.py's own copy."""
 
 from __future__ import annotations
+
+import importlib.util
+import socket
+from pathlib import Path
+from typing import Any
 
 import pytest
 from jupyter_client.session import Session as JupyterSession
 
+import kernel_gateway.in_kernel
 from kernel_gateway.kernels.wire import (
     DELIM,
+    MAX_MESSAGE_BYTES,
+    RECORD_HEAD,
     BadMessage,
     Signer,
     deserialize,
     ipc_connection,
     pack_parts,
+    record_frames,
+    record_head,
     serialize,
     socket_url,
+    stream_record,
     verified_parts,
 )
 
@@ -76,3 +88,66 @@ def test_socket_urls() -> None:
     assert ipc_connection("/run/k", key="abc")["key"] == "abc"
     tcp = {**info, "transport": "tcp", "ip": "127.0.0.1", "control_port": 5555}
     assert socket_url(tcp, "control") == "tcp://127.0.0.1:5555"  # type: ignore[arg-type]
+
+
+# -- the stream of a forked stateless kernel ---------------------------------------------------
+
+
+def _zygote() -> Any:
+    """in_kernel/zygote.py as the kernel runs it (it imports nothing of the gateway)."""
+    path = Path(kernel_gateway.in_kernel.__file__).parent / "zygote.py"
+    spec = importlib.util.spec_from_file_location("zygote_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _parse(stream: bytes) -> list[tuple[str, list[bytes]]]:
+    records = []
+    while stream:
+        length, channel, count = record_head(stream[: RECORD_HEAD.size])
+        body = stream[RECORD_HEAD.size : RECORD_HEAD.size + length]
+        records.append((channel, record_frames(body, count)))
+        stream = stream[RECORD_HEAD.size + length :]
+    return records
+
+
+@pytest.mark.parametrize("channel", ["shell", "control", "iopub"])
+def test_the_kernels_records_and_the_gateways_are_the_same(channel: str) -> None:
+    frames = [DELIM, b"sig", b"{}", b"", b"\x00" * 70000, "é".encode()]
+    zygote = _zygote()
+    assert zygote._record(channel, frames) == stream_record(channel, frames)
+    assert _parse(stream_record(channel, frames) * 2) == [(channel, frames)] * 2
+
+
+def test_a_message_the_kernel_sends_on_its_stream_verifies() -> None:
+    zygote = _zygote()
+    left, right = socket.socketpair()
+    with left, right:
+        session = zygote._session_class()(signature_scheme="hmac-sha256", key=KEY.encode())
+        session.wire = zygote._Wire(left)
+        session.send("iopub", "stream", {"name": "stdout", "text": "hi"}, {"msg_id": "m"})
+        data = right.recv(65536)
+    [(channel, frames)] = _parse(data)
+    msg = deserialize(frames, Signer(KEY))
+    assert channel == "iopub"
+    assert msg["content"] == {"name": "stdout", "text": "hi"}
+    assert msg["parent_header"] == {"msg_id": "m"}
+
+
+def test_records_that_do_not_add_up_are_refused() -> None:
+    record = stream_record("shell", [b"abc", b"de"])
+    length, _, count = record_head(record[: RECORD_HEAD.size])
+    body = record[RECORD_HEAD.size :]
+    with pytest.raises(BadMessage):
+        record_frames(body[:-1], count)  # ends inside a frame
+    with pytest.raises(BadMessage):
+        record_frames(body + b"x", count)  # bytes after the frames
+    with pytest.raises(BadMessage):
+        record_frames(body, count + 1)  # ends inside a frame size
+    with pytest.raises(BadMessage):
+        record_head(b"\x00\x00\x00\x01x\x00\x01")  # no such channel
+    with pytest.raises(BadMessage):
+        record_head(RECORD_HEAD.pack(MAX_MESSAGE_BYTES + 1, b"i", 1))  # over the limit
+    assert length == len(body)

@@ -25,7 +25,10 @@ from importlib.resources import files
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
+import zmq.asyncio
+
 from kernel_gateway.errors import KernelUnavailable
+from kernel_gateway.kernels.channels import Channels, ZmqChannels
 from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language, Languages
 from kernel_gateway.kernels.storage import SessionStorage as SessionStorage
 from kernel_gateway.kernels.storage import make_storage_dirs as make_storage_dirs
@@ -69,6 +72,11 @@ class KernelProcess(abc.ABC):
     """A folder for files between the gateway and the kernel (its connection folder): its
     path on the gateway's side and its path as the kernel sees it. None: the backend has
     none."""
+
+    def channels(self, context: zmq.asyncio.Context) -> Channels:
+        """How the gateway exchanges messages with it: its ZMQ sockets (a forked stateless
+        kernel has a Unix stream instead)."""
+        return ZmqChannels(self.connection, context)
 
     @abc.abstractmethod
     def poll(self) -> ExitInfo | None:

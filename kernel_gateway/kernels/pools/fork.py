@@ -25,6 +25,7 @@ import json
 import logging
 import shutil
 import signal
+import socket
 import time
 from typing import Any
 
@@ -38,6 +39,7 @@ from kernel_gateway.kernels.backends.base import (
     KernelProcess,
     RuntimeDir,
 )
+from kernel_gateway.kernels.channels import Channels, StreamChannels
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.pools.refill import Refill
 from kernel_gateway.kernels.pools.warm import WarmPool, preload_code
@@ -57,6 +59,11 @@ END_TIMEOUT = 10.0
 
 
 FORK_ATTEMPTS = 3
+BURST_AFTER = 0.5
+"""A request that has waited this long for a server gets one started for it (a start
+costs about a second of CPU; a busy server is usually free again in milliseconds)."""
+BURST_KEEP = 30.0
+"""Servers started for a burst are let go once they have been idle this long."""
 
 
 class LostServer(KernelUnavailable):
@@ -170,15 +177,31 @@ class ForkServer:
         """Fork a child that serves one request on sockets of its own."""
         name = f"r{number}"
         inside = f"{self.host.inside}/{name}/k"
-        info = ipc_connection(str(self.host.conn_dir / name / "k"))
+        folder = self.host.conn_dir / name
+        info = ipc_connection(str(folder / "k"))
         key = info["key"]
-        process = ForkedProcess(self, f"{self.id}-{name}", info)
+        # The child connects to this as its first act (zygote.py chowns it to the child's
+        # uid): made before the fork, so nothing waits or retries.
+        folder.mkdir(mode=0o700)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(folder / "k.sock"))
+            listener.listen(1)
+        except OSError:
+            listener.close()
+            raise
+        process = ForkedProcess(self, f"{self.id}-{name}", info, listener)
         self.current = process
         self.state = State.BUSY
         self.served += 1
-        await self._send({"op": "fork", "prefix": inside, "key": key})
-        reply = await self._reply(END_TIMEOUT)
+        try:
+            await self._send({"op": "fork", "prefix": inside, "key": key})
+            reply = await self._reply(END_TIMEOUT)
+        except BaseException:
+            listener.close()
+            raise
         if reply.get("event") != "forked" or not isinstance(reply.get("uid"), int):
+            listener.close()
             self.healthy = False
             process.on_lost(ExitInfo(None, "killed"))
             if self.lost:
@@ -237,15 +260,21 @@ class ForkServer:
 class ForkedProcess(KernelProcess):
     """One request's child of a fork server, as the Popen-like process a `Kernel` drives."""
 
-    def __init__(self, server: ForkServer, kernel_id: str, info: ConnectionInfo) -> None:
+    def __init__(
+        self, server: ForkServer, kernel_id: str, info: ConnectionInfo, listener: socket.socket
+    ) -> None:
         self.id = kernel_id
         self.connection = info
+        self._listener = listener
         self.uid = -1
         """The uid the child runs as (from the fork server's answer)."""
         self._server = server
         self._exit: asyncio.Future[ExitInfo] = asyncio.get_running_loop().create_future()
         self._ending = False
         self._cleaned = False
+
+    def channels(self, context: zmq.asyncio.Context) -> Channels:
+        return StreamChannels(self._listener)
 
     def on_exit(self, message: JSON) -> None:
         if self._exit.done():
@@ -287,6 +316,7 @@ class ForkedProcess(KernelProcess):
         if self._cleaned:
             return
         self._cleaned = True
+        self._listener.close()  # if no Kernel took it
         self._ending = True
         await self._server.end()
 
@@ -340,6 +370,10 @@ class ForkPool:
         self._context = context
         self.metrics = metrics or Metrics()
         self._busy: set[ForkServer] = set()
+        self._long_waits = 0
+        """Requests that have waited `BURST_AFTER` for a server."""
+        self._idle_since: dict[ForkServer, float] = {}
+        self._trimming = False
         self._refill: Refill[ForkServer] = Refill(
             "fork server", self._start_one, self._wanted, settings.max_concurrent_starts
         )
@@ -358,8 +392,8 @@ class ForkPool:
 
     def _wanted(self) -> int:
         """Servers to keep idle or starting: `--fork-servers` in all, and one more for each
-        request waiting beyond them."""
-        busy, waiting = len(self._busy), len(self._refill.waiters)
+        request that has waited `BURST_AFTER` beyond them."""
+        busy, waiting = len(self._busy), self._long_waits
         total = min(
             max(self.settings.fork_servers, busy + waiting), self.settings.fork_servers + waiting
         )
@@ -416,28 +450,67 @@ class ForkPool:
         ready = self._refill.ready
         while ready:
             server = ready.popleft()
+            self._idle_since.pop(server, None)
             if server.healthy and server.host.process.poll() is None:
                 self._busy.add(server)
                 return server
             self._refill.tasks.spawn(self._discard(server))
             self._refill.fill()
-        server = await self._refill.wait(self.settings.kernel_start_timeout)
+        long_wait = False
+
+        def waited_long() -> None:
+            nonlocal long_wait
+            long_wait = True
+            self._long_waits += 1
+            self._refill.fill()
+
+        timer = asyncio.get_running_loop().call_later(BURST_AFTER, waited_long)
+        try:
+            server = await self._refill.wait(self.settings.kernel_start_timeout)
+        finally:
+            timer.cancel()
+            if long_wait:
+                self._long_waits -= 1
         self._busy.add(server)
         return server
 
     def _give_back(self, server: ForkServer) -> None:
         self._busy.discard(server)
         worn = server.served >= min(self.settings.fork_server_requests, UID_SPAN - 1)
-        # Servers started for a burst of waiters are let go once the burst is over.
-        kept = len(self._refill.ready) + len(self._busy) + self._refill.starting
-        extra = not self._refill.waiters and kept >= self.settings.fork_servers
         dead = server.host.process.poll() is not None
-        if self._refill.closed or not server.healthy or worn or extra or dead:
+        if self._refill.closed or not server.healthy or worn or dead:
             self._refill.tasks.spawn(self._discard(server))
             self._refill.fill()
             return
-        # Last in, first out: the busiest server stays warm in the caches.
-        self._refill.hand_out(server, newest_first=True)
+        # Last in, first out: the busiest server stays warm in the caches, and the ones
+        # at the other end are those a burst no longer needs.
+        if not self._refill.hand_out(server, newest_first=True):
+            self._idle_since[server] = time.monotonic()
+            if len(self._refill.ready) + len(self._busy) > self.settings.fork_servers:
+                self._trim_later()
+
+    def _trim_later(self) -> None:
+        if not self._trimming:
+            self._trimming = True
+            self._refill.tasks.spawn(self._trim())
+
+    async def _trim(self) -> None:
+        """Let go of servers beyond `--fork-servers` once idle for `BURST_KEEP`."""
+        try:
+            while True:
+                await asyncio.sleep(BURST_KEEP / 4)
+                ready = self._refill.ready
+                now = time.monotonic()
+                while (
+                    ready
+                    and len(ready) + len(self._busy) > self.settings.fork_servers
+                    and now - self._idle_since.get(ready[-1], now) >= BURST_KEEP
+                ):
+                    self._refill.tasks.spawn(self._discard(ready.pop()))
+                if len(ready) + len(self._busy) <= self.settings.fork_servers:
+                    return
+        finally:
+            self._trimming = False
 
     # -- fork servers ------------------------------------------------------------------------
 
@@ -469,6 +542,7 @@ class ForkPool:
         return server
 
     async def _discard(self, server: ForkServer) -> None:
+        self._idle_since.pop(server, None)
         try:
             await server.close()
         finally:
