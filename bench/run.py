@@ -34,13 +34,17 @@ import docker
 import httpx
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from bench.floor import fork_floor
 from kernel_gateway.client import Client, Display, Done, Stdout
 from kernel_gateway.client.sse import iter_events
 from kernel_gateway.kernels.backends.base import RuntimeDir
 from kernel_gateway.kernels.backends.docker import DockerBackend
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.settings import DEFAULT_IMAGE, Settings
+
+try:
+    from bench.floor import fork_floor
+except ModuleNotFoundError:  # run as `python bench/run.py`: bench/ is the path's first entry
+    from floor import fork_floor  # type: ignore[import-not-found,no-redef]
 
 ROOT = Path(__file__).resolve().parent
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -145,8 +149,6 @@ def gateway(args: argparse.Namespace, runtime: Path, pool: int, **extra: str) ->
         str(pool),
         "--max-sessions",
         str(max(args.density + 10, 40)),
-        "--max-stateless",
-        "16",
         "--image",
         args.image,
         "--runtime-dir",

@@ -87,6 +87,8 @@ class Registry:
         for pool in others:
             self.pools[pool.language.name] = pool
         self.forks = forks
+        self.stateless_limit = settings.stateless_limit(forked=forks is not None)
+        """At most this many stateless executions at once (`--max-stateless`)."""
         """Where stateless kernels come from when they are forked (else from `warm`)."""
         self.instance = instance
         """This gateway's id; its kernel containers carry it as a label."""
@@ -237,7 +239,7 @@ class Registry:
             "sessions": sum(1 for s in self._sessions.values() if not s.hibernated),
             "max_sessions": self.settings.max_sessions,
             "stateless": len(self._ephemeral),
-            "max_stateless": self.settings.max_stateless,
+            "max_stateless": self.stateless_limit,
         }
 
     def languages_json(self) -> list[JSON]:
@@ -471,9 +473,9 @@ class Registry:
         allow = self.network_policy(network)
         pool = self.pool(language)
         _check_network_language(pool.language.name, allow)
-        if len(self._ephemeral) + self._reserved_stateless >= self.settings.max_stateless:
+        if len(self._ephemeral) + self._reserved_stateless >= self.stateless_limit:
             raise TooManySessions(
-                f"{self.settings.max_stateless} stateless executions are already running; "
+                f"{self.stateless_limit} stateless executions are already running; "
                 "retry shortly",
                 retry_after=1,
             )
