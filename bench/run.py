@@ -354,6 +354,10 @@ def session_acquisition(url: str, n: int, pool: int) -> dict[str, Any]:
 
 
 def stateless_sequential(url: str, n: int, pool: int) -> dict[str, Any]:
+    return summary(stateless_sequential_samples(url, n, pool))
+
+
+def stateless_sequential_samples(url: str, n: int, pool: int) -> list[float]:
     samples = []
     with httpx.Client(base_url=url, timeout=60) as http:
         for _ in range(n):
@@ -364,7 +368,7 @@ def stateless_sequential(url: str, n: int, pool: int) -> dict[str, Any]:
             ) as response:
                 read_until_done(response)
             samples.append(time.perf_counter() - t)
-    return summary(samples)
+    return samples
 
 
 def stateless_throughput(
@@ -532,6 +536,10 @@ def stateless_table(r: dict[str, Any]) -> str:
 
 
 def first_chart(url: str, n: int, pool: int) -> dict[str, Any]:
+    return summary(first_chart_samples(url, n, pool))
+
+
+def first_chart_samples(url: str, n: int, pool: int) -> list[float]:
     samples = []
     with Client(url) as client:
         for _ in range(n):
@@ -544,7 +552,7 @@ def first_chart(url: str, n: int, pool: int) -> dict[str, Any]:
                         break
                 else:
                     raise RuntimeError("no chart")
-    return summary(samples)
+    return samples
 
 
 LAG_CELL = (
@@ -583,6 +591,12 @@ def cold_starts(
 ) -> dict[str, Any]:
     """Container create -> the kernel of `language` (None: Python) answers, on the backend
     itself, `n` times; storage is prepared off the clock."""
+    return summary(cold_start_samples(image, folder, n, runtime=runtime, language=language))
+
+
+def cold_start_samples(
+    image: str, folder: Path, n: int, *, runtime: str | None = None, language: str | None = None
+) -> list[float]:
 
     async def measure() -> list[float]:
         rt = RuntimeDir(folder)
@@ -609,7 +623,7 @@ def cold_starts(
             rt.close()
         return samples
 
-    return summary(asyncio.run(measure()))
+    return asyncio.run(measure())
 
 
 def container_memory_mib(instance: str) -> list[float]:
@@ -919,8 +933,19 @@ def main() -> int:
         action="store_true",
         help="leave out the container-per-request design from the stateless run",
     )
+    parser.add_argument(
+        "--compare",
+        metavar="REF",
+        help="a git revision or an image tag measured beside the current tree/image in one run "
+        "(bench/ab.py)",
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "results" / "latest.json")
     args = parser.parse_args()
+    if args.compare:
+        sys.path.insert(0, str(ROOT.parent))  # `python bench/run.py` puts only bench/ there
+        from bench import ab
+
+        return ab.main(["--base", args.compare, "--image", args.image])
     if args.smoke:
         args.iterations, args.density, args.throughput_seconds = 10, 3, 2.0
         args.fork_servers, args.skip_container_stateless = 2, True

@@ -211,6 +211,11 @@ def _config(settings: dict[str, Any]) -> Any:
     from traitlets.config import Config
 
     config = Config()
+    # IPython keeps its history in a SQLite file written by a background thread: about
+    # 0.7 ms on every cell (bench/cell_work.py), and a thread that prints its own
+    # failures (a cell that used up its file descriptors) into the next cell's output.
+    # In memory, `In`, `Out`, `_i` and `%history` work the same for the kernel's life.
+    config.HistoryManager.hist_file = ":memory:"
     formats = settings.get("figure_formats")
     if formats:
         config.InlineBackend.figure_formats = set(formats)

@@ -111,8 +111,13 @@ class Zygote:
         if dpi:
             config.InlineBackend.print_figure_kwargs = {"bbox_inches": "tight", "dpi": dpi}
         self.shell = ZMQInteractiveShell.instance(config=config)
-        # Every child's session; it gets its key and id in the child.
+        # Every child's session (it gets its key, id and stream in the child); until then
+        # what IPython publishes goes nowhere.
         self.session = _session_class()(signature_scheme="hmac-sha256", username="kernel", key=b"-")
+        for hook in (self.shell.displayhook, self.shell.display_pub):
+            hook.session = self.session
+            hook.pub_socket = "iopub"
+        self.shell.displayhook.topic = b"execute_result"
         preload = self.config.get("preload_code")
         if preload:
             self.shell.run_cell(preload, store_history=False, silent=True)
@@ -703,10 +708,6 @@ def _run_kernel(shell: Any, session: Any, prefix: str, key: str) -> None:
     session.session = uuid.uuid4().hex
     session.wire = _Wire(sock)
     output = _Output(session)
-    for hook in (shell.displayhook, shell.display_pub):
-        hook.session = session
-        hook.pub_socket = "iopub"
-    shell.displayhook.topic = b"execute_result"
     _MiniKernel(shell, session, output).loop()
 
 
