@@ -36,7 +36,10 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import datetime
 import gc
+import hashlib
+import hmac
 import io
 import json
 import os
@@ -49,6 +52,7 @@ import struct
 import sys
 import threading
 import time
+import uuid
 from typing import Any
 
 PR_SET_DUMPABLE = 4
@@ -113,7 +117,7 @@ class Zygote:
         self.shell = ZMQInteractiveShell.instance(config=config)
         # Every child's session (it gets its key, id and stream in the child); until then
         # what IPython publishes goes nowhere.
-        self.session = _session_class()(signature_scheme="hmac-sha256", username="kernel", key=b"-")
+        self.session = _session()
         for hook in (self.shell.displayhook, self.shell.display_pub):
             hook.session = self.session
             hook.pub_socket = "iopub"
@@ -472,6 +476,7 @@ FRAME_SIZE = struct.Struct("!I")
 CHANNEL_TAGS = {"shell": b"s", "control": b"c", "iopub": b"i"}
 TAG_CHANNELS = {tag: name for name, tag in CHANNEL_TAGS.items()}
 READ_BYTES = 65536
+DELIM = b"<IDS|MSG>"
 TICK_SECONDS = 0.05
 FLUSH_CHARS = 64 * 1024
 
@@ -514,14 +519,56 @@ class _Wire:
         return TAG_CHANNELS.get(tag, "shell"), frames
 
 
-def _session_class() -> Any:
-    """jupyter_client's Session, sending on the child's stream: what IPython's display
-    hook and publisher call (`session.send(pub_socket, msg, ident=...)`) goes there, and
-    the "socket" they are given names the channel."""
-    from jupyter_client.session import Session
+def _session() -> Any:
+    """What IPython's display hook and publisher use of jupyter_client's Session (`msg`,
+    `send`; they accept only a Session), and what the child needs to read a request, with
+    nothing per request going through traitlets: signed with the request's key
+    (HMAC-SHA256 over the four JSON parts, as wire.py checks) and sent on the child's
+    stream, where the "socket" IPython hands `send` names the channel. Built in the fork
+    server; `start` gives it a request's key, id and stream in the child."""
+    from jupyter_client.session import Session, extract_header, json_packer
 
     class StreamSession(Session):
         wire: _Wire | None = None
+
+        def start(self, key: bytes, wire: _Wire) -> None:
+            self.mac = hmac.new(key, digestmod=hashlib.sha256)
+            self.sid = uuid.uuid4().hex
+            self.wire = wire
+
+        def msg_header(self, msg_type: str) -> dict[str, Any]:
+            return {
+                "msg_id": uuid.uuid4().hex,
+                "msg_type": msg_type,
+                "username": self.username,
+                "session": self.sid,
+                "date": datetime.datetime.now(datetime.UTC).isoformat(),
+                "version": "5.3",
+            }
+
+        def msg(
+            self,
+            msg_type: str,
+            content: Any = None,
+            parent: Any = None,
+            header: Any = None,
+            metadata: Any = None,
+        ) -> dict[str, Any]:
+            header = self.msg_header(msg_type) if header is None else header
+            return {
+                "header": header,
+                "msg_id": header["msg_id"],
+                "msg_type": header["msg_type"],
+                "parent_header": {} if parent is None else extract_header(parent),
+                "content": {} if content is None else content,
+                "metadata": dict(metadata or {}),
+            }
+
+        def sign(self, parts: list[bytes]) -> bytes:
+            mac = self.mac.copy()
+            for part in parts:
+                mac.update(part)
+            return mac.hexdigest().encode()
 
         def send(
             self,
@@ -539,13 +586,34 @@ def _session_class() -> Any:
                 msg = msg_or_type
             else:
                 msg = self.msg(msg_or_type, content, parent, header, metadata)
-            frames = self.serialize(msg)
+            if self.wire is None:  # the fork server's own warm-up cells: nobody to tell
+                return msg
+            parts = [
+                json_packer(msg["header"]),
+                json_packer(msg["parent_header"]),
+                json_packer(msg.get("metadata") or {}),
+                json_packer(msg.get("content") or {}),
+            ]
+            frames = [DELIM, self.sign(parts), *parts]
             frames += [bytes(b) for b in buffers or msg.get("buffers") or []]
-            if self.wire is not None:
-                self.wire.send(stream if stream in CHANNEL_TAGS else "iopub", frames)
+            self.wire.send(stream if stream in CHANNEL_TAGS else "iopub", frames)
             return msg
 
-    return StreamSession
+        def read_request(self, frames: list[bytes]) -> dict[str, Any]:
+            """A request, once its signature checks (ValueError if it does not)."""
+            at = frames.index(DELIM)
+            parts = frames[at + 2 : at + 6]
+            if len(parts) < 4 or not hmac.compare_digest(self.sign(parts), frames[at + 1]):
+                raise ValueError("not a message signed with this request's key")
+            header, parent, metadata, content = (json.loads(part) for part in parts)
+            return {
+                "header": header,
+                "parent_header": parent,
+                "metadata": metadata,
+                "content": content,
+            }
+
+    return StreamSession(key=b"-", signature_scheme="hmac-sha256", username="kernel")
 
 
 class _Stream(io.TextIOBase):
@@ -700,13 +768,9 @@ class _Output:
 
 
 def _run_kernel(shell: Any, session: Any, prefix: str, key: str) -> None:
-    import uuid
-
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(prefix + ".sock")
-    session.key = key.encode()
-    session.session = uuid.uuid4().hex
-    session.wire = _Wire(sock)
+    session.start(key.encode(), _Wire(sock))
     output = _Output(session)
     _MiniKernel(shell, session, output).loop()
 
@@ -737,8 +801,7 @@ class _MiniKernel:
             except (EOFError, OSError):
                 os._exit(0)
             try:
-                _, parts = self.session.feed_identities(frames)
-                msg = self.session.deserialize(parts)
+                msg = self.session.read_request(frames)
             except Exception:  # noqa: BLE001 - not a message signed with our key: ignore it
                 continue
             self.handle(channel, msg)

@@ -125,8 +125,8 @@ def test_a_message_the_kernel_sends_on_its_stream_verifies() -> None:
     zygote = _zygote()
     left, right = socket.socketpair()
     with left, right:
-        session = zygote._session_class()(signature_scheme="hmac-sha256", key=KEY.encode())
-        session.wire = zygote._Wire(left)
+        session = zygote._session()
+        session.start(KEY.encode(), zygote._Wire(left))
         session.send("iopub", "stream", {"name": "stdout", "text": "hi"}, {"msg_id": "m"})
         data = right.recv(65536)
     [(channel, frames)] = _parse(data)
@@ -134,6 +134,22 @@ def test_a_message_the_kernel_sends_on_its_stream_verifies() -> None:
     assert channel == "iopub"
     assert msg["content"] == {"name": "stdout", "text": "hi"}
     assert msg["parent_header"] == {"msg_id": "m"}
+
+
+def test_the_kernel_reads_only_requests_signed_with_its_key() -> None:
+    zygote = _zygote()
+    session = zygote._session()
+    left, right = socket.socketpair()
+    with left, right:
+        session.start(KEY.encode(), zygote._Wire(left))
+        gateway = JupyterSession(key=KEY.encode(), signature_scheme="hmac-sha256")
+        request = gateway.msg("execute_request", {"code": "1"})
+        parsed = session.read_request(gateway.serialize(request, ident=[b"x"]))
+        assert parsed["content"] == {"code": "1"}
+        assert parsed["header"]["msg_id"] == request["header"]["msg_id"]
+        other = JupyterSession(key=b"other", signature_scheme="hmac-sha256")
+        with pytest.raises(ValueError):
+            session.read_request(other.serialize(request))
 
 
 def test_records_that_do_not_add_up_are_refused() -> None:
