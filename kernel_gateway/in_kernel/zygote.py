@@ -497,16 +497,40 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
 
 
 class _Wire:
-    """The child's end of the stream: whole records out (any thread), records in."""
+    """The child's end of the stream: whole records out (any thread), records in.
+
+    An interrupt (SIGINT raises KeyboardInterrupt in the main thread while a cell runs)
+    that arrives while the main thread is sending would leave half a record on the
+    stream, and the gateway would end the kernel for it: it is held until the record is
+    whole, then raised."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.lock = threading.Lock()
+        self.main = threading.main_thread()
+        self.main_sending = False
+        self.held = False
 
     def send(self, channel: str, frames: list[bytes]) -> None:
         record = _record(channel, frames)
+        main = threading.current_thread() is self.main
         with self.lock:
-            self.sock.sendall(record)
+            if main:
+                self.main_sending = True
+            try:
+                self.sock.sendall(record)
+            finally:
+                if main:
+                    self.main_sending = False
+        if main and self.held:
+            self.held = False
+            raise KeyboardInterrupt
+
+    def hold_interrupt(self) -> bool:
+        """Called by the SIGINT handler: True (and raised later) if a send is under way."""
+        if self.main_sending:
+            self.held = True
+        return self.main_sending
 
     def receive(self) -> tuple[str, list[bytes]]:
         length, tag, count = RECORD_HEAD.unpack(_recv_exactly(self.sock, RECORD_HEAD.size))
@@ -734,9 +758,15 @@ class _Output:
                 merged[-1][1].append(text)
             else:
                 merged.append((name, [text]))
+        interrupted = None
         for name, texts in merged:
             content = {"name": name, "text": "".join(texts)}
-            self.session.send("iopub", "stream", content, self.parent)
+            try:
+                self.session.send("iopub", "stream", content, self.parent)
+            except KeyboardInterrupt as exc:  # the rest of the output still goes first
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
 
     def _forward(self) -> None:
         while True:
@@ -787,7 +817,7 @@ class _MiniKernel:
         signal.signal(signal.SIGINT, self._on_sigint)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.executing:
+        if self.executing and not self.session.wire.hold_interrupt():
             raise KeyboardInterrupt
 
     def status(self, state: str, parent: dict[str, Any]) -> None:
