@@ -3,6 +3,7 @@
     python -m bench.ab --base main~3                  # a git revision against the working tree
     python -m bench.ab --base kernel-gateway-kernel:old   # an image tag against --image
     python bench/run.py --compare REF                 # the same, from the main bench
+    python -m bench.ab --base REF --smoke             # tiny run, to check the bench works
 
 Figures from different days or machines do not compare; this measures a change the
 only way that does. REF is an image when Docker has an image of that name, else a git
@@ -273,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20, help="stateless load per side")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--json", type=Path, default=ROOT / "results" / "ab.json")
+    parser.add_argument("--smoke", action="store_true", help="tiny run, to check the bench works")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.iterations, args.seconds, args.rounds = 20, 2.0, 1
     results = compare(args)
     print()
     print(table(results))

@@ -1,6 +1,7 @@
 """What every cell costs inside a kernel besides the user's code, one thing at a time.
 
     python -m bench.cell_work                 # 600 cells per variant, in the kernel image
+    python -m bench.cell_work --smoke         # 40 cells each, to check the bench works
 
 In one container of the kernel image, kernels are started side by side, each differing
 from the one before in one thing, and driven with plain jupyter_client from inside the
@@ -160,7 +161,10 @@ def main() -> int:
     parser.add_argument("--image", default=os.environ.get("KG_IMAGE", DEFAULT_IMAGE))
     parser.add_argument("--cells", type=int, default=600, help="cells per variant")
     parser.add_argument("--json", type=Path, default=ROOT / "results" / "cell_work.json")
+    parser.add_argument("--smoke", action="store_true", help="tiny run, to check the bench works")
     args = parser.parse_args()
+    if args.smoke:
+        args.cells = 40
     samples = measure(args.image, args.cells)
     p50 = {name: p50_ms(values) for name, values in samples.items()}
     print(f"\n{'one cell of `pass`, round trip in the image':<44}  {'p50 ms':>8}  {'its cost':>9}")

@@ -945,7 +945,10 @@ def main() -> int:
         sys.path.insert(0, str(ROOT.parent))  # `python bench/run.py` puts only bench/ there
         from bench import ab
 
-        return ab.main(["--base", args.compare, "--image", args.image])
+        smoke = ["--smoke"] if args.smoke else []
+        return ab.main(
+            ["--base", args.compare, "--image", args.image, "--json", str(args.json), *smoke]
+        )
     if args.smoke:
         args.iterations, args.density, args.throughput_seconds = 10, 3, 2.0
         args.fork_servers, args.skip_container_stateless = 2, True

@@ -46,6 +46,9 @@ def test_bench_smoke_run_writes_every_figure(tmp_path: Path) -> None:
     forked = figures["stateless"]["fork"]
     for key in ("print_c1", "print_c8", "print_c32", "numpy_c8"):
         assert forked[key]["completed"] > 0 and forked[key]["failed"] == 0, (key, forked[key])
+    for concurrency in ("1", "8", "32"):  # the floor, measured in the same run, and the ratio
+        assert figures["stateless"]["floor"][concurrency]["forks_per_s"] > 0
+        assert forked[f"print_c{concurrency}"]["ratio_to_floor"] > 0
     assert "fork, print(1), concurrency 8" in result.stdout
 
 
@@ -65,6 +68,37 @@ def test_bench_image_only_measures_the_given_image(tmp_path: Path) -> None:
     assert figures["image"] == IMAGE
     assert figures["cold_start"]["n"] == 3 and figures["first_chart"]["n"] == 3
     assert f"{IMAGE}  first_chart" in result.stdout
+
+
+def test_bench_compare_measures_a_baseline_image_beside_the_current_one(tmp_path: Path) -> None:
+    require_docker()
+    out = tmp_path / "ab.json"
+    command = [sys.executable, str(ROOT / "bench" / "run.py"), "--compare", IMAGE, "--smoke"]
+    result = subprocess.run(
+        [*command, "--image", IMAGE, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    assert figures["images"] == {"base": IMAGE, "tree": IMAGE}
+    for key in ("raw_round_trip", "warm_round_trip", "stateless_sequential", "first_chart"):
+        assert figures[key]["base"]["n"] > 0 and figures[key]["tree"]["n"] > 0, key
+    assert figures["cold_start"]["tree"]["n"] > 0
+    for key in ("stateless_c1", "stateless_c8"):
+        assert figures[key]["tree"]["completed"] > 0 and figures[key]["base"]["failed"] == 0
+    assert "| stateless `print(1)`, concurrency 8 (req/s) |" in result.stdout
+
+
+def test_bench_cell_work_measures_each_variant(tmp_path: Path) -> None:
+    require_docker()
+    out = tmp_path / "cells.json"
+    result = run_bench("bench.cell_work", out)
+    figures = json.loads(out.read_text())["p50_ms"]
+    assert len(figures) == 7 and all(value > 0 for value in figures.values())
+    assert "ipykernel, history in memory" in result.stdout
 
 
 def test_bench_languages_measures_every_language(tmp_path: Path) -> None:
