@@ -554,6 +554,7 @@ def _session() -> Any:
 
     class StreamSession(Session):
         wire: _Wire | None = None
+        sid = ""
 
         def start(self, key: bytes, wire: _Wire) -> None:
             self.mac = hmac.new(key, digestmod=hashlib.sha256)
