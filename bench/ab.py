@@ -232,32 +232,22 @@ def _git(*argv: str) -> str:
     ).stdout.strip()
 
 
-ROWS: list[tuple[str, str, str, bool]] = [
-    (
-        "raw_round_trip",
-        "p50_ms",
-        "`1+1`, plain jupyter_client to a kernel container, p50 (ms)",
-        False,
-    ),
-    ("warm_round_trip", "p50_ms", "warm `1+1` through the gateway, p50 (ms)", False),
-    ("warm_round_trip", "p99_ms", "warm `1+1` through the gateway, p99 (ms)", False),
-    (
-        "stateless_sequential",
-        "p50_ms",
-        "`POST /execute` `print(1)`, one at a time, p50 (ms)",
-        False,
-    ),
-    ("stateless_c1", "requests_per_s", "stateless `print(1)`, concurrency 1 (req/s)", True),
-    ("stateless_c8", "requests_per_s", "stateless `print(1)`, concurrency 8 (req/s)", True),
-    ("first_chart", "p50_ms", "first chart in a fresh session, p50 (ms)", False),
-    ("cold_start", "p50_ms", "cold start, container to kernel ready, p50 (ms)", False),
+ROWS: list[tuple[str, str, str]] = [  # (figure, statistic, label)
+    ("raw_round_trip", "p50_ms", "`1+1`, plain jupyter_client to a kernel container, p50 (ms)"),
+    ("warm_round_trip", "p50_ms", "warm `1+1` through the gateway, p50 (ms)"),
+    ("warm_round_trip", "p99_ms", "warm `1+1` through the gateway, p99 (ms)"),
+    ("stateless_sequential", "p50_ms", "`POST /execute` `print(1)`, one at a time, p50 (ms)"),
+    ("stateless_c1", "requests_per_s", "stateless `print(1)`, concurrency 1 (req/s)"),
+    ("stateless_c8", "requests_per_s", "stateless `print(1)`, concurrency 8 (req/s)"),
+    ("first_chart", "p50_ms", "first chart in a fresh session, p50 (ms)"),
+    ("cold_start", "p50_ms", "cold start, container to kernel ready, p50 (ms)"),
 ]
 
 
 def table(results: dict[str, Any]) -> str:
     names = results["sides"]
     lines = [f"| figure | {names['base']} | {names['tree']} | ratio |", "|---|---|---|---|"]
-    for key, stat, label, _ in ROWS:
+    for key, stat, label in ROWS:
         if key not in results:
             continue
         base, tree = (results[key][side][stat] for side in SIDES)

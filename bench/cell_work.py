@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -37,6 +36,11 @@ from pathlib import Path
 from kernel_gateway.kernels.backends.base import in_kernel_source
 from kernel_gateway.kernels.pools.warm import preload_code
 from kernel_gateway.settings import DEFAULT_IMAGE, Settings
+
+try:
+    from bench.floor import python_in_image
+except ModuleNotFoundError:  # run as `python bench/cell_work.py`
+    from floor import python_in_image  # type: ignore[import-not-found,no-redef]
 
 ROOT = Path(__file__).resolve().parent
 PROGRAM = r"""
@@ -123,32 +127,12 @@ def measure(image: str, n: int) -> dict[str, list[float]]:
         (Path(folder) / "startup.py").write_bytes(in_kernel_source("kernel_startup.py"))
         os.chmod(folder, 0o755)  # the image's user reads it
         os.chmod(Path(folder) / "startup.py", 0o644)
-        result = subprocess.run(
-            [
-                "docker",
-                "run",
-                "--rm",
-                "--network",
-                "none",
-                "--volume",
-                f"{folder}:/k:ro",
-                "--entrypoint",
-                "python",
-                image,
-                "-c",
-                PROGRAM,
-                str(n),
-                preload_code(Settings().preload_list),
-                json.dumps([v[:4] for v in VARIANTS]),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
+        samples: dict[str, list[float]] = python_in_image(
+            image,
+            PROGRAM,
+            [str(n), preload_code(Settings().preload_list), json.dumps([v[:4] for v in VARIANTS])],
+            docker_args=["--volume", f"{folder}:/k:ro"],
         )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        raise SystemExit(f"the measuring program printed nothing: {result.stderr[-2000:]}")
-    samples: dict[str, list[float]] = json.loads(lines[-1])
     return samples
 
 

@@ -87,33 +87,32 @@ def fork_floor(
     """Forks per second (and p50 of one fork's round trip) at each concurrency."""
     modules = Settings().preload_list if preload is None else preload
     code = preload_code(modules)
+    figures = python_in_image(
+        image,
+        PROGRAM,
+        [code, str(seconds), ",".join(map(str, concurrencies))],
+        # As in a fork server: pyarrow's allocator thread would make every fork unsafe.
+        docker_args=["--env", "JE_ARROW_MALLOC_CONF=background_thread:false"],
+    )
+    return {int(c): result for c, result in figures.items()}
+
+
+def python_in_image(
+    image: str, program: str, args: list[str], docker_args: list[str] | None = None
+) -> Any:
+    """Run `program` with the image's Python in a throwaway container with no network;
+    return the last line it printed that is a JSON object, parsed."""
     result = subprocess.run(
-        [
-            "docker",
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--env",
-            # As in a fork server: pyarrow's allocator thread would make every fork unsafe.
-            "JE_ARROW_MALLOC_CONF=background_thread:false",
-            "--entrypoint",
-            "python",
-            image,
-            "-c",
-            PROGRAM,
-            code,
-            str(seconds),
-            ",".join(map(str, concurrencies)),
-        ],
+        ["docker", "run", "--rm", "--network", "none", *(docker_args or [])]
+        + ["--entrypoint", "python", image, "-c", program, *args],
         capture_output=True,
         text=True,
-        check=True,
+        check=False,
     )
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if not lines:
-        raise SystemExit(f"the floor program printed nothing: {result.stderr[-2000:]}")
-    return {int(c): figures for c, figures in json.loads(lines[-1]).items()}
+        raise SystemExit(f"the program in {image} printed nothing: {result.stderr[-2000:]}")
+    return json.loads(lines[-1])
 
 
 def main() -> int:

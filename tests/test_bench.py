@@ -55,15 +55,7 @@ def test_bench_smoke_run_writes_every_figure(tmp_path: Path) -> None:
 def test_bench_image_only_measures_the_given_image(tmp_path: Path) -> None:
     require_docker()
     out = tmp_path / "image.json"
-    command = [sys.executable, str(ROOT / "bench" / "run.py"), "--image-only", "--smoke"]
-    result = subprocess.run(
-        [*command, "--image", IMAGE, "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_main_bench(out, "--image-only")
     figures = json.loads(out.read_text())
     assert figures["image"] == IMAGE
     assert figures["cold_start"]["n"] == 3 and figures["first_chart"]["n"] == 3
@@ -73,15 +65,7 @@ def test_bench_image_only_measures_the_given_image(tmp_path: Path) -> None:
 def test_bench_compare_measures_a_baseline_image_beside_the_current_one(tmp_path: Path) -> None:
     require_docker()
     out = tmp_path / "ab.json"
-    command = [sys.executable, str(ROOT / "bench" / "run.py"), "--compare", IMAGE, "--smoke"]
-    result = subprocess.run(
-        [*command, "--image", IMAGE, "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_main_bench(out, "--compare", IMAGE)
     figures = json.loads(out.read_text())
     assert figures["images"] == {"base": IMAGE, "tree": IMAGE}
     for key in ("raw_round_trip", "warm_round_trip", "stateless_sequential", "first_chart"):
@@ -150,6 +134,20 @@ def test_bench_hibernation_measures_both_sessions_and_the_memory(tmp_path: Path)
     memory = figures["memory"]
     assert memory["sessions"] == 4 and memory["running_containers"] >= 4
     assert "| 100 MB DataFrame |" in result.stdout
+
+
+def run_main_bench(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python bench/run.py <args> --smoke` on the test image, its figures written to `out`."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), *args, "--smoke"]
+        + ["--image", IMAGE, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
 
 
 def run_bench(module: str, out: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:

@@ -475,8 +475,7 @@ class Registry:
         _check_network_language(pool.language.name, allow)
         if len(self._ephemeral) + self._reserved_stateless >= self.stateless_limit:
             raise TooManySessions(
-                f"{self.stateless_limit} stateless executions are already running; "
-                "retry shortly",
+                f"{self.stateless_limit} stateless executions are already running; retry shortly",
                 retry_after=1,
             )
         self._reserved_stateless += 1

@@ -4,31 +4,26 @@ stateless kernel; the kernel's side is zygote.py's own session and wire."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import signal
 import socket
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq.asyncio
 
-import kernel_gateway.in_kernel
 from kernel_gateway.kernels.backends.base import ExitInfo, KernelProcess
 from kernel_gateway.kernels.channels import Channels, StreamChannels
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.wire import ipc_connection
 from kernel_gateway.types import Event
+from tests.support.in_kernel import load_in_kernel
 
 
 def _zygote() -> Any:
-    path = Path(kernel_gateway.in_kernel.__file__).parent / "zygote.py"
-    spec = importlib.util.spec_from_file_location("zygote_for_channels", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_in_kernel("zygote")
 
 
 class StreamProcess(KernelProcess):
@@ -113,59 +108,57 @@ def _serve_one(
     return thread
 
 
-@pytest.mark.asyncio
-async def test_a_cell_runs_over_the_stream(tmp_path: Path) -> None:
+@pytest.fixture
+async def stream_kernel(tmp_path: Path) -> AsyncIterator[tuple[StreamProcess, Kernel]]:
     context = zmq.asyncio.Context()
     process = StreamProcess(tmp_path)
     kernel = Kernel(process, context)
     try:
-        sink = Sink()
-        # The request is sent before the kernel connects: it waits on the stream.
-        _, reply = await kernel.execute("print('hello')", sink)
-        thread = _serve_one(process.path, process.connection["key"])
-        answer = await asyncio.wait_for(reply, 10)
-        await asyncio.wait_for(sink.idle.wait(), 10)
-        assert answer["content"]["status"] == "ok"
-        assert sink.count == 1
-        assert [(e.name, e.data) for e in sink.events] == [("stdout", {"text": "hello\n"})]
-        assert kernel.dropped_messages == 0
-        thread.join(5)
+        yield process, kernel
     finally:
         await kernel.close()
         context.destroy(linger=0)
 
 
 @pytest.mark.asyncio
-async def test_a_stream_that_stops_being_framed_right_ends_the_kernel(tmp_path: Path) -> None:
-    context = zmq.asyncio.Context()
-    process = StreamProcess(tmp_path)
-    kernel = Kernel(process, context)
-    try:
-        sink = Sink()
-        await kernel.execute("x", sink)
-        # A record naming no channel: after it nothing on the stream can be trusted.
-        _serve_one(process.path, process.connection["key"], garbage=b"\x00\x00\x00\x01?\x00\x01")
-        info = await asyncio.wait_for(kernel.exited, 10)
-        assert info.reason == "killed" and process.signals == [signal.SIGKILL]
-        assert [e.name for e in sink.events] == ["stdout"]  # what came before still counts
-    finally:
-        await kernel.close()
-        context.destroy(linger=0)
+async def test_a_cell_runs_over_the_stream(stream_kernel: tuple[StreamProcess, Kernel]) -> None:
+    process, kernel = stream_kernel
+    sink = Sink()
+    # The request is sent before the kernel connects: it waits on the stream.
+    _, reply = await kernel.execute("print('hello')", sink)
+    thread = _serve_one(process.path, process.connection["key"])
+    answer = await asyncio.wait_for(reply, 10)
+    await asyncio.wait_for(sink.idle.wait(), 10)
+    assert answer["content"]["status"] == "ok"
+    assert sink.count == 1
+    assert [(e.name, e.data) for e in sink.events] == [("stdout", {"text": "hello\n"})]
+    assert kernel.dropped_messages == 0
+    thread.join(5)
 
 
 @pytest.mark.asyncio
-async def test_messages_signed_with_another_key_are_dropped(tmp_path: Path) -> None:
-    context = zmq.asyncio.Context()
-    process = StreamProcess(tmp_path)
-    kernel = Kernel(process, context)
-    try:
-        sink = Sink()
-        _, reply = await kernel.execute("x", sink)
-        thread = _serve_one(process.path, process.connection["key"], signing_key="another")
-        await asyncio.sleep(0.5)
-        assert not reply.done() and not sink.events
-        assert kernel.dropped_messages >= 1
-        thread.join(5)
-    finally:
-        await kernel.close()
-        context.destroy(linger=0)
+async def test_a_stream_that_stops_being_framed_right_ends_the_kernel(
+    stream_kernel: tuple[StreamProcess, Kernel],
+) -> None:
+    process, kernel = stream_kernel
+    sink = Sink()
+    await kernel.execute("x", sink)
+    # A record naming no channel: after it nothing on the stream can be trusted.
+    _serve_one(process.path, process.connection["key"], garbage=b"\x00\x00\x00\x01?\x00\x01")
+    info = await asyncio.wait_for(kernel.exited, 10)
+    assert info.reason == "killed" and process.signals == [signal.SIGKILL]
+    assert [e.name for e in sink.events] == ["stdout"]  # what came before still counts
+
+
+@pytest.mark.asyncio
+async def test_messages_signed_with_another_key_are_dropped(
+    stream_kernel: tuple[StreamProcess, Kernel],
+) -> None:
+    process, kernel = stream_kernel
+    sink = Sink()
+    _, reply = await kernel.execute("x", sink)
+    thread = _serve_one(process.path, process.connection["key"], signing_key="another")
+    await asyncio.sleep(0.5)
+    assert not reply.done() and not sink.events
+    assert kernel.dropped_messages >= 1
+    thread.join(5)

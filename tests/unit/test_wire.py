@@ -4,15 +4,12 @@ stateless kernel writes, checked against zygote.py's own copy."""
 
 from __future__ import annotations
 
-import importlib.util
 import socket
-from pathlib import Path
 from typing import Any
 
 import pytest
 from jupyter_client.session import Session as JupyterSession
 
-import kernel_gateway.in_kernel
 from kernel_gateway.kernels.wire import (
     DELIM,
     MAX_MESSAGE_BYTES,
@@ -29,6 +26,7 @@ from kernel_gateway.kernels.wire import (
     stream_record,
     verified_parts,
 )
+from tests.support.in_kernel import load_in_kernel
 
 KEY = "k" * 64
 
@@ -94,13 +92,7 @@ def test_socket_urls() -> None:
 
 
 def _zygote() -> Any:
-    """in_kernel/zygote.py as the kernel runs it (it imports nothing of the gateway)."""
-    path = Path(kernel_gateway.in_kernel.__file__).parent / "zygote.py"
-    spec = importlib.util.spec_from_file_location("zygote_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_in_kernel("zygote")
 
 
 def _parse(stream: bytes) -> list[tuple[str, list[bytes]]]:
