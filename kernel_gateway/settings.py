@@ -105,10 +105,12 @@ def default_runtime_dir(environ: Mapping[str, str] | None = None, euid: int | No
 
 
 FORKED_STATELESS_LIMIT = 64
-"""`--max-stateless` by default with fork servers: a request waiting for a fork server holds
+"""`--max-stateless` by default for forked requests: one waiting for a fork server holds
 nothing, and 64 at about 100 requests/s on 2 cores wait at most about 0.6 s."""
 CONTAINER_STATELESS_LIMIT = 16
-"""`--max-stateless` by default with a container per request: each holds a kernel container."""
+"""`--max-stateless` by default for a request that gets a container of its own (no fork
+servers, another language, a network policy): each holds a kernel container, so it is let
+in only while fewer than this many stateless requests run."""
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,44 @@ def test_concurrent_requests_get_their_own_output(client: httpx.Client) -> None:
     assert outputs == [f"{i * 3}\n" for i in range(16)]
 
 
+OUTPUT_HABITS = """\
+import multiprocessing, os, subprocess, sys
+def work(i):
+    print(f"worker {i}", flush=True)
+    return i
+with multiprocessing.get_context("fork").Pool(2) as pool:
+    print(sum(pool.map(work, range(4))))
+if os.fork() == 0:
+    print("forked child", flush=True)
+    os._exit(0)
+os.wait()
+subprocess.run(["echo", "from a subprocess"])
+sys.stdout.write("x" * 700_000 + "\\n")
+print("partial", end="")
+"""
+
+
+def test_output_from_forks_subprocesses_and_odd_text_arrives(
+    client: httpx.Client, backend_name: str
+) -> None:
+    """What a forked stateless kernel collects differently from ipykernel, all arriving."""
+    code = OUTPUT_HABITS
+    if backend_name == "docker":  # forked: a lone surrogate is replaced, not a lost message
+        code += 'print("lone \\ud800 surrogate")\n'
+    result = run(client, {"code": code, "timeout": 60})
+    assert result["status"] == "ok", result
+    out = str(result["stdout"])
+    assert sorted(f"worker {i}" for i in range(4)) == sorted(
+        line for line in out.splitlines() if line.startswith("worker")
+    )
+    for line in ("6", "forked child", "from a subprocess", "x" * 700_000):
+        assert line in out.splitlines(), line[:40]
+    if backend_name == "docker":
+        assert out.endswith("partiallone ? surrogate\n")
+    else:
+        assert out.endswith("partial")
+
+
 def test_sse_stream_with_files_in_and_out(client: httpx.Client) -> None:
     body = {
         "code": "import pandas as pd\n"

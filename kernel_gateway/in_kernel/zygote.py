@@ -43,6 +43,7 @@ import hmac
 import io
 import json
 import os
+import queue
 import select
 import selectors
 import shutil
@@ -52,6 +53,7 @@ import struct
 import sys
 import threading
 import time
+import traceback
 import uuid
 from typing import Any
 
@@ -132,6 +134,8 @@ class Zygote:
         self.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         gc.collect()
         gc.freeze()  # children's collections then leave the shared pages unwritten
+        sys.stdout.flush()  # nothing of the fork server's own output may reach a request
+        sys.stderr.flush()
         threads = os.listdir("/proc/self/task")
         if len(threads) > 1:
             names = [_read(f"/proc/self/task/{t}/comm") for t in threads]
@@ -245,10 +249,8 @@ class Zygote:
         if pid == 0:
             try:
                 self._become(uid)
-                _run_kernel(self.shell, self.session, prefix, key)
+                _run_kernel(self.shell, self.session, prefix, key, self.log)
             except BaseException:
-                import traceback
-
                 traceback.print_exc(file=self.log)  # the container's log, not the request's
             finally:
                 os._exit(1)
@@ -476,6 +478,7 @@ FRAME_SIZE = struct.Struct("!I")
 CHANNEL_TAGS = {"shell": b"s", "control": b"c", "iopub": b"i"}
 TAG_CHANNELS = {tag: name for name, tag in CHANNEL_TAGS.items()}
 READ_BYTES = 65536
+MESSAGE_CHARS = 1 << 20
 DELIM = b"<IDS|MSG>"
 TICK_SECONDS = 0.05
 FLUSH_CHARS = 64 * 1024
@@ -497,40 +500,42 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
 
 
 class _Wire:
-    """The child's end of the stream: whole records out (any thread), records in.
+    """The child's end of the stream: records in (the main thread), records out.
 
-    An interrupt (SIGINT raises KeyboardInterrupt in the main thread while a cell runs)
-    that arrives while the main thread is sending would leave half a record on the
-    stream, and the gateway would end the kernel for it: it is held until the record is
-    whole, then raised."""
+    Records are written by a thread of their own, whole and in the order they were
+    queued, whichever thread queued them: a signal handler that raises (SIGINT's
+    KeyboardInterrupt while a cell runs, a library's alarm) runs only in the main thread,
+    so it may stop a record from being queued but never leaves half of one on the
+    stream, where the gateway would end the kernel for it. A process the cell forks
+    (multiprocessing, `os.fork()`) inherits the socket but sends nothing on it, as
+    jupyter_client's Session refuses to: its output goes to fds 1 and 2 (`_Output`)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.lock = threading.Lock()
-        self.main = threading.main_thread()
-        self.main_sending = False
-        self.held = False
+        self.pid = os.getpid()
+        self.queue: queue.SimpleQueue[bytes | threading.Event] = queue.SimpleQueue()
+        threading.Thread(target=self._write, name="wire", daemon=True).start()
 
     def send(self, channel: str, frames: list[bytes]) -> None:
-        record = _record(channel, frames)
-        main = threading.current_thread() is self.main
-        with self.lock:
-            if main:
-                self.main_sending = True
-            try:
-                self.sock.sendall(record)
-            finally:
-                if main:
-                    self.main_sending = False
-        if main and self.held:
-            self.held = False
-            raise KeyboardInterrupt
+        if os.getpid() == self.pid:
+            self.queue.put(_record(channel, frames))  # one C call: whole or not at all
 
-    def hold_interrupt(self) -> bool:
-        """Called by the SIGINT handler: True (and raised later) if a send is under way."""
-        if self.main_sending:
-            self.held = True
-        return self.main_sending
+    def drain(self) -> None:
+        """Return once everything queued so far is written."""
+        written = threading.Event()
+        self.queue.put(written)
+        written.wait()
+
+    def _write(self) -> None:
+        while True:
+            item = self.queue.get()
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                self.sock.sendall(item)
+            except OSError:  # the gateway closed the stream: the request is over
+                os._exit(0)
 
     def receive(self) -> tuple[str, list[bytes]]:
         length, tag, count = RECORD_HEAD.unpack(_recv_exactly(self.sock, RECORD_HEAD.size))
@@ -716,13 +721,16 @@ class _Output:
     `TICK_SECONDS` (as ipykernel does every 0.2 s), at once past `FLUSH_CHARS`, on
     `flush()`, before any display message, and at the end of the cell."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, log: Any) -> None:
         self.session = session
+        self.log = log
         self.parent: dict[str, Any] = {}
+        self.pid = os.getpid()
         self.lock = threading.Lock()
         self.reading = threading.Lock()
         self.pending: list[tuple[str, str]] = []
         self.size = 0
+        os.register_at_fork(after_in_child=self._forked)
         self.pipes: dict[int, tuple[str, Any]] = {}
         for fd, name in ((1, "stdout"), (2, "stderr")):
             read_end, write_end = os.pipe()
@@ -738,8 +746,21 @@ class _Output:
             self.poller.register(read_end, select.POLLIN)
         threading.Thread(target=self._forward, name="output", daemon=True).start()
 
+    def _forked(self) -> None:
+        """In a process the cell forked: the locks may have been held by a thread that is
+        not there, and what is pending is the parent's to send."""
+        self.lock = threading.Lock()
+        self.reading = threading.Lock()
+        self.pending, self.size = [], 0
+
     def add(self, name: str, text: str) -> None:
         if not text:
+            return
+        if os.getpid() != self.pid:  # a forked process: its fds lead to the kernel's pipes
+            data = text.encode("utf-8", "replace")
+            fd = 1 if name == "stdout" else 2
+            while data:
+                data = data[os.write(fd, data) :]
             return
         with self.lock:
             self.pending.append((name, text))
@@ -759,21 +780,22 @@ class _Output:
                 merged[-1][1].append(text)
             else:
                 merged.append((name, [text]))
-        interrupted = None
         for name, texts in merged:
-            content = {"name": name, "text": "".join(texts)}
-            try:
+            text = "".join(texts)
+            if not text.isascii():  # a lone surrogate cannot be sent as UTF-8: replaced
+                text = text.encode("utf-8", "replace").decode("utf-8")
+            for at in range(0, len(text), MESSAGE_CHARS):  # one huge write: several messages
+                content = {"name": name, "text": text[at : at + MESSAGE_CHARS]}
                 self.session.send("iopub", "stream", content, self.parent)
-            except KeyboardInterrupt as exc:  # the rest of the output still goes first
-                interrupted = exc
-        if interrupted is not None:
-            raise interrupted
 
     def _forward(self) -> None:
         while True:
-            if self.poller.poll(TICK_SECONDS * 1000):
-                self.read_pipes()
-            self.send_pending()
+            try:
+                if self.poller.poll(TICK_SECONDS * 1000):
+                    self.read_pipes()
+                self.send_pending()
+            except Exception:  # noqa: BLE001 - keep forwarding; the reason goes to the log
+                traceback.print_exc(file=self.log)
 
     def read_pipes(self) -> None:
         """Take what the pipes hold now (the end of a cell calls this after flushing)."""
@@ -798,11 +820,11 @@ class _Output:
         self.send_pending()
 
 
-def _run_kernel(shell: Any, session: Any, prefix: str, key: str) -> None:
+def _run_kernel(shell: Any, session: Any, prefix: str, key: str, log: Any) -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(prefix + ".sock")
     session.start(key.encode(), _Wire(sock))
-    output = _Output(session)
+    output = _Output(session, log)
     _MiniKernel(shell, session, output).loop()
 
 
@@ -818,7 +840,7 @@ class _MiniKernel:
         signal.signal(signal.SIGINT, self._on_sigint)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.executing and not self.session.wire.hold_interrupt():
+        if self.executing:
             raise KeyboardInterrupt
 
     def status(self, state: str, parent: dict[str, Any]) -> None:
@@ -849,6 +871,8 @@ class _MiniKernel:
                 self.session.send(channel, "execute_reply", reply, parent)
             elif msg_type == "shutdown_request":
                 self.session.send(channel, "shutdown_reply", {"status": "ok"}, parent)
+                self.status("idle", parent)
+                self.session.wire.drain()
                 os._exit(0)
         finally:
             self.status("idle", parent)

@@ -28,7 +28,7 @@ import zmq.asyncio
 from kernel_gateway.kernels.wire import (
     MAX_MESSAGE_BYTES,
     RECORD_HEAD,
-    BadMessage,
+    oversized,
     record_frames,
     record_head,
     socket_url,
@@ -115,7 +115,8 @@ class StreamChannels(Channels):
     its first act), so there is no reconnect loop and nothing to miss: unlike a SUB
     socket, the stream holds what the kernel wrote before the gateway read it. A record
     that does not parse ends the stream (`broken`): after it nothing on the stream can
-    be trusted to be framed right.
+    be trusted to be framed right; so does the kernel closing its end while it runs. A
+    record past `MAX_MESSAGE_BYTES` is skipped unread and counted as dropped.
     """
 
     def __init__(self, listener: socket.socket) -> None:
@@ -139,7 +140,11 @@ class StreamChannels(Channels):
         finally:
             self._listener = None
             listener.close()
-        reader, writer = await asyncio.open_unix_connection(sock=conn, limit=1 << 20)
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=1 << 20)
+        except BaseException:
+            conn.close()
+            raise
         self._writer = writer
         for record in self._queued:
             writer.write(record)
@@ -148,10 +153,17 @@ class StreamChannels(Channels):
             while True:
                 head = await reader.readexactly(RECORD_HEAD.size)
                 length, channel, count = record_head(head)
+                if oversized(length):
+                    await _skip(reader, length)
+                    receive(channel, [])  # counted as dropped: it has no parts
+                    continue
                 receive(channel, record_frames(await reader.readexactly(length), count))
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+        except asyncio.IncompleteReadError:
+            if not self._closed:  # the kernel closed its stream: it can answer no more
+                broken(EOFError("the kernel closed its stream"))
+        except (ConnectionError, asyncio.CancelledError):
             return
-        except BadMessage as exc:
+        except Exception as exc:  # BadMessage, or anything else: the stream is unusable
             broken(exc)
         finally:
             writer.close()
@@ -175,3 +187,8 @@ class StreamChannels(Channels):
         if self._writer is not None:
             with contextlib.suppress(RuntimeError):
                 self._writer.close()
+
+
+async def _skip(reader: asyncio.StreamReader, length: int) -> None:
+    while length:
+        length -= len(await reader.readexactly(min(length, 1 << 20)))

@@ -205,14 +205,19 @@ def stream_record(channel: str, frames: Sequence[bytes]) -> bytes:
 
 def record_head(head: bytes) -> tuple[int, str, int]:
     """A record's body length, channel and frame count, from its first 7 bytes; BadMessage
-    for an unknown channel or a body past `MAX_MESSAGE_BYTES`."""
+    for an unknown channel (after which nothing on the stream can be trusted). A body past
+    `MAX_MESSAGE_BYTES` is the reader's to skip (`oversized`)."""
     length, tag, count = RECORD_HEAD.unpack(head)
     channel = CHANNEL_OF_TAG.get(tag)
     if channel is None:
         raise BadMessage(f"unknown channel tag {tag!r}")
-    if length > MAX_MESSAGE_BYTES:
-        raise BadMessage(f"a message of {length} bytes is over the limit")
     return length, channel, count
+
+
+def oversized(length: int) -> bool:
+    """Whether a record's body is past `MAX_MESSAGE_BYTES` (skipped unread, as ZMQ's
+    MAXMSGSIZE keeps such a message from the gateway)."""
+    return length > MAX_MESSAGE_BYTES
 
 
 def record_frames(body: bytes, count: int) -> list[bytes]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from starlette.types import Receive, Scope, Send
 
+from kernel_gateway.errors import ShuttingDown
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
 
@@ -42,18 +43,24 @@ class LazyMcp:
         async with self._starting:
             if self._service is None:
                 if self._closed:
-                    raise RuntimeError("the gateway is stopping")
+                    raise ShuttingDown("the gateway is stopping")
                 module = await asyncio.to_thread(
                     importlib.import_module, "kernel_gateway.protocols.mcp.server"
                 )
+                if self._closed:  # the app began stopping during the import
+                    raise ShuttingDown("the gateway is stopping")
                 service: McpService = module.McpService(self._registry, self._settings)
                 running = asyncio.get_running_loop().create_future()
+                self._stop = asyncio.Event()
                 self._owner = asyncio.create_task(self._own(service, running))
-                await running
+                # Shielded: a caller that leaves does not leave a second manager behind.
+                await asyncio.shield(running)
                 self._service = service
         return self._service
 
     async def _own(self, service: McpService, running: asyncio.Future[None]) -> None:
+        """Runs the service's session manager until `close`; if it ends before, the next
+        request starts a new one."""
         try:
             async with service.run():
                 running.set_result(None)
@@ -62,10 +69,14 @@ class LazyMcp:
             if not running.done():
                 running.set_exception(exc)
             raise
+        finally:
+            if self._service is service:
+                self._service = None
 
     async def close(self) -> None:
         self._closed = True
-        self._stop.set()
-        if self._owner is not None:
-            with contextlib.suppress(Exception):
-                await self._owner
+        async with self._starting:  # a start under way finishes first, then is stopped
+            self._stop.set()
+            if self._owner is not None:
+                with contextlib.suppress(Exception):
+                    await self._owner

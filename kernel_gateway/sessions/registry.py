@@ -473,14 +473,18 @@ class Registry:
         allow = self.network_policy(network)
         pool = self.pool(language)
         _check_network_language(pool.language.name, allow)
-        if len(self._ephemeral) + self._reserved_stateless >= self.stateless_limit:
+        forks = self.forks if pool is self.warm and not allow else None
+        # A forked request waiting for a fork server holds nothing; one that gets a
+        # container of its own holds that container: by default it is let in only under
+        # the lower limit (`Settings.stateless_limit`).
+        limit = self.stateless_limit if forks else self.settings.stateless_limit(forked=False)
+        if len(self._ephemeral) + self._reserved_stateless >= limit:
             raise TooManySessions(
-                f"{self.stateless_limit} stateless executions are already running; retry shortly",
+                f"{limit} stateless executions are already running; retry shortly",
                 retry_after=1,
             )
         self._reserved_stateless += 1
         try:
-            forks = self.forks if pool is self.warm and not allow else None
             lease: Lease = await (forks or pool).acquire()
         finally:
             self._reserved_stateless -= 1

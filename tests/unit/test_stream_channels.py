@@ -95,12 +95,14 @@ def _serve_one(
         session.send("iopub", "execute_input", {"code": "x", "execution_count": 1}, parent)
         session.send("iopub", "stream", {"name": "stdout", "text": "hello\n"}, parent)
         if garbage is not None:
+            wire.drain()
             sock.sendall(garbage)
             sock.close()
             return
         reply = {"status": "ok", "execution_count": 1, "payload": [], "user_expressions": {}}
         session.send(channel, "execute_reply", reply, parent)
         session.send("iopub", "status", {"execution_state": "idle"}, parent)
+        wire.drain()
         sock.close()
 
     thread = threading.Thread(target=run, daemon=True)

@@ -375,7 +375,11 @@ class ForkPool:
         self._idle_since: dict[ForkServer, float] = {}
         self._trimming = False
         self._refill: Refill[ForkServer] = Refill(
-            "fork server", self._start_one, self._wanted, settings.max_concurrent_starts
+            "fork server",
+            self._start_one,
+            self._wanted,
+            settings.max_concurrent_starts,
+            on_ready=self._kept_ready,
         )
         self._numbers = itertools.count(1)
         self._config: JSON = {
@@ -392,8 +396,9 @@ class ForkPool:
 
     def _wanted(self) -> int:
         """Servers to keep idle or starting: `--fork-servers` in all, and one more for each
-        request that has waited `BURST_AFTER` beyond them."""
-        busy, waiting = len(self._busy), self._long_waits
+        request that has waited `BURST_AFTER` beyond them, up to twice `--fork-servers`."""
+        busy = len(self._busy)
+        waiting = min(self._long_waits, self.settings.fork_servers)
         total = min(
             max(self.settings.fork_servers, busy + waiting), self.settings.fork_servers + waiting
         )
@@ -484,10 +489,13 @@ class ForkPool:
             return
         # Last in, first out: the busiest server stays warm in the caches, and the ones
         # at the other end are those a burst no longer needs.
-        if not self._refill.hand_out(server, newest_first=True):
-            self._idle_since[server] = time.monotonic()
-            if len(self._refill.ready) + len(self._busy) > self.settings.fork_servers:
-                self._trim_later()
+        self._refill.hand_out(server, newest_first=True)
+
+    def _kept_ready(self, server: ForkServer) -> None:
+        """A server went into the ready queue (given back, or just started)."""
+        self._idle_since[server] = time.monotonic()
+        if len(self._refill.ready) + len(self._busy) > self.settings.fork_servers:
+            self._trim_later()
 
     def _trim_later(self) -> None:
         if not self._trimming:
@@ -495,20 +503,19 @@ class ForkPool:
             self._refill.tasks.spawn(self._trim())
 
     async def _trim(self) -> None:
-        """Let go of servers beyond `--fork-servers` once idle for `BURST_KEEP`."""
+        """Let go of ready servers beyond `--fork-servers` once idle for `BURST_KEEP`,
+        the longest idle first; done when none is beyond."""
         try:
-            while True:
+            while len(self._refill.ready) + len(self._busy) > self.settings.fork_servers:
                 await asyncio.sleep(BURST_KEEP / 4)
                 ready = self._refill.ready
                 now = time.monotonic()
-                while (
-                    ready
-                    and len(ready) + len(self._busy) > self.settings.fork_servers
-                    and now - self._idle_since.get(ready[-1], now) >= BURST_KEEP
-                ):
-                    self._refill.tasks.spawn(self._discard(ready.pop()))
-                if len(ready) + len(self._busy) <= self.settings.fork_servers:
-                    return
+                for server in sorted(ready, key=lambda s: self._idle_since.get(s, now)):
+                    surplus = len(ready) + len(self._busy) - self.settings.fork_servers
+                    if surplus <= 0 or now - self._idle_since.get(server, now) < BURST_KEEP:
+                        break
+                    ready.remove(server)
+                    self._refill.tasks.spawn(self._discard(server))
         finally:
             self._trimming = False
 
