@@ -64,9 +64,7 @@ def test_output_from_forks_subprocesses_and_odd_text_arrives(
     result = run(client, {"code": code, "timeout": 60})
     assert result["status"] == "ok", result
     out = str(result["stdout"])
-    assert sorted(f"worker {i}" for i in range(4)) == sorted(
-        line for line in out.splitlines() if line.startswith("worker")
-    )
+    assert all(f"worker {i}" in out for i in range(4)), out[:500]
     for line in ("6", "forked child", "from a subprocess", "x" * 700_000):
         assert line in out.splitlines(), line[:40]
     if backend_name == "docker":
