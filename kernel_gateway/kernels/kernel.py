@@ -96,7 +96,8 @@ class Kernel:
         """The kernel's stream stopped being framed right: nothing more from it can be
         read, so the kernel is ended (its execution fails saying it died)."""
         logger.warning("kernel %s broke its message stream (%s); ending it", self.id, exc)
-        self.dropped_messages += 1
+        if not isinstance(exc, EOFError):  # a stream closed early lost no message
+            self.dropped_messages += 1
         if not self.closed:
             self._killing = asyncio.ensure_future(self.process.kill())
 

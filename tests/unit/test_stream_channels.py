@@ -103,6 +103,7 @@ def _serve_one(
         session.send(channel, "execute_reply", reply, parent)
         session.send("iopub", "status", {"execution_state": "idle"}, parent)
         wire.drain()
+        sock.recv(1)  # as a forked kernel does: its stream stays open until the gateway's end
         sock.close()
 
     thread = threading.Thread(target=run, daemon=True)
@@ -135,7 +136,7 @@ async def test_a_cell_runs_over_the_stream(stream_kernel: tuple[StreamProcess, K
     assert sink.count == 1
     assert [(e.name, e.data) for e in sink.events] == [("stdout", {"text": "hello\n"})]
     assert kernel.dropped_messages == 0
-    thread.join(5)
+    assert thread.is_alive() and kernel.exit_info is None  # served, and still running
 
 
 @pytest.mark.asyncio
@@ -163,4 +164,4 @@ async def test_messages_signed_with_another_key_are_dropped(
     await asyncio.sleep(0.5)
     assert not reply.done() and not sink.events
     assert kernel.dropped_messages >= 1
-    thread.join(5)
+    assert thread.is_alive()  # it waits for the gateway to close the stream
