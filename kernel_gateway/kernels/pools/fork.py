@@ -380,6 +380,7 @@ class ForkPool:
             self._wanted,
             settings.max_concurrent_starts,
             on_ready=self._kept_ready,
+            on_handed=self._busy.add,
         )
         self._numbers = itertools.count(1)
         self._config: JSON = {
@@ -493,6 +494,7 @@ class ForkPool:
 
     def _kept_ready(self, server: ForkServer) -> None:
         """A server went into the ready queue (given back, or just started)."""
+        self._busy.discard(server)  # handed to a waiter that left before taking it
         self._idle_since[server] = time.monotonic()
         if len(self._refill.ready) + len(self._busy) > self.settings.fork_servers:
             self._trim_later()

@@ -33,6 +33,7 @@ class Refill(Generic[T]):
         wanted: Callable[[], int],
         max_starts: int,
         on_ready: Callable[[T], None] | None = None,
+        on_handed: Callable[[T], None] | None = None,
     ) -> None:
         self.what = what
         """What it holds, for messages: "kernel", "fork server"."""
@@ -43,6 +44,9 @@ class Refill(Generic[T]):
         self._max_starts = max_starts
         self._on_ready = on_ready
         """Called when an item is kept ready (not handed straight to a waiter)."""
+        self._on_handed = on_handed
+        """Called when a waiter takes an item: the waiter runs later, and until then the
+        item is neither ready nor starting (a pool that counts items in use counts it now)."""
         self.ready: deque[T] = deque()
         self.waiters: deque[asyncio.Future[T]] = deque()
         self.starting = 0
@@ -100,6 +104,8 @@ class Refill(Generic[T]):
             waiter = self.waiters.popleft()
             if not waiter.done():
                 waiter.set_result(item)
+                if self._on_handed is not None:
+                    self._on_handed(item)
                 return True
         if newest_first:
             self.ready.appendleft(item)
