@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -71,6 +72,38 @@ def test_output_from_forks_subprocesses_and_odd_text_arrives(
         assert out.endswith("partiallone ? surrogate\n")
     else:
         assert out.endswith("partial")
+
+
+FORK_SERVER_MEMORY = """\
+import json, os, sys
+print(sorted(k for k in os.environ if k in ("PYTHONMALLOC", "MIMALLOC_LARGE_OS_PAGES")))
+print(sys.getrefcount(json) >= 2**32 - 1, sys.getrefcount(json.dumps) >= 2**32 - 1)
+made_here = object()
+print(sys.getrefcount(made_here) < 100)
+rollup = open("/proc/self/smaps_rollup").read().split()
+print(int(rollup[rollup.index("AnonHugePages:") + 1]))
+"""
+
+
+def test_a_forked_kernel_shares_an_immortal_preload_in_huge_pages(
+    client: httpx.Client, backend_name: str
+) -> None:
+    """What the fork server holds is immortal (a child writes no reference count of it)
+    and, where the host allows transparent huge pages, in 2 MiB pages; the allocator's
+    settings stay out of the request's environment."""
+    if backend_name != "docker":
+        pytest.skip("only the docker backend forks stateless kernels")
+    result = run(client, {"code": FORK_SERVER_MEMORY})
+    assert result["status"] == "ok", result
+    names, immortal, mortal, huge_kib = str(result["stdout"]).splitlines()
+    assert names == "[]"
+    assert immortal == "True True"
+    assert mortal == "True"
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists() and "[never]" not in thp.read_text():
+        assert int(huge_kib) > 0
+    else:
+        assert int(huge_kib) == 0
 
 
 def test_sse_stream_with_files_in_and_out(client: httpx.Client) -> None:

@@ -133,7 +133,8 @@ class Zygote:
         self.shell.execution_count = 1
         self.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         gc.collect()
-        gc.freeze()  # children's collections then leave the shared pages unwritten
+        _immortalize()  # children then leave the counts of what they read unwritten
+        gc.freeze()  # and their collections leave the shared pages unwritten
         sys.stdout.flush()  # nothing of the fork server's own output may reach a request
         sys.stderr.flush()
         threads = os.listdir("/proc/self/task")
@@ -360,6 +361,46 @@ class Zygote:
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+
+IMMORTAL_REFCOUNT = 0xFFFFFFFF
+"""CPython 3.12 and 3.13 (64-bit, with the GIL): an object whose count's low 32 bits are all
+ones is immortal (PEP 683): its count is never written again, and it is never freed."""
+
+
+def _immortalize() -> int:
+    """Make what the fork server holds immortal before the first fork; return how many.
+
+    A child that only reads a preloaded object (a module's function, a class, a
+    constant) still writes its reference count, and the first write to each page it
+    shares with the fork server copies the page: about 600 of a request's 1,500 page
+    faults. The fork server never lets go of what it preloaded and a child lives for
+    one request, so never freeing these objects costs nothing. Every object the
+    collector tracks is made immortal, with the untracked ones (strings, numbers,
+    tuples of them) they refer to; an object already immortal is not entered again,
+    so the walk needs no memory of its own (a set of ids would itself grow the heap
+    that every fork copies). Other Pythons are left as they are.
+    """
+    if (
+        sys.implementation.name != "cpython"
+        or sys.version_info[:2] not in ((3, 12), (3, 13))
+        or ctypes.sizeof(ctypes.c_void_p) != 8
+        or not getattr(sys, "_is_gil_enabled", lambda: True)()
+        or hasattr(sys, "gettotalrefcount")  # a debug build: its objects start otherwise
+    ):
+        return 0
+    made = 0
+    for tracked in gc.get_objects():
+        pending = [tracked]
+        while pending:
+            obj = pending.pop()
+            count = ctypes.c_ssize_t.from_address(id(obj))
+            if not 0 < count.value < IMMORTAL_REFCOUNT:
+                continue  # already immortal (or not an object count: leave it)
+            count.value = IMMORTAL_REFCOUNT
+            made += 1
+            pending.extend(o for o in gc.get_referents(obj) if not gc.is_tracked(o))
+    return made
 
 
 def _read(path: str) -> str:
@@ -947,13 +988,24 @@ def _kernel_info() -> dict[str, Any]:
     }
 
 
+ALLOCATOR_ENVIRONMENT = ("PYTHONMALLOC", "MIMALLOC_LARGE_OS_PAGES")
+"""Set on the fork server's container to choose its allocator (docker.py): read when this
+Python started, and not for the children's environment (nor their subprocesses')."""
+
+
 def main(argv: list[str]) -> None:
+    for name in ALLOCATOR_ENVIRONMENT:
+        os.environ.pop(name, None)
     with open(argv[0]) as f:
         config = json.load(f)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     zygote = Zygote(config)
     zygote.prepare()
     zygote.serve()
+    # Everything is ended and emptied; nothing is left to flush or free (and an
+    # interpreter's finalization would walk the immortal objects for nothing).
+    zygote.log.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
