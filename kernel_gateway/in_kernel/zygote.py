@@ -50,6 +50,7 @@ import shutil
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -988,14 +989,39 @@ def _kernel_info() -> dict[str, Any]:
     }
 
 
-ALLOCATOR_ENVIRONMENT = ("PYTHONMALLOC", "MIMALLOC_LARGE_OS_PAGES")
-"""Set on the fork server's container to choose its allocator (docker.py): read when this
-Python started, and not for the children's environment (nor their subprocesses')."""
+ALLOCATOR = {"PYTHONMALLOC": "mimalloc", "MIMALLOC_LARGE_OS_PAGES": "1"}
+"""How the fork server's Python allocates, where it can (CPython 3.13 has its own copy of
+mimalloc): with mimalloc, its memory in transparent huge pages wherever the host allows
+them (`madvise` or `always`; with `never`, ordinary pages). After the preload nearly all
+of the heap is then in 2 MiB pages: a fork shares it as a few dozen entries instead of
+tens of thousands, and a child's exit frees as few (docs/performance.md)."""
+REEXECUTED = "KG_FORK_SERVER_ALLOCATOR"
+
+
+def _choose_allocator() -> None:
+    """Run this fork server again under `ALLOCATOR` (read only when a Python starts) if
+    its Python accepts it; the variables never reach a child's environment."""
+    if os.environ.pop(REEXECUTED, None):
+        for name in ALLOCATOR:
+            os.environ.pop(name, None)
+        return
+    if sys.version_info < (3, 13):
+        return  # no mimalloc: an unknown PYTHONMALLOC would stop Python at start
+    env = {**os.environ, **ALLOCATOR, REEXECUTED: "1"}
+    try:
+        check = subprocess.run(
+            [sys.executable, "-c", "pass"], env=env, capture_output=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return
+    if check.returncode == 0:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def main(argv: list[str]) -> None:
-    for name in ALLOCATOR_ENVIRONMENT:
-        os.environ.pop(name, None)
+    _choose_allocator()
     with open(argv[0]) as f:
         config = json.load(f)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

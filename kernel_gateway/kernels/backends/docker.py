@@ -85,13 +85,6 @@ CONTAINER_UID = 1000  # the image's `sandbox` user
 FORK_SERVER_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
 """What a fork server (root in its container, never running user code) keeps: enough to
 give each request a uid of its own, and to kill and clean up after it."""
-FORK_SERVER_ENVIRONMENT = {"PYTHONMALLOC": "mimalloc", "MIMALLOC_LARGE_OS_PAGES": "1"}
-"""How a fork server's Python allocates (zygote.py drops both from what its children see):
-mimalloc (CPython 3.13's own copy) with its memory in transparent huge pages, where the
-host allows them (`madvise` or `always`; otherwise ordinary pages, nothing else changes).
-A fork then shares the preloaded heap as a few hundred 2 MiB entries instead of tens of
-thousands of 4 KiB ones, and a child's exit frees as few: with immortal objects
-(zygote.py) a forked request costs about a third less CPU (docs/performance.md)."""
 MAX_KERNELSPECS_BYTES = 4 * 2**20  # an image's /opt/kernel/kernelspecs, read at startup
 HOME_TMPFS_SIZE = "64m"  # home as a tmpfs, only when sessions have no disk of their own
 
@@ -721,8 +714,7 @@ class DockerBackend(Backend):
                     LABEL_LANGUAGE: language.name,
                 },
                 host_config=host_config,
-                environment={"HOME": "/home/sandbox"}
-                | (FORK_SERVER_ENVIRONMENT if fork_server else {}),
+                environment={"HOME": "/home/sandbox"},
             )
         except BaseException:
             with contextlib.suppress(Exception):
