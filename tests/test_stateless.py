@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -77,33 +78,38 @@ def test_output_from_forks_subprocesses_and_odd_text_arrives(
 FORK_SERVER_MEMORY = """\
 import json, os, sys
 print(sorted(k for k in os.environ if k.startswith(("PYTHONMALLOC", "MIMALLOC", "KG_"))))
+print(sys.version_info[:2] in ((3, 12), (3, 13)))
 print(sys.getrefcount(json) >= 2**32 - 1, sys.getrefcount(json.dumps) >= 2**32 - 1)
-made_here = object()
-print(sys.getrefcount(made_here) < 100)
 rollup = open("/proc/self/smaps_rollup").read().split()
 print(int(rollup[rollup.index("AnonHugePages:") + 1]))
 """
+
+
+def _huge_pages_suit() -> bool:
+    """What the fork server checks before it asks for huge pages (zygote.py)."""
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        return False
+    pools = Path("/sys/kernel/mm/hugepages").glob("*/nr_hugepages")
+    major, minor = (int(part) for part in os.uname().release.split(".")[:2])
+    return all(p.read_text().strip() == "0" for p in pools) and (major, minor) >= (5, 8)
 
 
 def test_a_forked_kernel_shares_an_immortal_preload_in_huge_pages(
     client: httpx.Client, backend_name: str
 ) -> None:
     """What the fork server holds is immortal (a child writes no reference count of it)
-    and, where the host allows transparent huge pages, in 2 MiB pages; the allocator's
-    settings stay out of the request's environment."""
+    and, where the host suits it, in 2 MiB pages; the allocator's settings stay out of
+    the request's environment."""
     if backend_name != "docker":
         pytest.skip("only the docker backend forks stateless kernels")
     result = run(client, {"code": FORK_SERVER_MEMORY})
     assert result["status"] == "ok", result
-    names, immortal, mortal, huge_kib = str(result["stdout"]).splitlines()
+    names, immortal_python, immortal, huge_kib = str(result["stdout"]).splitlines()
     assert names == "[]"
-    assert immortal == "True True"
-    assert mortal == "True"
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if thp.exists() and "[never]" not in thp.read_text():
+    assert immortal == ("True True" if immortal_python == "True" else "False False")
+    if _huge_pages_suit():
         assert int(huge_kib) > 0
-    else:
-        assert int(huge_kib) == 0
 
 
 def test_sse_stream_with_files_in_and_out(client: httpx.Client) -> None:
