@@ -112,6 +112,34 @@ def test_a_forked_kernel_shares_an_immortal_preload_in_huge_pages(
         assert int(huge_kib) > 0
 
 
+FIRST_IMPORTS = """\
+import sys
+import pandas as pd
+frame = pd.DataFrame({"a": [1.5, 2.0]})
+display(frame)
+print(frame.describe())
+print(sys.version_info[:2] in ((3, 12), (3, 13)))
+print(sorted(n for n, m in list(sys.modules.items()) if sys.getrefcount(m) < 2**32 - 1))
+"""
+
+
+def test_a_forked_kernel_imports_nothing_the_fork_server_could_have(
+    client: httpx.Client, backend_name: str
+) -> None:
+    """A module imported in the fork server is immortal in every child; one a child
+    imports is not. Running a cell, showing a table and printing one import nothing more
+    (IPython's session logger and pandas' formatters once did, in every request)."""
+    if backend_name != "docker":
+        pytest.skip("only the docker backend forks stateless kernels")
+    for _ in range(3):  # fork servers that have served requests before: no import since
+        result = run(client, {"code": FIRST_IMPORTS})
+        assert result["status"] == "ok", result
+        *_, immortal_python, mortal = str(result["stdout"]).splitlines()
+        if immortal_python != "True":
+            pytest.skip("the kernel's Python has no immortal objects")
+        assert mortal == "[]"
+
+
 def test_sse_stream_with_files_in_and_out(client: httpx.Client) -> None:
     body = {
         "code": "import pandas as pd\n"

@@ -44,6 +44,7 @@ import io
 import json
 import os
 import queue
+import resource  # noqa: F401 - os.wait4 imports it on first use: here, before the freeze
 import select
 import selectors
 import shutil
@@ -132,6 +133,9 @@ class Zygote:
         # The first traceback imports and compiles IPython's formatting machinery: do it
         # here once, not in every child that raises.
         self.shell.run_cell("1/0", store_history=False, silent=True)
+        # IPython builds its `%logstart` logger on a cell's first stored input: an import
+        # every child would repeat (about 0.4 ms of a `print(1)` request).
+        _ = self.shell.logger
         self.shell.execution_count = 1
         self.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         gc.collect()
