@@ -155,6 +155,7 @@ class Settings:
     figure_formats: str = "png"
     figure_dpi: int = 100
     preload: str = "numpy,pandas,matplotlib"
+    fork_light_preload: str = "numpy,matplotlib"
     memory_limit: str = "1g"
     cpu_limit: float = 1.0
     pids_limit: int = 256
@@ -236,9 +237,11 @@ class Settings:
                 f"{_origin('figure_formats')}: must list some of "
                 f"{', '.join(sorted(FIGURE_FORMATS))} (got {self.figure_formats!r})"
             )
-        for module in self.preload_list:
-            if not all(part.isidentifier() for part in module.split(".")):
-                raise ValueError(f"{_origin('preload')}: {module!r} is not a module name")
+        light = [m.strip() for m in self.fork_light_preload.split(",") if m.strip()]
+        for name, modules in (("preload", self.preload_list), ("fork_light_preload", light)):
+            for module in modules:
+                if not all(part.isidentifier() for part in module.split(".")):
+                    raise ValueError(f"{_origin(name)}: {module!r} is not a module name")
         if self.log_format not in get_args(LogFormat):
             raise ValueError(f"{_origin('log_format')}: must be text or json")
         if not 10 <= self.figure_dpi <= 600:
@@ -283,6 +286,14 @@ class Settings:
     @property
     def preload_list(self) -> list[str]:
         return [m.strip() for m in self.preload.split(",") if m.strip()]
+
+    @property
+    def fork_light_preload_list(self) -> list[str]:
+        """The light template's part of `--preload` (in the order of `--preload`); empty
+        when there is no light template (no list given, or it names all of them)."""
+        light = {m.strip() for m in self.fork_light_preload.split(",") if m.strip()}
+        chosen = [m for m in self.preload_list if m in light]
+        return [] if not light or chosen == self.preload_list else chosen
 
     @property
     def language_list(self) -> list[str] | None:
@@ -501,6 +512,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--fork-servers",
         type=int,
         help="fork-server containers kept for stateless requests (default 4)",
+    )
+    add(
+        "--fork-light-preload",
+        help="the part of --preload in the fork servers' light template: a stateless cell "
+        "whose imports are all standard or of these is forked from it, cheaper than from the "
+        "full one (default numpy,matplotlib; empty for one template)",
     )
     add(
         "--fork-server-requests",

@@ -140,6 +140,35 @@ def test_a_forked_kernel_imports_nothing_the_fork_server_could_have(
         assert mortal == "[]"
 
 
+TEMPLATES = [
+    # a cell that imports only standard modules (and numpy, matplotlib): the light one
+    ("import sys\nprint('pandas' in sys.modules)", "False"),
+    # one that imports pandas: the full one, pandas already there
+    ("import sys, pandas\nprint('pandas' in sys.modules)", "True"),
+    # a wrong guess costs time, never the result: pandas imported by a name the text hides
+    (
+        "import builtins, sys\ngetattr(builtins, '__imp' + 'ort__')('pan' + 'das')\n"
+        "print('pandas' in sys.modules)",
+        "True",
+    ),
+]
+
+
+def test_light_cells_are_forked_from_a_template_without_pandas(
+    client: httpx.Client, backend_name: str
+) -> None:
+    """A fork server holds a light template (the preload without pandas: cheaper forks)
+    and a full one; each cell goes to the light one when its imports allow it."""
+    if backend_name != "docker":
+        pytest.skip("only the docker backend forks stateless kernels")
+    before = client.get("/health").json()["fork_servers"]["light_requests"]
+    for code, printed in TEMPLATES:
+        result = run(client, {"code": code})
+        assert result["status"] == "ok", result
+        assert str(result["stdout"]).strip() == printed
+    assert client.get("/health").json()["fork_servers"]["light_requests"] == before + 2
+
+
 def test_sse_stream_with_files_in_and_out(client: httpx.Client) -> None:
     body = {
         "code": "import pandas as pd\n"

@@ -88,31 +88,47 @@ def settle(client: httpx.Client) -> None:
         time.sleep(0.02)
 
 
-def same_server(client: httpx.Client, first: str, then: str) -> tuple[str, str]:
-    """Run `first`, then `then`, in the same fork-server container; their outputs."""
-    a = ok(client, HOST + textwrap.dedent(first))
+FULL = "import pandas as _full\n"
+"""A cell that imports pandas is forked from the fork server's full template, one that
+imports only standard modules and numpy or matplotlib from the light one."""
+
+
+@pytest.fixture(params=["light", "full"])
+def template(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def same_server(
+    client: httpx.Client, first: str, then: str, template: str = "light"
+) -> tuple[str, str]:
+    """Run `first`, then `then`, in the same fork-server container (forked from its
+    `template`); their outputs."""
+    head = HOST + (FULL if template == "full" else "")
+    a = ok(client, head + textwrap.dedent(first))
     settle(client)
-    b = ok(client, HOST + textwrap.dedent(then))
+    b = ok(client, head + textwrap.dedent(then))
     host_b, _, out_b = b.partition("\n")
     # (A's own threads may print before its first line)
     assert host_b in a.splitlines(), "the two requests ran in different containers"
     return a.replace(host_b + "\n", "", 1), out_b
 
 
-def test_each_request_has_a_uid_of_its_own_and_no_capabilities(client: httpx.Client) -> None:
+def test_each_request_has_a_uid_of_its_own_and_no_capabilities(
+    client: httpx.Client, template: str
+) -> None:
     code = """
         import os
         status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())
         print(os.getuid(), os.geteuid(), os.getgid(), status['CapEff'].strip(), os.getgroups())
     """
-    a, b = same_server(client, code, code)
+    a, b = same_server(client, code, code, template)
     uid_a, euid, gid, caps, groups = a.split(maxsplit=4)
     assert uid_a == euid == gid and int(uid_a) >= 1_000_000
     assert int(caps, 16) == 0 and groups.strip() == "[]"
     assert b.split()[0] != uid_a
 
 
-def test_files_left_anywhere_writable_are_gone(client: httpx.Client) -> None:
+def test_files_left_anywhere_writable_are_gone(client: httpx.Client, template: str) -> None:
     leave = """
         import os
         for d in ['.', '/tmp', '/dev/shm', os.path.expanduser('~'), '/workspace']:
@@ -128,7 +144,7 @@ def test_files_left_anywhere_writable_are_gone(client: httpx.Client) -> None:
                  ['.', '/tmp', '/dev/shm', os.path.expanduser('~'), '/workspace']}
         print(found)
     """
-    _, found = same_server(client, leave, look)
+    _, found = same_server(client, leave, look, template)
     assert "by-a" not in found, found
 
 
@@ -147,7 +163,7 @@ def test_writable_places_are_private_to_the_request(client: httpx.Client) -> Non
         assert mine == "True" and mode == "0o700", line
 
 
-def test_detached_processes_do_not_outlive_the_request(client: httpx.Client) -> None:
+def test_detached_processes_do_not_outlive_the_request(client: httpx.Client, template: str) -> None:
     leave = """
         import os, subprocess, time
         # a daemon: double fork + setsid, and one more with a new session via Popen
@@ -181,11 +197,13 @@ def test_detached_processes_do_not_outlive_the_request(client: httpx.Client) -> 
                     others.append((pid, uid))
         print(others, os.path.exists('/tmp/daemon-was-here'))
     """
-    _, found = same_server(client, leave, look)
+    _, found = same_server(client, leave, look, template)
     assert found.strip() == "[] False"
 
 
-def test_environment_modules_builtins_and_threads_start_fresh(client: httpx.Client) -> None:
+def test_environment_modules_builtins_and_threads_start_fresh(
+    client: httpx.Client, template: str
+) -> None:
     leave = """
         import builtins, json, math, os, sys, threading, time, types, numpy
         os.environ['LEFT_BY_A'] = 'secret'
@@ -210,12 +228,14 @@ def test_environment_modules_builtins_and_threads_start_fresh(client: httpx.Clie
               'planted_by_a' in sys.modules,
               [t.name for t in threading.enumerate() if t.name == 'loop-of-a'])
     """
-    _, found = same_server(client, leave, look)
+    _, found = same_server(client, leave, look, template)
     assert found == "None None 1 False 3 1 False False []\n"
     assert "thread of A" not in found
 
 
-def test_another_requests_code_and_output_are_nowhere_to_read(client: httpx.Client) -> None:
+def test_another_requests_code_and_output_are_nowhere_to_read(
+    client: httpx.Client, template: str
+) -> None:
     secret = "S3CR3T-" + "x9q" * 4
     leave = f"""
         value = '{secret}'
@@ -248,7 +268,7 @@ def test_another_requests_code_and_output_are_nowhere_to_read(client: httpx.Clie
         # the needle is in this cell's own code once (as two parts) only: count whole hits
         print(len([h for h in hits if needle in h and 'needle' not in h]), mem_hits)
     """
-    _, found = same_server(client, leave, look)
+    _, found = same_server(client, leave, look, template)
     strings, _ = found.split()
     assert strings == "0"
 

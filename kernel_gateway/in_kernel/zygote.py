@@ -87,6 +87,10 @@ class Zygote:
         self.shell: Any = None
         self.session: Any = None
         self.inherited: list[Any] = []
+        """What a child closes at once: sockets, selectors and fds of its fork server."""
+        self.full: _FullTemplate | None = None
+        """The full template, when this process is the light one (see `_start_full`)."""
+        self.child_from_full = False
 
     # -- the pristine process ----------------------------------------------------------------
 
@@ -147,6 +151,74 @@ class Zygote:
         if len(threads) > 1:
             names = [_read(f"/proc/self/task/{t}/comm") for t in threads]
             print(f"fork server: threads besides the main one: {names}", file=sys.stderr)
+        full = self.config.get("full_preload_code")
+        if full:
+            self.full = self._start_full(str(full))
+
+    # -- the full template -------------------------------------------------------------------
+
+    def _start_full(self, code: str) -> _FullTemplate | None:
+        """Fork the full template: this pristine process with the rest of the preload
+        (pandas) on top. Cells that may need it are forked from it; the others from this
+        light one, whose forks are cheaper (fewer mappings to copy and to tear down).
+        None if it does not come up: every cell is then forked here."""
+        ours, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            try:
+                self._serve_full(theirs, code)
+            except BaseException:
+                traceback.print_exc(file=self.log)
+            finally:
+                os._exit(1)
+        theirs.close()
+        template = _FullTemplate(pid, ours)
+        if template.ready(FULL_START_SECONDS):
+            return template
+        print("fork server: the full template did not start; one template", file=self.log)
+        template.close()
+        return None
+
+    def _serve_full(self, sock: socket.socket, code: str) -> None:
+        """The full template's life: preload the rest, then fork a child for each order
+        of the light template (it has made the uid's places) and report each end."""
+        self.shell.run_cell(code, store_history=False, silent=True)
+        self.shell.execution_count = 1
+        gc.collect()
+        _immortalize()  # what the light template froze is immortal already: not entered
+        gc.freeze()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        selector = selectors.DefaultSelector()
+        selector.register(sock, selectors.EVENT_READ, "light")
+        reaper_r, reaper_w = os.pipe()
+        os.set_blocking(reaper_w, False)
+        signal.set_wakeup_fd(reaper_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        selector.register(reaper_r, selectors.EVENT_READ, "sigchld")
+        self.inherited = [sock, selector, reaper_r, reaper_w]
+        sock.sendall(b'{"event": "ready"}\n')
+        buffer = b""
+        while True:
+            for key, _ in selector.select():
+                if key.data == "sigchld":
+                    os.read(reaper_r, 4096)
+                    for pid, status, cpu in _ended_children():
+                        report = {"event": "exited", "pid": pid, "status": status, "cpu": cpu}
+                        sock.sendall(json.dumps(report).encode() + b"\n")
+                    continue
+                data = sock.recv(65536)
+                if not data:  # the light template (the fork server) is gone
+                    os._exit(0)
+                buffer += data
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    order = json.loads(line)
+                    pid = os.fork()
+                    if pid == 0:
+                        self._run_child(int(order["uid"]), order["prefix"], order["key"])
+                    sock.sendall(json.dumps({"event": "forked", "pid": pid}).encode() + b"\n")
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -170,12 +242,19 @@ class Zygote:
         signal.set_wakeup_fd(reaper_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         selector.register(reaper_r, selectors.EVENT_READ, "sigchld")
-        self.inherited = [selector, reaper_r, reaper_w]  # a child closes them at once
+        self.inherited = [gateway, selector, reaper_r, reaper_w]
+        if self.full is not None:
+            selector.register(self.full.sock, selectors.EVENT_READ, "full")
+            self.inherited.append(self.full.sock)
         buffer = b""
         while True:
             for key, _ in selector.select(timeout=1.0):
                 if key.data == "sigchld":
                     os.read(reaper_r, 4096)
+                    continue
+                if key.data == "full":
+                    if self.full is not None and not self.full.receive(0):
+                        selector.unregister(self.full.sock)
                     continue
                 data = gateway.recv(65536)
                 if not data:  # the gateway went away: end everything
@@ -193,7 +272,7 @@ class Zygote:
     def handle(self, message: dict[str, Any]) -> None:
         op = message.get("op")
         if op == "fork":
-            self.fork(str(message["prefix"]), str(message["key"]))
+            self.fork(str(message["prefix"]), str(message["key"]), bool(message.get("light")))
         elif op == "signal" and self.child is not None:
             try:
                 os.kill(self.child, int(message["signum"]))
@@ -203,23 +282,23 @@ class Zygote:
             self.end()
 
     def reap(self) -> None:
-        """Collect every ended process (the fork server is the subreaper of them all)."""
-        while True:
-            try:
-                pid, status, usage = os.wait4(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        """Collect every ended process (the fork server is the subreaper of them all;
+        the full template reaps its own children and reports their ends)."""
+        for pid, status, cpu in _ended_children():
             if pid == self.child:
-                self._exited(pid, status, usage)
+                self._exited(pid, status, cpu)
+            elif self.full is not None and pid == self.full.pid:
+                self.full.alive = False
+                print("fork server: the full template ended", file=self.log)
+        full = self.full
+        if full is not None and full.receive(0) and self.child in full.exits:
+            self._exited(self.child, *full.exits.pop(self.child))
 
-    def _exited(self, pid: int, status: int, usage: Any) -> None:
+    def _exited(self, pid: int, status: int, cpu: float) -> None:
         self.child = None
         oom = self._oom_kills() > self.oom_before
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-        cpu = round(usage.ru_utime + usage.ru_stime, 4)
         self.send(
             {
                 "event": "exited",
@@ -233,7 +312,7 @@ class Zygote:
 
     # -- one request -------------------------------------------------------------------------
 
-    def fork(self, prefix: str, key: str) -> None:
+    def fork(self, prefix: str, key: str, light: bool) -> None:
         if self.child is not None or self.uid is not None:
             self.send({"event": "broken", "error": "a fork was asked for before the last ended"})
             return
@@ -252,26 +331,44 @@ class Zygote:
         self.oom_before = self._oom_kills()
         if not os.path.exists("/proc/sysvipc/shm"):
             self.ipc_mark = _ipc_mark(self.libc)
-        pid = os.fork()
-        if pid == 0:
+        full = self.full if not light and self.full is not None and self.full.alive else None
+        pid = None
+        if full is not None:
             try:
-                self._become(uid)
-                _run_kernel(self.shell, self.session, prefix, key, self.log)
-            except BaseException:
-                traceback.print_exc(file=self.log)  # the container's log, not the request's
-            finally:
-                os._exit(1)
+                pid = full.fork(uid, prefix, key)
+            except OSError as exc:
+                full.alive = False
+                print(f"fork server: the full template failed: {exc!r}", file=self.log)
+        if pid is None:
+            full = None
+            pid = os.fork()
+            if pid == 0:
+                self._run_child(uid, prefix, key)
         self.child = pid
-        self.send({"event": "forked", "pid": pid, "uid": uid})
+        self.child_from_full = full is not None
+        template = (
+            "full" if full is not None or not self.config.get("full_preload_code") else "light"
+        )
+        self.send({"event": "forked", "pid": pid, "uid": uid, "template": template})
+
+    def _run_child(self, uid: int, prefix: str, key: str) -> None:
+        """In a new child: become the request's uid and serve it; never returns."""
+        try:
+            self._become(uid)
+            _run_kernel(self.shell, self.session, prefix, key, self.log)
+        except BaseException:
+            traceback.print_exc(file=self.log)  # the container's log, not the request's
+        finally:
+            os._exit(1)
 
     def _become(self, uid: int) -> None:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        self.gateway.close()
-        selector, *pipe = self.inherited  # the fork server's: the child must not touch them
-        selector.close()
-        for fd in pipe:
-            os.close(fd)
+        for item in self.inherited:  # the fork server's: the child must not touch them
+            if isinstance(item, int):
+                os.close(item)
+            else:
+                item.close()
         os.setsid()
         os.setgroups([])
         os.setresgid(uid, uid, uid)
@@ -293,17 +390,26 @@ class Zygote:
         try:
             self._kill_uid(uid)
             self.reap()
-            if self.child is not None:  # killed, but not reaped yet
+            if self.child is not None and self.child_from_full and self.full is not None:
+                self.full.wait_exit(self.child, KILL_SECONDS)  # killed, not reported yet
+                self.reap()
+            if self.child is not None and not self.child_from_full:  # killed, not reaped yet
                 pid, status, usage = os.wait4(self.child, 0)
-                self._exited(pid, status, usage)
+                self._exited(pid, status, round(usage.ru_utime + usage.ru_stime, 4))
+            if self.child is not None:
+                error = "the request's process did not end"
             self._wipe()
             left = _processes_of(uid)
             if left:
                 error = f"processes of the request outlived it: {left[:5]}"
+            if self.full is not None and not self.full.alive:
+                error = "the full template ended"
         except Exception as exc:  # noqa: BLE001 - any failure means: replace the container
             error = f"cleanup failed: {exc!r}"
         self.uid = None
         self.child_dir = None
+        if self.full is not None:
+            self.full.exits.clear()
         self.send({"event": "broken", "error": error} if error else {"event": "clean"})
 
     def _kill_uid(self, uid: int) -> None:
@@ -367,6 +473,94 @@ class Zygote:
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+
+FULL_START_SECONDS = 120.0
+
+
+def _ended_children() -> list[tuple[int, int, float]]:
+    """(pid, wait status, CPU seconds) of every ended child, collected now."""
+    ended: list[tuple[int, int, float]] = []
+    while True:
+        try:
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return ended
+        if pid == 0:
+            return ended
+        ended.append((pid, status, round(usage.ru_utime + usage.ru_stime, 4)))
+
+
+class _FullTemplate:
+    """The light template's end of the full one (its child): JSON lines on a socket
+    pair, orders out (`{"uid", "prefix", "key"}`), answers and ends in
+    (`{"event": "ready" | "forked", "pid"}`, `{"event": "exited", "pid", "status", "cpu"}`)."""
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid = pid
+        self.sock = sock
+        self.alive = True
+        self.buffer = b""
+        self.answers: list[dict[str, Any]] = []
+        self.exits: dict[int, tuple[int, float]] = {}
+
+    def receive(self, timeout: float) -> bool:
+        """Take in what has come, waiting up to `timeout`; False once it is gone."""
+        if not self.alive:
+            return False
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, TimeoutError):
+            return True
+        except OSError:
+            data = b""
+        if not data:
+            self.alive = False
+            return False
+        self.buffer += data
+        while b"\n" in self.buffer:
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            message = json.loads(line)
+            if message.get("event") == "exited":
+                self.exits[int(message["pid"])] = (int(message["status"]), float(message["cpu"]))
+            else:
+                self.answers.append(message)
+        return True
+
+    def _answer(self, seconds: float) -> dict[str, Any]:
+        deadline = time.monotonic() + seconds
+        while not self.answers:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.receive(left):
+                raise OSError("the full template did not answer")
+        return self.answers.pop(0)
+
+    def ready(self, seconds: float) -> bool:
+        try:
+            return self._answer(seconds).get("event") == "ready"
+        except OSError:
+            return False
+
+    def fork(self, uid: int, prefix: str, key: str) -> int:
+        self.sock.settimeout(KILL_SECONDS)
+        self.sock.sendall(json.dumps({"uid": uid, "prefix": prefix, "key": key}).encode() + b"\n")
+        return int(self._answer(KILL_SECONDS)["pid"])
+
+    def wait_exit(self, pid: int, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while pid not in self.exits and self.receive(max(0.0, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                return
+
+    def close(self) -> None:
+        self.alive = False
+        self.sock.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
 
 
 IMMORTAL_REFCOUNT = 0xFFFFFFFF

@@ -485,7 +485,7 @@ class Registry:
             )
         self._reserved_stateless += 1
         try:
-            lease: Lease = await (forks or pool).acquire()
+            lease: Lease = await (forks.acquire(forks.is_light(code)) if forks else pool.acquire())
         finally:
             self._reserved_stateless -= 1
         session = self._session_on(lease, ephemeral=True, language=pool.language.name)

@@ -41,6 +41,7 @@ from kernel_gateway.kernels.backends.base import (
 )
 from kernel_gateway.kernels.channels import Channels, StreamChannels
 from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.kernels.pools.light import is_light, roots
 from kernel_gateway.kernels.pools.refill import Refill
 from kernel_gateway.kernels.pools.warm import WarmPool, preload_code
 from kernel_gateway.kernels.storage import SessionStorage
@@ -173,8 +174,9 @@ class ForkServer:
             raise KernelUnavailable(f"the fork server did not answer within {seconds:g} s")
         return getting.result()
 
-    async def fork(self, number: int) -> ForkedProcess:
-        """Fork a child that serves one request on sockets of its own."""
+    async def fork(self, number: int, light: bool = False) -> ForkedProcess:
+        """Fork a child that serves one request on sockets of its own: from the fork
+        server's light template if `light` (and it has one), else from the full one."""
         name = f"r{number}"
         inside = f"{self.host.inside}/{name}/k"
         folder = self.host.conn_dir / name
@@ -195,7 +197,7 @@ class ForkServer:
         self.state = State.BUSY
         self.served += 1
         try:
-            await self._send({"op": "fork", "prefix": inside, "key": key})
+            await self._send({"op": "fork", "prefix": inside, "key": key, "light": light})
             reply = await self._reply(END_TIMEOUT)
         except BaseException:
             listener.close()
@@ -208,6 +210,7 @@ class ForkServer:
                 raise LostServer(f"fork server {self.id} was lost")
             raise KernelUnavailable(f"the fork server could not fork: {reply.get('error', reply)}")
         process.uid = reply["uid"]
+        process.template = str(reply.get("template", "full"))
         return process
 
     async def end(self) -> None:
@@ -268,6 +271,8 @@ class ForkedProcess(KernelProcess):
         self._listener = listener
         self.uid = -1
         """The uid the child runs as (from the fork server's answer)."""
+        self.template = "full"
+        """The template it was forked from: `light` or `full` (zygote.py)."""
         self._server = server
         self._exit: asyncio.Future[ExitInfo] = asyncio.get_running_loop().create_future()
         self._ending = False
@@ -383,16 +388,21 @@ class ForkPool:
             on_handed=self._busy.add,
         )
         self._numbers = itertools.count(1)
+        light = settings.fork_light_preload_list
+        self.light_modules = roots(light) if light else None
+        """Top-level packages of the light template, or None if there is only one."""
         self._config: JSON = {
             "conn_dir": "/conn",
             "writable": WRITABLE,
-            "preload_code": preload_code(settings.preload_list),
+            "preload_code": preload_code(light or settings.preload_list),
+            "full_preload_code": preload_code(settings.preload_list) if light else "",
             "offline": settings.network == "none",
             "figure_formats": settings.figure_format_list,
             "figure_dpi": settings.figure_dpi,
         }
         self._seq = itertools.count()
         self.requests_served = 0
+        self.light_requests = 0
         self.servers_started = 0
 
     def _wanted(self) -> int:
@@ -416,6 +426,7 @@ class ForkPool:
             "target": self.settings.fork_servers,
             "servers_started": self.servers_started,
             "requests_served": self.requests_served,
+            "light_requests": self.light_requests,
         }
 
     async def close(self) -> None:
@@ -425,23 +436,28 @@ class ForkPool:
 
     # -- one request -------------------------------------------------------------------------
 
-    async def acquire(self) -> ForkedKernel:
+    def is_light(self, code: str) -> bool:
+        """Whether a request for `code` may be forked from the light template (light.py)."""
+        return self.light_modules is not None and is_light(code, self.light_modules)
+
+    async def acquire(self, light: bool = False) -> ForkedKernel:
         """A ready kernel forked for one request; releasing it gives its server back.
+        `light`: from the light template (`is_light`), else from the full one.
 
         A fork server found dead at the fork is replaced and the fork tried on another:
         that is not the request's doing.
         """
         for _ in range(FORK_ATTEMPTS - 1):
             try:
-                return await self._acquire_once()
+                return await self._acquire_once(light)
             except LostServer:
                 continue
-        return await self._acquire_once()
+        return await self._acquire_once(light)
 
-    async def _acquire_once(self) -> ForkedKernel:
+    async def _acquire_once(self, light: bool) -> ForkedKernel:
         server = await self._server()
         try:
-            process = await server.fork(next(self._numbers))
+            process = await server.fork(next(self._numbers), light)
             # No kernel_info handshake: the child answers nothing before the gateway's
             # IOPub subscription has reached it (zygote.py), so the cell can go at once.
             kernel = Kernel(process, self._context)
@@ -450,6 +466,7 @@ class ForkPool:
             self._give_back(server)
             raise
         self.requests_served += 1
+        self.light_requests += process.template == "light"
         return ForkedKernel(kernel, server, process.uid, self)
 
     async def _server(self) -> ForkServer:
