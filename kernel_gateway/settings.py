@@ -124,7 +124,7 @@ class Settings:
     """0: by how stateless requests are served (`stateless_limit`)."""
     stateless_mode: StatelessMode = "auto"
     fork_servers: int = 4
-    fork_server_requests: int = 1000
+    fork_server_requests: int = 5000
     token: str | None = None
     token_file: Path | None = None
     no_auth: bool = False
@@ -522,7 +522,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--fork-server-requests",
         type=int,
-        help="requests one fork-server container serves before it is replaced (default 1000)",
+        help="requests one fork-server container serves before it is replaced (default 5000)",
     )
     add("--token", help="require 'Authorization: Bearer TOKEN' on every route but /health")
     add(

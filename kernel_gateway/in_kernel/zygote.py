@@ -147,10 +147,7 @@ class Zygote:
         gc.freeze()  # and their collections leave the shared pages unwritten
         sys.stdout.flush()  # nothing of the fork server's own output may reach a request
         sys.stderr.flush()
-        threads = os.listdir("/proc/self/task")
-        if len(threads) > 1:
-            names = [_read(f"/proc/self/task/{t}/comm") for t in threads]
-            print(f"fork server: threads besides the main one: {names}", file=sys.stderr)
+        _warn_of_threads("fork server")
         full = self.config.get("full_preload_code")
         if full:
             self.full = self._start_full(str(full))
@@ -174,7 +171,7 @@ class Zygote:
                 os._exit(1)
         theirs.close()
         template = _FullTemplate(pid, ours)
-        if template.ready(FULL_START_SECONDS):
+        if template.ready(float(self.config.get("full_start_seconds", FULL_START_SECONDS))):
             return template
         print("fork server: the full template did not start; one template", file=self.log)
         template.close()
@@ -190,6 +187,7 @@ class Zygote:
         gc.freeze()
         sys.stdout.flush()
         sys.stderr.flush()
+        _warn_of_threads("the full template")
         selector = selectors.DefaultSelector()
         selector.register(sock, selectors.EVENT_READ, "light")
         reaper_r, reaper_w = os.pipe()
@@ -288,11 +286,14 @@ class Zygote:
             if pid == self.child:
                 self._exited(pid, status, cpu)
             elif self.full is not None and pid == self.full.pid:
+                self.full.receive(0)  # what it reported before it ended
                 self.full.alive = False
                 print("fork server: the full template ended", file=self.log)
         full = self.full
-        if full is not None and full.receive(0) and self.child in full.exits:
-            self._exited(self.child, *full.exits.pop(self.child))
+        if full is not None:
+            full.receive(0)
+            if self.child is not None and self.child in full.exits:
+                self._exited(self.child, *full.exits.pop(self.child))
 
     def _exited(self, pid: int, status: int, cpu: float) -> None:
         self.child = None
@@ -336,9 +337,10 @@ class Zygote:
         if full is not None:
             try:
                 pid = full.fork(uid, prefix, key)
-            except OSError as exc:
-                full.alive = False
+            except (OSError, ValueError, KeyError) as exc:
                 print(f"fork server: the full template failed: {exc!r}", file=self.log)
+                full.close()  # a late fork of its own must not race the one made here
+                self._kill_uid(uid)
         if pid is None:
             full = None
             pid = os.fork()
@@ -370,6 +372,11 @@ class Zygote:
             else:
                 item.close()
         os.setsid()
+        try:  # the out-of-memory killer takes a request before a template
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("500")
+        except OSError:
+            pass
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
@@ -403,7 +410,7 @@ class Zygote:
             if left:
                 error = f"processes of the request outlived it: {left[:5]}"
             if self.full is not None and not self.full.alive:
-                error = "the full template ended"
+                error = error or "the full template ended"
         except Exception as exc:  # noqa: BLE001 - any failure means: replace the container
             error = f"cleanup failed: {exc!r}"
         self.uid = None
@@ -475,7 +482,18 @@ class Zygote:
 # -- helpers -----------------------------------------------------------------------------------
 
 
-FULL_START_SECONDS = 120.0
+FULL_START_SECONDS = 15.0
+"""How long the full template may take to preload, unless the gateway says (it gives the
+whole fork server `--kernel-start-timeout`)."""
+
+
+def _warn_of_threads(who: str) -> None:
+    """A process that forks must have one thread (a lock another holds would stay held
+    in every child): say so in the container's log if it has more."""
+    threads = os.listdir("/proc/self/task")
+    if len(threads) > 1:
+        names = [_read(f"/proc/self/task/{t}/comm") for t in threads]
+        print(f"{who}: threads besides the main one: {names}", file=sys.stderr)
 
 
 def _ended_children() -> list[tuple[int, int, float]]:

@@ -25,6 +25,9 @@ LIGHT = roots(["numpy", "matplotlib"])
         "from __future__ import annotations\nimport typing",
         "s = 'important'  # not the word itself",
         "def f(:",  # a syntax error is the same error in either template
+        "import re\nprint(re.compile('a+').match('aa'))",  # a method, not the builtin
+        "model.eval()",
+        "import os\r\nimport json\r\n",
     ],
 )
 def test_cells_that_import_only_standard_or_light_modules_are_light(code: str) -> None:
@@ -50,6 +53,9 @@ def test_cells_that_import_only_standard_or_light_modules_are_light(code: str) -
         "%timeit sum(range(10))",
         "  !pip list",
         "print('import pandas')",  # an import word it cannot tell from code
+        "import numpy as np, \\\n    pandas as pd",  # a continued line
+        "import os\rimport pandas",  # old Mac line ends
+        "compile('1', 'x', 'eval')",
         "print(1)\n" + " " * MAX_CHARS,  # too long to read on the event loop
     ],
 )

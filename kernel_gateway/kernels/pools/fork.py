@@ -395,7 +395,10 @@ class ForkPool:
             "conn_dir": "/conn",
             "writable": WRITABLE,
             "preload_code": preload_code(light or settings.preload_list),
-            "full_preload_code": preload_code(settings.preload_list) if light else "",
+            "full_preload_code": preload_code(
+                [m for m in settings.preload_list if m not in light] if light else []
+            ),
+            "full_start_seconds": settings.kernel_start_timeout / 2,
             "offline": settings.network == "none",
             "figure_formats": settings.figure_format_list,
             "figure_dpi": settings.figure_dpi,

@@ -30,6 +30,11 @@ STANDARD = frozenset(sys.stdlib_module_names) - {
     "zipimport",
     "code",
     "codeop",
+    "_pickle",
+    "copyreg",
+    "pydoc",  # pydoc.locate
+    "unittest",
+    "doctest",
 }
 """Standard modules a light cell may import: none of them imports a third-party module,
 except the ones taken out."""
@@ -43,7 +48,8 @@ IMPORT = re.compile(
 """`from X import ...` (dots of a relative import, X) or `import A as B, C` (the list)."""
 
 DYNAMIC = re.compile(
-    r"__import__|import_module|\b(?:exec|eval|compile)[ \t]*\(|get_ipython|^[ \t]*[%!]", re.M
+    r"__import__|import_module|(?<![\w.])(?:exec|eval|compile)[ \t]*\(|get_ipython|^[ \t]*[%!]",
+    re.M,
 )
 """What may import a module the text does not name, and IPython's own syntax."""
 
@@ -60,7 +66,10 @@ def roots(modules: Iterable[str]) -> frozenset[str]:
 def is_light(code: str, light: frozenset[str]) -> bool:
     """True if every import `code` shows is of a standard module or of a package in
     `light` (top-level names), and nothing in it may import by name at run time."""
-    if len(code) > MAX_CHARS or DYNAMIC.search(code):
+    if len(code) > MAX_CHARS:
+        return False
+    code = code.replace("\r\n", "\n").replace("\r", "\n").replace("\\\n", " ")
+    if DYNAMIC.search(code):
         return False
     allowed = STANDARD | light
     for match in IMPORT.finditer(code):
