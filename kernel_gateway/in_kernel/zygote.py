@@ -188,14 +188,7 @@ class Zygote:
         sys.stdout.flush()
         sys.stderr.flush()
         _warn_of_threads("the full template")
-        selector = selectors.DefaultSelector()
-        selector.register(sock, selectors.EVENT_READ, "light")
-        reaper_r, reaper_w = os.pipe()
-        os.set_blocking(reaper_w, False)
-        signal.set_wakeup_fd(reaper_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        selector.register(reaper_r, selectors.EVENT_READ, "sigchld")
-        self.inherited = [sock, selector, reaper_r, reaper_w]
+        selector, reaper_r = self._selector(sock, "light")
         sock.sendall(b'{"event": "ready"}\n')
         buffer = b""
         while True:
@@ -233,14 +226,7 @@ class Zygote:
         listener.close()
         self.gateway = gateway
         self.send({"event": "ready"})
-        selector = selectors.DefaultSelector()
-        selector.register(gateway, selectors.EVENT_READ, "gateway")
-        reaper_r, reaper_w = os.pipe()
-        os.set_blocking(reaper_w, False)
-        signal.set_wakeup_fd(reaper_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        selector.register(reaper_r, selectors.EVENT_READ, "sigchld")
-        self.inherited = [gateway, selector, reaper_r, reaper_w]
+        selector, reaper_r = self._selector(gateway, "gateway")
         if self.full is not None:
             selector.register(self.full.sock, selectors.EVENT_READ, "full")
             self.inherited.append(self.full.sock)
@@ -263,6 +249,19 @@ class Zygote:
                     line, buffer = buffer.split(b"\n", 1)
                     self.handle(json.loads(line))
             self.reap()
+
+    def _selector(self, sock: socket.socket, name: str) -> tuple[selectors.BaseSelector, int]:
+        """A selector for `sock` (its data `name`) and for ended children ("sigchld": the
+        read end of the signal's wakeup pipe, returned); all of it is what a child closes."""
+        selector = selectors.DefaultSelector()
+        selector.register(sock, selectors.EVENT_READ, name)
+        reaper_r, reaper_w = os.pipe()
+        os.set_blocking(reaper_w, False)
+        signal.set_wakeup_fd(reaper_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        selector.register(reaper_r, selectors.EVENT_READ, "sigchld")
+        self.inherited = [sock, selector, reaper_r, reaper_w]
+        return selector, reaper_r
 
     def send(self, message: dict[str, Any]) -> None:
         self.gateway.sendall(json.dumps(message).encode() + b"\n")

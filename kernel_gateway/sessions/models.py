@@ -476,6 +476,8 @@ class ForkServerStats(TypedDict):
     target: Count
     servers_started: Count
     requests_served: Count
+    light_requests: Count
+    """Of `requests_served`, those forked from the light template (`--fork-light-preload`)."""
 
 
 @_closed
