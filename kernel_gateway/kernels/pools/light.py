@@ -17,6 +17,7 @@ IPython syntax (`%` magics, `!` commands), an import by name at run time (`__imp
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Iterable
@@ -53,7 +54,6 @@ DYNAMIC = re.compile(
 )
 """What may import a module the text does not name, and IPython's own syntax."""
 
-
 WORD = re.compile(r"\bimport\b")
 """The word left once every import the expression read is taken out: one it could not."""
 
@@ -61,6 +61,12 @@ WORD = re.compile(r"\bimport\b")
 def roots(modules: Iterable[str]) -> frozenset[str]:
     """The top-level packages of module names (`matplotlib.pyplot` is `matplotlib`)."""
     return frozenset(name.split(".")[0] for name in modules if name)
+
+
+@functools.cache
+def _allowed(light: frozenset[str]) -> frozenset[str]:
+    """What a light cell may import, built once per light set (not per request)."""
+    return STANDARD | light
 
 
 def is_light(code: str, light: frozenset[str]) -> bool:
@@ -71,7 +77,7 @@ def is_light(code: str, light: frozenset[str]) -> bool:
     code = code.replace("\r\n", "\n").replace("\r", "\n").replace("\\\n", " ")
     if DYNAMIC.search(code):
         return False
-    allowed = STANDARD | light
+    allowed = _allowed(light)
     for match in IMPORT.finditer(code):
         dots, module, names = match.groups()
         if names is None:
