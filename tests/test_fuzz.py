@@ -33,8 +33,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kernel_gateway.http.middleware import template
 from kernel_gateway.server.app import create_app
-from kernel_gateway.server.middleware import template
 from tests.support.backends import require_backend, settings_for
 from tests.support.processes import Gateway, gateway
 

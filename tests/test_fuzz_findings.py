@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from kernel_gateway.kernels import storage
-from kernel_gateway.kernels.workspace import MAX_NAME_BYTES
+from kernel_gateway.shapes.paths import MAX_NAME_BYTES
 from tests.support.api import execute
 from tests.support.server import ServerFactory, ServerThread
 

@@ -14,8 +14,8 @@ from kernel_gateway.cluster.metrics import RouterMetrics
 from kernel_gateway.cluster.proxy import Proxy
 from kernel_gateway.cluster.routes import routes
 from kernel_gateway.cluster.settings import RouterSettings
-from kernel_gateway.server.error_handlers import exception_handlers
-from kernel_gateway.server.middleware import front_middleware
+from kernel_gateway.http.errors import exception_handlers
+from kernel_gateway.http.middleware import front_middleware
 
 
 class RouterState(TypedDict):

@@ -29,8 +29,9 @@ from kernel_gateway.errors import (
     TooManySessions,
     Unauthorized,
 )
+from kernel_gateway.http.bodies import check_declared_length, read_body
+from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.protocols.e2b.paths import is_control
-from kernel_gateway.server.http import JSONResponse, check_declared_length, read_body
 from kernel_gateway.settings import NODE_NAME
 
 # Bodies up to this size are kept, so that a request can be sent again when its node

@@ -22,10 +22,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 from kernel_gateway.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge
+from kernel_gateway.shapes.paths import split_path
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-MAX_PATH_LENGTH = 4096  # Linux PATH_MAX (paths are walked one name at a time, so only a cap)
-MAX_NAME_BYTES = 255  # NAME_MAX of Linux filesystems
 MAX_SCAN_ENTRIES = 10_000
 IGNORED_DIRS = frozenset({"__pycache__", ".ipynb_checkpoints"})
 INLINE_IMAGE_TYPES = frozenset(
@@ -82,30 +81,6 @@ def guess_mime(path: str) -> str:
 
 def file_url(session_id: str, path: str) -> str:
     return f"/sessions/{session_id}/files/{quote(path)}"
-
-
-def split_path(raw: str) -> list[str]:
-    """Validate a client-given relative path: 400 for anything that could escape."""
-    if not raw:
-        raise BadRequest("a file path is required")
-    if "\x00" in raw:
-        raise BadRequest("file paths may not contain NUL bytes")
-    try:
-        raw.encode("utf-8")
-    except UnicodeEncodeError:
-        raise BadRequest("file paths must be valid Unicode (no lone surrogates)") from None
-    if len(raw) > MAX_PATH_LENGTH:
-        raise BadRequest(f"file paths are limited to {MAX_PATH_LENGTH} characters")
-    if raw.startswith("/"):
-        raise BadRequest("file paths must be relative to the session's working directory")
-    parts = [p for p in raw.split("/") if p not in ("", ".")]
-    if any(p == ".." for p in parts):
-        raise BadRequest("file paths may not contain '..'")
-    if not parts:
-        raise BadRequest("a file path is required")
-    if any(len(p.encode("utf-8")) > MAX_NAME_BYTES for p in parts):
-        raise BadRequest(f"file and folder names are limited to {MAX_NAME_BYTES} bytes")
-    return parts
 
 
 def _translate_oserror(exc: OSError, path: str) -> Exception:

@@ -12,6 +12,8 @@ import zmq.asyncio
 from starlette.applications import Starlette
 
 from kernel_gateway.errors import BackendUnavailable
+from kernel_gateway.http.errors import exception_handlers
+from kernel_gateway.http.middleware import front_middleware
 from kernel_gateway.kernels.backends import AUTO, load_backend
 from kernel_gateway.kernels.backends.base import Backend, RuntimeDir
 from kernel_gateway.kernels.pools.fork import fork_pool
@@ -19,9 +21,7 @@ from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.jupyter.kernels import JupyterKernels
-from kernel_gateway.server.error_handlers import exception_handlers
 from kernel_gateway.server.lazy_mcp import LazyMcp
-from kernel_gateway.server.middleware import front_middleware
 from kernel_gateway.server.protocols import protocol_state
 from kernel_gateway.server.routes import routes
 from kernel_gateway.sessions.durable import DurableSessions

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from kernel_gateway import __version__
-from kernel_gateway.server.http import REQUEST_ID_HEADER
-from kernel_gateway.sessions import models
+from kernel_gateway.http.responses import REQUEST_ID_HEADER
 from kernel_gateway.settings import Settings
+from kernel_gateway.shapes import events, requests, responses, schema
 
 JSON = dict[str, Any]
 
@@ -53,21 +53,21 @@ Jupyter-compatible API) belong here too: their contract is that protocol's.
 EVENT_ID_PATTERN = r"^[0-9]{0,18}$"
 REF_TEMPLATE = "#/components/schemas/{model}"
 
-REQUESTS = (models.NewSession, models.ExecuteRequest, models.StatelessExecuteRequest)
+REQUESTS = (requests.NewSession, requests.ExecuteRequest, requests.StatelessExecuteRequest)
 """The request bodies, as clients send them."""
 RESPONSES = (
-    models.Error,
-    models.Session,
-    models.InterruptedSession,
-    models.ResumedSession,
-    models.SessionList,
-    models.ExecutionList,
-    models.FileInfo,
-    models.FileList,
-    models.Health,
-    models.LanguageList,
-    models.CollectedExecution,
-    *models.EVENT_DATA.values(),
+    responses.Error,
+    responses.Session,
+    responses.InterruptedSession,
+    responses.ResumedSession,
+    responses.SessionList,
+    responses.ExecutionList,
+    responses.FileInfo,
+    responses.FileList,
+    responses.Health,
+    responses.LanguageList,
+    responses.CollectedExecution,
+    *events.EVENT_DATA.values(),
 )
 """The response bodies and the events' `data`, as the gateway sends them."""
 
@@ -78,7 +78,7 @@ def _ref(name: str) -> JSON:
 
 def _schemas(settings: Settings) -> JSON:
     """Every model's schema (with the limits of these settings), and the event stream."""
-    schemas = models.definitions(REQUESTS, RESPONSES, settings, ref_template=REF_TEMPLATE)
+    schemas = schema.definitions(REQUESTS, RESPONSES, settings, ref_template=REF_TEMPLATE)
     return {**schemas, "ServerSentEvent": _server_sent_event()}
 
 
@@ -87,8 +87,8 @@ def _with_languages(schemas: JSON, languages: Sequence[str] | None) -> JSON:
     the contract says exactly what is accepted (anything else is 400 `unknown_language`)."""
     if not languages:
         return schemas
-    for schema in schemas.values():
-        prop = schema.get("properties", {}).get("language") if isinstance(schema, dict) else None
+    for found in schemas.values():
+        prop = found.get("properties", {}).get("language") if isinstance(found, dict) else None
         if not isinstance(prop, dict):
             continue
         kinds = prop.get("type")
@@ -122,7 +122,7 @@ def _server_sent_event() -> JSON:
             },
             "required": ["event", "id", "data"],
         }
-        for name, data in models.EVENT_DATA.items()
+        for name, data in events.EVENT_DATA.items()
     ]
     return {
         "description": "One frame of an execution's event stream: `id:`, `event:` and "

@@ -47,7 +47,7 @@ from kernel_gateway.client import (
     UnavailableError,
 )
 from kernel_gateway.client.errors import BY_STATUS, BY_TYPE
-from kernel_gateway.server.sse import encode
+from kernel_gateway.http.sse import encode
 from kernel_gateway.types import Event
 
 Handler = Callable[[httpx.Request], httpx.Response]

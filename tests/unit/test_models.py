@@ -1,4 +1,4 @@
-"""The API's models (`kernel_gateway.sessions.models`) without a server: the messages a bad
+"""The API's models (`kernel_gateway.shapes`) without a server: the messages a bad
 body gets, the schemas the OpenAPI document and the MCP tools share, and that what the
 gateway produces fits the models that document it."""
 
@@ -27,15 +27,15 @@ from kernel_gateway.protocols.mcp.tools import (
     run_python_tool,
 )
 from kernel_gateway.server.openapi import build
-from kernel_gateway.sessions import models
-from kernel_gateway.sessions.models import (
+from kernel_gateway.settings import Settings
+from kernel_gateway.shapes import events, requests, responses
+from kernel_gateway.shapes.requests import (
     ExecuteRequest,
     NewSession,
     StartKernelRequest,
     StatelessExecuteRequest,
     validate,
 )
-from kernel_gateway.settings import Settings
 from kernel_gateway.types import EVENT_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -241,7 +241,7 @@ def test_the_schemas_say_what_validation_does() -> None:
     for request in ("NewSession", "ExecuteRequest", "StatelessExecuteRequest", "StatelessFile"):
         assert schemas[request]["additionalProperties"] is False, request
     assert schemas["ExecuteRequest"]["required"] == ["code"]
-    assert schemas["StatelessFile"]["properties"]["data"]["pattern"] == models.BASE64_PATTERN
+    assert schemas["StatelessFile"]["properties"]["data"]["pattern"] == requests.BASE64_PATTERN
     for tool in (run_python_tool(7, 3, stateless=False), *file_tools(10)):
         assert tool.input_schema["additionalProperties"] is False, tool.name
 
@@ -300,15 +300,15 @@ def test_events_fit_their_data_models() -> None:
     for event in produced:
         assert event is not None
         name, data = event
-        TypeAdapter(models.EVENT_DATA[name]).validate_python(data, strict=True)
+        TypeAdapter(events.EVENT_DATA[name]).validate_python(data, strict=True)
         seen.add(name)
     assert seen == set(EVENT_NAMES)
     with pytest.raises(ValueError):
-        TypeAdapter(models.DoneData).validate_python({"status": "ok", "surprise": 1})
+        TypeAdapter(events.DoneData).validate_python({"status": "ok", "surprise": 1})
 
 
 def test_every_error_body_fits_the_error_model() -> None:
-    adapter = TypeAdapter(models.Error)
+    adapter = TypeAdapter(responses.Error)
     pending: list[type[errors.GatewayError]] = [errors.GatewayError]
     while pending:
         cls = pending.pop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kernel_gateway.server.sse import dumps, encode
+from kernel_gateway.http.sse import dumps, encode
 from kernel_gateway.types import Event
 
 

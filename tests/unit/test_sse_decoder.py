@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kernel_gateway.client.sse import ServerSentEvent, SSEDecoder, iter_events
-from kernel_gateway.server.sse import encode
+from kernel_gateway.http.sse import encode
 from kernel_gateway.types import Event
 
 

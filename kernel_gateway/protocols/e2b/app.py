@@ -20,7 +20,6 @@ import asyncio
 import base64
 import hashlib
 import hmac
-import json
 import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,10 +33,10 @@ from starlette.routing import Match, Route, Router
 from starlette.types import Receive, Scope, Send
 
 from kernel_gateway import logs
-from kernel_gateway.errors import GatewayError
+from kernel_gateway.errors import GatewayError, InvalidRequest
+from kernel_gateway.http.bodies import read_json
 from kernel_gateway.logs import ROUTE_TEMPLATE
 from kernel_gateway.protocols.e2b import ndjson
-from kernel_gateway.protocols.e2b.bodies import TooLarge, read_capped
 from kernel_gateway.protocols.e2b.connect import ConnectError
 from kernel_gateway.protocols.e2b.envd import Envd
 from kernel_gateway.protocols.e2b.paths import is_control
@@ -225,22 +224,13 @@ def _control_routes(service: E2BService) -> list[Route]:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
+    """The body as a JSON object (empty: `{}`), refused in E2B's error shape."""
     try:
-        raw = await read_capped(request, MAX_BODY_BYTES)
-    except TooLarge as exc:
-        raise SandboxError(413, str(exc)) from None
-    if not raw.strip():
-        return {}
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/json":  # what the SDKs send; a form post from a web page is not
-        raise SandboxError(415, "a body must be JSON, sent as 'Content-Type: application/json'")
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise SandboxError(400, "the body is not JSON") from None
-    if not isinstance(body, dict):
-        raise SandboxError(400, "the body must be a JSON object")
-    return body
+        return await read_json(request, MAX_BODY_BYTES, optional=True)
+    except GatewayError as exc:
+        # E2B's API answers a body that is JSON but not an object with 400, not 422.
+        status = 400 if isinstance(exc, InvalidRequest) else exc.status_code
+        raise SandboxError(status, exc.message) from None
 
 
 def _string_map(body: dict[str, Any], name: str) -> dict[str, str]:

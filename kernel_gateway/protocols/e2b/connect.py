@@ -25,7 +25,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from kernel_gateway.protocols.e2b.bodies import TooLarge, read_capped
+from kernel_gateway.errors import PayloadTooLarge
+from kernel_gateway.http.bodies import read_body
 
 UNARY_TYPE = "application/json"
 STREAM_TYPE = "application/connect+json"
@@ -123,9 +124,9 @@ class EnvelopeReader:
 async def read_message_body(request: Request) -> bytes:
     """A Connect request's body, at most MAX_MESSAGE_BYTES (`resource_exhausted` past it)."""
     try:
-        return await read_capped(request, MAX_MESSAGE_BYTES)
-    except TooLarge as exc:
-        raise ConnectError("resource_exhausted", str(exc)) from None
+        return await read_body(request, MAX_MESSAGE_BYTES)
+    except PayloadTooLarge as exc:
+        raise ConnectError("resource_exhausted", exc.message) from None
 
 
 def parse_message(body: bytes) -> dict[str, Any]:

@@ -37,8 +37,8 @@ from kernel_gateway.errors import (
     NotFound,
     PayloadTooLarge,
 )
+from kernel_gateway.http.bodies import capped, read_body
 from kernel_gateway.kernels.workspace import Entry, Workspace
-from kernel_gateway.protocols.e2b.bodies import TooLarge, capped, read_capped
 from kernel_gateway.protocols.e2b.connect import (
     STREAM_TYPE,
     ConnectError,
@@ -181,15 +181,13 @@ class Envd:
                 rel = to_workspace(query_path)
                 if not rel:
                     raise BadRequest("'path' is required for an octet-stream upload")
-                data = await read_capped(request, limit)
+                data = await read_body(request, limit)
                 if request.headers.get("content-encoding", "").lower() == "gzip":
                     data = _gunzip(data, limit)
                 await files.write(rel, data, limit)
                 written.append(_written(rel))
         except ConnectError as exc:
             return _http_error(403 if exc.code == "permission_denied" else 400, exc.message)
-        except TooLarge as exc:
-            return _http_error(413, str(exc))
         except GatewayError as exc:
             return _http_error(_http_status(exc), exc.message)
         if not written:

@@ -29,7 +29,8 @@ from pydantic_core import PydanticCustomError
 
 from kernel_gateway.errors import GatewayError
 from kernel_gateway.kernels.events import resumed_note
-from kernel_gateway.sessions.models import (
+from kernel_gateway.settings import NODE_NAME
+from kernel_gateway.shapes.requests import (
     Code,
     FilePath,
     Limits,
@@ -37,12 +38,11 @@ from kernel_gateway.sessions.models import (
     Timeout,
     Timeouts,
     decode_base64,
-    input_schema,
     valid_unicode,
     validate,
     within_upload_limit,
 )
-from kernel_gateway.settings import NODE_NAME
+from kernel_gateway.shapes.schema import input_schema
 from kernel_gateway.types import JSON, Event
 
 RUN_PYTHON = "run_python"

@@ -15,6 +15,8 @@ from urllib.parse import quote
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from kernel_gateway.http.bodies import check_declared_length
+from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.kernels.workspace import (
     INLINE_IMAGE_TYPES,
     FileInfo,
@@ -22,7 +24,6 @@ from kernel_gateway.kernels.workspace import (
     guess_mime,
     iso_time,
 )
-from kernel_gateway.server.http import JSONResponse, check_declared_length
 from kernel_gateway.server.routes.sessions import _registry, awake_session
 
 CHUNK = 256 * 1024

@@ -3,7 +3,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kernel_gateway.server.http import JSONResponse
+from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.sessions.registry import Registry
 
 

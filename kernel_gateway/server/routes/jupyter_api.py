@@ -29,6 +29,9 @@ from starlette.websockets import WebSocket
 
 from kernel_gateway import __version__
 from kernel_gateway.errors import GatewayError, NotFound, TooManySessions
+from kernel_gateway.http.auth import refuse
+from kernel_gateway.http.bodies import read_model
+from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.kernels.languages import Language
 from kernel_gateway.protocols.jupyter.kernels import (
     KERNEL_NAME,
@@ -39,11 +42,8 @@ from kernel_gateway.protocols.jupyter.kernels import (
     session_id,
 )
 from kernel_gateway.protocols.jupyter.wire import V1_PROTOCOL
-from kernel_gateway.server.auth import refuse
-from kernel_gateway.server.http import JSONResponse
-from kernel_gateway.server.validation import read_model
-from kernel_gateway.sessions.models import StartKernelRequest
 from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.shapes.requests import StartKernelRequest
 from kernel_gateway.types import JSON
 
 Endpoint = Callable[[Request], Awaitable[Response]]

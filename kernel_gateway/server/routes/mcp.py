@@ -6,7 +6,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from kernel_gateway.errors import NotFound
-from kernel_gateway.server.auth import refuse
+from kernel_gateway.http.auth import refuse
 from kernel_gateway.server.lazy_mcp import LazyMcp
 
 

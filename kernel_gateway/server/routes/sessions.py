@@ -5,18 +5,18 @@ from starlette.responses import Response
 
 from kernel_gateway import logs
 from kernel_gateway.errors import InvalidRequest, KernelUnavailable, TooManySessions
+from kernel_gateway.http.bodies import read_model
+from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.metrics import Metrics
-from kernel_gateway.server.http import JSONResponse
 from kernel_gateway.server.routes.streaming import respond
-from kernel_gateway.server.validation import read_model
-from kernel_gateway.sessions.models import (
+from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.sessions.session import Session
+from kernel_gateway.shapes.requests import (
     ExecuteRequest,
     NewSession,
     StatelessExecuteRequest,
     network_asked,
 )
-from kernel_gateway.sessions.registry import Registry
-from kernel_gateway.sessions.session import Session
 
 
 def _registry(request: Request) -> Registry:

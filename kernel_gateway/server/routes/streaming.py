@@ -18,9 +18,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from kernel_gateway.http.bodies import wants_json
+from kernel_gateway.http.responses import JSONResponse
+from kernel_gateway.http.sse import collect, encode
 from kernel_gateway.metrics import Metrics
-from kernel_gateway.server.http import JSONResponse, wants_json
-from kernel_gateway.server.sse import collect, encode
 from kernel_gateway.sessions.execution import Execution
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.types import Record

@@ -25,7 +25,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kernel_gateway.errors import BadRequest, Forbidden, GatewayError, Unauthorized
-from kernel_gateway.server.http import error_response
+from kernel_gateway.http.responses import error_response
 
 AUTH_SCHEMES = frozenset({"bearer", "token"})
 PUBLIC_PATHS = frozenset({"/health", "/", "/openapi.json"})

@@ -17,7 +17,7 @@ from starlette.routing import Match, Route
 from starlette.types import ExceptionHandler
 
 from kernel_gateway.errors import GatewayError
-from kernel_gateway.server.http import JSONResponse, error_response
+from kernel_gateway.http.responses import JSONResponse, error_response
 
 logger = logging.getLogger("kernel_gateway")
 

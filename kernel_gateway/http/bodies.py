@@ -1,48 +1,38 @@
-"""Request reading and JSON responses shared by the routes (the gateway's and the router's).
+"""Request bodies read with a cap, for every app of ours (the gateway, its protocols, the router).
 
-Bodies are read in chunks and refused with 413 as soon as they pass the cap,
-so an oversized upload is never held in memory whole. Reading a body as a typed
-model is in `validation.py`, which loads pydantic; the router imports this module
-and has no use for it.
+Bodies are read in chunks and refused with 413 (`PayloadTooLarge`) as soon as they pass the
+cap, so an oversized upload is never held in memory whole; a declared Content-Length past
+the cap is refused before a byte is read. `read_model` reads a body as a request model
+(`kernel_gateway.shapes.requests`) without importing it: a router that never calls it never
+loads pydantic.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.types import Message
 
 from kernel_gateway.errors import (
     BadRequest,
-    GatewayError,
     InvalidRequest,
     PayloadTooLarge,
     UnsupportedMediaType,
 )
-from kernel_gateway.server.sse import dumps
 from kernel_gateway.types import JSON
 
-REQUEST_ID_HEADER = "X-Request-Id"
-"""Each response's request id (the client's own when it sent a well-formed one)."""
+
+class FromJSON(Protocol):
+    """A request body's model: built from a JSON object and checked against the gateway's
+    limits (`kernel_gateway.shapes.requests.RequestModel` and its subclasses)."""
+
+    @classmethod
+    def from_json(cls, body: JSON, limits: Any) -> Self: ...
 
 
-class JSONResponse(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return dumps(content)
-
-
-def error_response(exc: GatewayError) -> JSONResponse:
-    headers = {}
-    if exc.retry_after is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
-    if exc.status_code == 401:
-        headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse(exc.to_json(), status_code=exc.status_code, headers=headers)
+M = TypeVar("M", bound=FromJSON)
 
 
 def check_declared_length(request: Request, limit: int) -> None:
@@ -58,7 +48,27 @@ def check_declared_length(request: Request, limit: int) -> None:
         raise PayloadTooLarge(f"request body of {size} bytes exceeds the {limit}-byte limit")
 
 
+def capped(request: Request, limit: int) -> Request:
+    """`request`, whose body raises `PayloadTooLarge` once more than `limit` bytes have come
+    (for handlers that stream a body on instead of reading it whole)."""
+    check_declared_length(request, limit)
+    received = 0
+    receive = request.receive
+
+    async def counting() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+        return message
+
+    return Request(request.scope, counting)
+
+
 async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, at most `limit` bytes."""
     check_declared_length(request, limit)
     chunks = []
     total = 0
@@ -95,3 +105,16 @@ def wants_json(request: Request) -> bool:
     """JSON instead of SSE when the client asks for it and not for event-stream."""
     accept = request.headers.get("accept", "")
     return "application/json" in accept and "text/event-stream" not in accept
+
+
+async def read_model(
+    request: Request, model: type[M], limit: int, limits: Any, *, optional: bool = False
+) -> M:
+    """The JSON body (at most `limit` bytes; `optional`: may be empty) as a `model`.
+
+    400 when it is not JSON, 413 when it is too large, 415 without a JSON content type,
+    422 when it is not an object or `model` refuses it (413 for a file over the upload
+    limit), with a message naming the field.
+    """
+    body = await read_json(request, limit, optional=optional)
+    return model.from_json(body, limits)

@@ -30,8 +30,8 @@ from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel_gateway import logs
-from kernel_gateway.server.auth import BearerAuth, LoopbackHostGuard
-from kernel_gateway.server.http import REQUEST_ID_HEADER, JSONResponse
+from kernel_gateway.http.auth import BearerAuth, LoopbackHostGuard
+from kernel_gateway.http.responses import REQUEST_ID_HEADER, JSONResponse
 from kernel_gateway.settings import is_loopback
 
 logger = logging.getLogger("kernel_gateway.access")

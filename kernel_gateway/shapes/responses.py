@@ -1,0 +1,247 @@
+"""The API's responses: what each operation answers, as the TypedDict its producer returns.
+
+Producers are annotated with these (`Session.to_json() -> shapes.Session`), so `mypy --strict`
+refuses a missing, misspelled or extra field where the dict is built; the OpenAPI document's
+`components.schemas` are generated from the same classes (`schema.py`), and tests validate
+live answers against them. They are plain TypedDicts: importing them loads no pydantic (the
+markers of `meta.py` become pydantic's only when a schema is made).
+
+The classes are named as the OpenAPI document's components (`Session` is the session's JSON,
+not `kernel_gateway.sessions.session.Session`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, NotRequired
+
+from typing_extensions import TypedDict
+
+from kernel_gateway.errors import GatewayError
+from kernel_gateway.shapes.events import DoneData, ErrorData, Event, LostName, ResumedData
+from kernel_gateway.shapes.meta import (
+    Count,
+    Milliseconds,
+    Timestamp,
+    after,
+    closed,
+    field,
+)
+from kernel_gateway.types import DoneStatus, ExecutionStatus, SessionStatus
+
+
+def error_types() -> list[str]:
+    """Every error `type` the gateway answers with: one per `GatewayError` class."""
+    found: set[str] = set()
+    pending: list[type[GatewayError]] = [GatewayError]
+    while pending:
+        cls = pending.pop()
+        found.add(cls.error_type)
+        pending.extend(cls.__subclasses__())
+    # Raised by the router itself, mapped in error_handlers.py.
+    found.update({"method_not_allowed", "http_error"})
+    return sorted(found)
+
+
+def _known_error_type(value: str) -> str:
+    if value not in error_types():
+        raise ValueError("is not an error type of the gateway")
+    return value
+
+
+def _error_type_enum(schema: dict[str, Any]) -> None:
+    schema["enum"] = error_types()
+
+
+@closed
+class ErrorDetail(TypedDict):
+    type: Annotated[str, after(_known_error_type), field(json_schema_extra=_error_type_enum)]
+    message: str
+
+
+@closed
+class Error(TypedDict):
+    """Every error answer's body."""
+
+    error: ErrorDetail
+
+
+@closed
+class NetworkGranted(TypedDict):
+    allow: list[str]
+    """The domain patterns the session may reach (normalized: lower case, no final dot)."""
+
+
+@closed
+class Hibernation(TypedDict):
+    """A hibernated session's snapshot: its variables are on disk, its kernel stopped."""
+
+    since: Timestamp
+    bytes: Count
+    """The snapshot's size on disk."""
+    lost: list[LostName]
+    """Names the snapshot could not keep: they will be missing when the session resumes."""
+
+
+@closed
+class Session(TypedDict):
+    """A session: a kernel kept for one client, with its working directory."""
+
+    # Descriptions in Field, not docstrings: InterruptedSession's schema repeats them.
+    id: Annotated[
+        str,
+        field(description="The session id: 32 hex digits (after `node.` with `--node-name`)."),
+    ]
+    language: Annotated[str, field(description="The language its kernel runs.")]
+    status: SessionStatus
+    created_at: Timestamp
+    idle_seconds: Annotated[float, field(ge=0)]
+    execution_count: Count
+    queued: Count
+    restarts: Count
+    failed: Annotated[
+        str | None, field(description="Why the session failed (its kernel kept dying), else null.")
+    ]
+    network: Annotated[
+        Literal["none"] | NetworkGranted,
+        field(description='Its network policy: "none", or the domains it may reach.'),
+    ]
+    hibernation: Annotated[
+        Hibernation | None,
+        field(
+            description="While `status` is `hibernated`: its snapshot; else null. Any call "
+            "that needs the kernel resumes it."
+        ),
+    ]
+
+
+@closed
+class InterruptedSession(Session):
+    interrupted: bool
+    """false when nothing was running"""
+
+
+@closed
+class ResumedSession(Session):
+    resumed: Annotated[
+        ResumedData | None,
+        field(
+            description="What resuming it reported (the names that did not come back); null "
+            "when it was not hibernated."
+        ),
+    ]
+
+
+@closed
+class SessionList(TypedDict):
+    sessions: list[Session]
+
+
+@closed
+class ExecutionSummary(TypedDict):
+    id: str
+    status: ExecutionStatus
+    submitted_at: Timestamp
+    duration_ms: Milliseconds
+    execution_count: int | None
+    last_event_id: int | None
+
+
+@closed
+class ExecutionList(TypedDict):
+    executions: list[ExecutionSummary]
+
+
+@closed
+class FileInfo(TypedDict):
+    path: str
+    size: Count
+    modified: Timestamp
+    mime: str
+    url: str
+
+
+@closed
+class FileList(TypedDict):
+    files: list[FileInfo]
+
+
+@closed
+class PoolStats(TypedDict):
+    warm: Count
+    starting: Count
+    target: Count
+    kernels_started: Count
+    sessions: Count
+    max_sessions: Count
+    stateless: Count
+    max_stateless: Count
+
+
+@closed
+class ForkServerStats(TypedDict):
+    idle: Count
+    busy: Count
+    starting: Count
+    target: Count
+    servers_started: Count
+    requests_served: Count
+    light_requests: Count
+    """Of `requests_served`, those forked from the light template (`--fork-light-preload`)."""
+
+
+@closed
+class Health(TypedDict):
+    status: Literal["ok"]
+    backend: Literal["docker", "local"]
+    instance: str
+    isolation: str
+    languages: list[str]
+    """The languages served (details: `GET /languages`)."""
+    node: NotRequired[str]
+    """This gateway's node (`--node-name`): session ids made here start with it and a dot."""
+    pool: PoolStats
+    stateless_mode: Literal["fork", "container"]
+    """How stateless requests get a kernel (`--stateless-mode`)."""
+    fork_servers: NotRequired[ForkServerStats]
+    """Fork-server containers (only with `stateless_mode` fork)."""
+
+
+@closed
+class LanguagePool(TypedDict):
+    warm: Count
+    starting: Count
+    target: Count
+    """Warm kernels kept (`--pool-size` for python, `--language-pool` for the others)."""
+
+
+@closed
+class LanguageInfo(TypedDict):
+    name: str
+    """What `language` takes: python, javascript, typescript, r, bash, java, ..."""
+    display_name: str
+    version: str
+    """The language's version in its image (empty when the image does not say)."""
+    image: str | None
+    """The kernel image it runs from (null: the gateway's own, `--image`)."""
+    interrupt_mode: Literal["signal", "message"]
+    """How a cell is interrupted: SIGINT, or Jupyter's interrupt_request (Deno)."""
+    pool: LanguagePool
+
+
+@closed
+class LanguageList(TypedDict):
+    default: str
+    languages: list[LanguageInfo]
+
+
+@closed
+class CollectedExecution(TypedDict):
+    """An execution's events as one JSON document (`Accept: application/json`)."""
+
+    execution_id: str
+    status: DoneStatus
+    stdout: str
+    stderr: str
+    error: ErrorData | None
+    done: DoneData
+    events: list[Event]
