@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypedDict
 
@@ -21,13 +22,15 @@ from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.jupyter.kernels import JupyterKernels
-from kernel_gateway.server.lazy_mcp import LazyMcp
+from kernel_gateway.protocols.mcp.lazy import LazyMcp
+from kernel_gateway.server.openapi import build
 from kernel_gateway.server.protocols import protocol_state
 from kernel_gateway.server.routes import routes
 from kernel_gateway.sessions.durable import DurableSessions
 from kernel_gateway.sessions.gauges import RegistryGauges
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
+from kernel_gateway.types import JSON
 
 if TYPE_CHECKING:  # its module loads the Docker SDK: imported when egress is on
     from kernel_gateway.kernels.egress.proxy import EgressProxy
@@ -42,6 +45,7 @@ class State(TypedDict):
     jupyter: JupyterKernels
     mcp: LazyMcp | None
     e2b: E2BService
+    openapi: Callable[[], JSON]
 
 
 async def select_backend(settings: Settings, runtime: RuntimeDir) -> Backend:
@@ -117,8 +121,16 @@ def create_app(settings: Settings) -> Starlette:
                 f", adopting {time.monotonic() - backend_ready:.2f} s" if runtime.adopted else "",
             )
             records = runtime.path if settings.persist_sessions else None
+            languages = registry.languages
             async with protocol_state(settings, registry, records) as protocols:
-                yield {"registry": registry, "settings": settings, "metrics": metrics, **protocols}
+                document = functools.cache(functools.partial(build, settings, list(languages)))
+                yield {
+                    "registry": registry,
+                    "settings": settings,
+                    "metrics": metrics,
+                    "openapi": document,
+                    **protocols,
+                }
         finally:
             if gauges is not None:
                 metrics.unregister(gauges)

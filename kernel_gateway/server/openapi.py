@@ -1,10 +1,11 @@
 """The API's contract: an OpenAPI 3.1 document, served at `GET /openapi.json`.
 
-Kept beside the routing table it describes (`routes/__init__.py`), one entry per
-route and method in `_operations`; `tests/test_openapi.py` fails when the app
-has a route this document does not describe (or describes one it lacks), and
-Schemathesis (`tests/test_fuzz.py`) checks that every answer of a live gateway
-matches it: status, content type, headers and body.
+Built from the same records as the routes (`server/routes/`: one `Operation` per endpoint,
+beside its handler), so a route cannot exist undocumented nor an operation unrouted;
+`tests/unit/test_openapi.py` checks it all the same, and Schemathesis
+(`tests/test_fuzz.py`) checks that every answer of a live gateway matches the document:
+status, content type, headers and body. This module turns records into operations and adds
+what all share: the error answers, the request id header, the security scheme.
 
 Its schemas are not written here: `components.schemas` is generated from the
 typed models of `kernel_gateway.sessions.models`, the same ones the routes
@@ -18,8 +19,9 @@ Event streams follow OpenAPI 3.1 practice: a `text/event-stream` response's
 schema describes one event (`event`, `id`, and `data`, a JSON text whose
 schema is its `contentSchema`), one alternative per event type.
 
-Routes that are not part of this API are listed in `UNDOCUMENTED` with the
-reason, so leaving a route out is always a visible decision.
+Routes that are not part of this API are the surfaces' (`Surface`: MCP, Jupyter's API,
+E2B's, the web UI's files), each left out with the reason, so leaving a route out is always
+a visible decision.
 """
 
 from __future__ import annotations
@@ -28,48 +30,36 @@ from collections.abc import Sequence
 from typing import Any
 
 from kernel_gateway import __version__
+from kernel_gateway.http.operations import Operation, Reply
 from kernel_gateway.http.responses import REQUEST_ID_HEADER
+from kernel_gateway.server.routes import OPERATIONS, SURFACES
 from kernel_gateway.settings import Settings
-from kernel_gateway.shapes import events, requests, responses, schema
+from kernel_gateway.shapes import events, responses, schema
 
 JSON = dict[str, Any]
 
-UNDOCUMENTED: dict[str, str] = {
-    "/static": "the web UI's own files (HTML, CSS, JavaScript), public and not part of the API",
-    "/mcp": "the Model Context Protocol's streamable-HTTP endpoint: its contract is the MCP "
-    "specification, and its tools describe themselves (tools/list)",
-    "/api": "Jupyter Server's kernel API (kernelspecs, kernels, the channels WebSocket): its "
-    "contract is Jupyter's REST API and messaging protocol",
-    "/e2b": "E2B's API (sandboxes, the code interpreter, envd) for E2B's own SDKs: its "
-    "contract is E2B's OpenAPI and envd specifications",
-}
-"""Route prefixes deliberately left out of the document, each with the reason.
+UNDOCUMENTED: dict[str, str] = {surface.prefix: surface.reason for surface in SURFACES}
+"""Route prefixes deliberately left out of the document, each with the reason (the
+surfaces': protocol endpoints that have their own specification, the web UI's files)."""
 
-Protocol endpoints that have their own specification (an MCP endpoint, a
-Jupyter-compatible API) belong here too: their contract is that protocol's.
-"""
-
-# Event ids are decimal integers; the gateway reads at most 18 digits.
-EVENT_ID_PATTERN = r"^[0-9]{0,18}$"
 REF_TEMPLATE = "#/components/schemas/{model}"
 
-REQUESTS = (requests.NewSession, requests.ExecuteRequest, requests.StatelessExecuteRequest)
-"""The request bodies, as clients send them."""
-RESPONSES = (
-    responses.Error,
-    responses.Session,
-    responses.InterruptedSession,
-    responses.ResumedSession,
-    responses.SessionList,
-    responses.ExecutionList,
-    responses.FileInfo,
-    responses.FileList,
-    responses.Health,
-    responses.LanguageList,
-    responses.CollectedExecution,
-    *events.EVENT_DATA.values(),
+REQUESTS = tuple(
+    dict.fromkeys(op.body.model for op in OPERATIONS if op.body and op.body.model is not None)
 )
-"""The response bodies and the events' `data`, as the gateway sends them."""
+"""The request bodies, as clients send them: those the operations name."""
+RESPONSES = tuple(
+    dict.fromkeys(
+        [
+            responses.Error,
+            *(reply.shape for op in OPERATIONS for reply in op.replies if reply.shape),
+            responses.CollectedExecution,
+            *events.EVENT_DATA.values(),
+        ]
+    )
+)
+"""The response bodies the operations name, the error body, the collected execution and
+the events' `data`, as the gateway sends them."""
 
 
 def _ref(name: str) -> JSON:
@@ -132,7 +122,7 @@ def _server_sent_event() -> JSON:
     }
 
 
-# -- responses -------------------------------------------------------------------------------
+# -- responses ---------------------------------------------------------------------------
 
 _ERROR_REASONS = {
     400: "Bad request: the body is not JSON, a bad file path, or (without a token) a `Host` "
@@ -185,421 +175,59 @@ def _error(status: int) -> JSON:
     }
 
 
-def _ok(description: str, content: JSON | None = None, headers: JSON | None = None) -> JSON:
-    response: JSON = {"description": description, "headers": _headers(headers)}
-    if content is not None:
-        response["content"] = content
+def _reply(reply: Reply) -> JSON:
+    response: JSON = {"description": reply.description, "headers": _headers(dict(reply.headers))}
+    if reply.shape is not None:
+        response["content"] = _json(reply.shape.__name__)
+    elif reply.content is not None:
+        response["content"] = dict(reply.content)
+    if reply.links:
+        response["links"] = dict(reply.links)
     return response
 
 
-_STREAM = {
-    "text/event-stream": {"schema": _ref("ServerSentEvent")},
-    "application/json": {"schema": _ref("CollectedExecution")},
-}
-_EXECUTION_ID = {
-    "Execution-Id": {
-        "description": "The execution's id within its session.",
-        "required": True,
-        "schema": {"type": "string", "pattern": "^[0-9]+$"},
-    }
-}
-_RESUME_AT = {
-    "Content-Location": {
-        "description": "Where to resume this execution's events.",
-        "required": True,
-        "schema": {"type": "string"},
-    }
-}
+def _parameter(name: str) -> JSON:
+    """A path parameter: a plain string, or the file path's own schema."""
+    if name == "path":
+        return {
+            "name": "path",
+            "in": "path",
+            "required": True,
+            "description": "May contain `/`: it names a file in a folder of the working directory.",
+            "schema": _ref("FilePath"),
+        }
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
 
 
-# -- parameters ------------------------------------------------------------------------------
-
-_SESSION_ID = {
-    "name": "session_id",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string"},
-}
-_EXECUTION_PARAM = {
-    "name": "execution_id",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string"},
-}
-_FILE_PATH = {
-    "name": "path",
-    "in": "path",
-    "required": True,
-    "description": "May contain `/`: it names a file in a folder of the working directory.",
-    "schema": _ref("FilePath"),
-}
-_SESSION_LINKS = {
-    name: {"operationId": op, "parameters": {"session_id": "$response.body#/id"}}
-    for name, op in (
-        ("GetSession", "getSession"),
-        ("DeleteSession", "deleteSession"),
-        ("ExecuteInSession", "executeInSession"),
-        ("ListExecutions", "listExecutions"),
-        ("Interrupt", "interruptSession"),
-        ("Restart", "restartSession"),
-        ("Hibernate", "hibernateSession"),
-        ("Resume", "resumeSession"),
-        ("ListFiles", "listFiles"),
-    )
-}
-
-
-def _operations(settings: Settings) -> list[tuple[str, str, JSON]]:
-    """(path, method, operation) for every documented route.
-
-    An operation's `x-errors` lists the error statuses it answers with besides 400 (and
-    401 behind a token); `build` turns them into responses with the error document.
-    """
-    kernel_start = [503]
-    json_body = [400, 413, 415, 422]
-    return [
-        (
-            "/",
-            "get",
-            {
-                "operationId": "webUI",
-                "summary": "The browser UI (public: the page holds no data).",
-                "tags": ["web"],
-                "security": [],
-                "responses": {"200": _ok("The page.", {"text/html": {"schema": {}}})},
-            },
-        ),
-        (
-            "/health",
-            "get",
-            {
-                "operationId": "health",
-                "summary": "Liveness, the backend in use, and the warm pool (public).",
-                "tags": ["operations"],
-                "security": [],
-                "responses": {"200": _ok("The gateway is up.", _json("Health"))},
-            },
-        ),
-        (
-            "/languages",
-            "get",
-            {
-                "operationId": "listLanguages",
-                "summary": "The languages this gateway runs, with versions and warm kernels.",
-                "tags": ["operations"],
-                "responses": {"200": _ok("The languages, Python first.", _json("LanguageList"))},
-            },
-        ),
-        (
-            "/openapi.json",
-            "get",
-            {
-                "operationId": "openapi",
-                "summary": "This document (public).",
-                "tags": ["operations"],
-                "security": [],
-                "responses": {
-                    "200": _ok("OpenAPI 3.1.", {"application/json": {"schema": {"type": "object"}}})
-                },
-            },
-        ),
-        (
-            "/metrics",
-            "get",
-            {
-                "operationId": "metrics",
-                "summary": "Prometheus metrics, in the text exposition format (or OpenMetrics "
-                "when the `Accept` header asks for it).",
-                "tags": ["operations"],
-                "responses": {
-                    "200": _ok(
-                        "The metrics.",
-                        {
-                            "text/plain": {"schema": {"type": "string"}},
-                            "application/openmetrics-text": {"schema": {"type": "string"}},
-                        },
-                    )
-                },
-            },
-        ),
-        (
-            "/execute",
-            "post",
-            {
-                "operationId": "executeStateless",
-                "summary": "Run one cell in a fresh kernel that is destroyed afterwards.",
-                "description": "Answers with the events as `text/event-stream`, or as one "
-                "collected JSON document with `Accept: application/json`. Stateless "
-                "executions cannot be resumed. Bodies may be up to KG_MAX_STATELESS_BODY_BYTES.",
-                "tags": ["stateless"],
-                "requestBody": {"required": True, "content": _json("StatelessExecuteRequest")},
-                "responses": {
-                    "200": _ok("The execution's events.", _STREAM, _EXECUTION_ID),
-                },
-                "x-errors": [*json_body, 403, 429, *kernel_start],
-            },
-        ),
-        (
-            "/sessions",
-            "post",
-            {
-                "operationId": "createSession",
-                "summary": "Start a session, on a warm kernel when one is ready.",
-                "tags": ["sessions"],
-                "requestBody": {"required": False, "content": _json("NewSession")},
-                "responses": {
-                    "201": {
-                        **_ok(
-                            "The new session.",
-                            _json("Session"),
-                            {"Location": {"required": True, "schema": {"type": "string"}}},
-                        ),
-                        "links": _SESSION_LINKS,
-                    }
-                },
-                "x-errors": [*json_body, 403, 429, *kernel_start],
-            },
-        ),
-        (
-            "/sessions",
-            "get",
-            {
-                "operationId": "listSessions",
-                "summary": "Every session.",
-                "tags": ["sessions"],
-                "responses": {"200": _ok("The sessions.", _json("SessionList"))},
-            },
-        ),
-        (
-            "/sessions/{session_id}",
-            "get",
-            {
-                "operationId": "getSession",
-                "tags": ["sessions"],
-                "parameters": [_SESSION_ID],
-                "responses": {"200": _ok("The session.", _json("Session"))},
-                "x-errors": [404, 410],
-            },
-        ),
-        (
-            "/sessions/{session_id}",
-            "delete",
-            {
-                "operationId": "deleteSession",
-                "summary": "Remove the session, its kernel and its files.",
-                "tags": ["sessions"],
-                "parameters": [_SESSION_ID],
-                "responses": {"204": _ok("Deleted.")},
-                "x-errors": [404, 410],
-            },
-        ),
-        (
-            "/sessions/{session_id}/execute",
-            "post",
-            {
-                "operationId": "executeInSession",
-                "summary": "Run a cell in the session; cells run one at a time, in order.",
-                "description": "Answers with the events as `text/event-stream`, or as one "
-                "collected JSON document with `Accept: application/json`.",
-                "tags": ["sessions"],
-                "parameters": [_SESSION_ID],
-                "requestBody": {"required": True, "content": _json("ExecuteRequest")},
-                "responses": {
-                    "200": {
-                        **_ok("The execution's events.", _STREAM, {**_EXECUTION_ID, **_RESUME_AT}),
-                        "links": {
-                            "Resume": {
-                                "operationId": "executionEvents",
-                                "parameters": {
-                                    "session_id": "$request.path.session_id",
-                                    "execution_id": "$response.header.Execution-Id",
-                                },
-                            }
-                        },
-                    }
-                },
-                "x-errors": [*json_body, 404, 409, 410, 503],
-            },
-        ),
-        (
-            "/sessions/{session_id}/executions",
-            "get",
-            {
-                "operationId": "listExecutions",
-                "summary": "The executions whose events are kept, oldest first.",
-                "tags": ["sessions"],
-                "parameters": [_SESSION_ID],
-                "responses": {"200": _ok("The executions.", _json("ExecutionList"))},
-                "x-errors": [404, 410],
-            },
-        ),
-        (
-            "/sessions/{session_id}/executions/{execution_id}/events",
-            "get",
-            {
-                "operationId": "executionEvents",
-                "summary": "An execution's events, from its start or from after an event id, "
-                "then live ones, ending with its `done`.",
-                "tags": ["sessions"],
-                "parameters": [
-                    _SESSION_ID,
-                    _EXECUTION_PARAM,
-                    {
-                        "name": "after",
-                        "in": "query",
-                        "required": False,
-                        "description": "Resume after this event id (wins over Last-Event-ID).",
-                        "schema": {"type": "string", "pattern": EVENT_ID_PATTERN},
-                    },
-                    {
-                        "name": "Last-Event-ID",
-                        "in": "header",
-                        "required": False,
-                        "description": "Resume after this event id, as EventSource sends it.",
-                        "schema": {"type": "string", "pattern": EVENT_ID_PATTERN},
-                    },
-                ],
-                "responses": {
-                    "200": _ok("The execution's events.", _STREAM, {**_EXECUTION_ID, **_RESUME_AT})
-                },
-                "x-errors": [404, 410, 422],
-            },
-        ),
-        (
-            "/sessions/{session_id}/interrupt",
-            "post",
-            {
-                "operationId": "interruptSession",
-                "summary": "Interrupt the running cell, if any.",
-                "tags": ["sessions"],
-                "parameters": [_SESSION_ID],
-                "responses": {"200": _ok("The session.", _json("InterruptedSession"))},
-                "x-errors": [404, 410],
-            },
-        ),
-        (
-            "/sessions/{session_id}/restart",
-            "post",
-            {
-                "operationId": "restartSession",
-                "summary": "Replace the kernel (state is lost, files are kept); queued cells "
-                "end `interrupted`.",
-                "tags": ["sessions"],
-                "parameters": [_SESSION_ID],
-                "responses": {"200": _ok("The session, on a fresh kernel.", _json("Session"))},
-                "x-errors": [404, 410, *kernel_start],
-            },
-        ),
-        (
-            "/sessions/{session_id}/hibernate",
-            "post",
-            {
-                "operationId": "hibernateSession",
-                "summary": "Save the session's variables to disk and stop its kernel; it "
-                "resumes by itself on its next call (Python sessions).",
-                "description": "Waits until it is saved. 409 `session_busy` while a cell runs "
-                "or waits (or the session is used while it is saved: the use wins); 409 "
-                "`conflict` for a session of another language, or with a notebook connected; "
-                "503 `hibernation_failed` when it could not be saved (it runs on as it was). "
-                "`hibernation.lost` names what the snapshot could not keep.",
-                "tags": ["sessions"],
-                "parameters": [_SESSION_ID],
-                "responses": {"200": _ok("The session, hibernated.", _json("Session"))},
-                "x-errors": [404, 409, 410, 503],
-            },
-        ),
-        (
-            "/sessions/{session_id}/resume",
-            "post",
-            {
-                "operationId": "resumeSession",
-                "summary": "Bring a hibernated session back now (any call that needs its "
-                "kernel does this by itself).",
-                "tags": ["sessions"],
-                "parameters": [_SESSION_ID],
-                "responses": {
-                    "200": _ok(
-                        "The session, running, with what resuming it reported.",
-                        _json("ResumedSession"),
-                    )
-                },
-                "x-errors": [404, 409, 410, *kernel_start],
-            },
-        ),
-        (
-            "/sessions/{session_id}/files",
-            "get",
-            {
-                "operationId": "listFiles",
-                "tags": ["files"],
-                "parameters": [_SESSION_ID],
-                "responses": {"200": _ok("The files.", _json("FileList"))},
-                "x-errors": [404, 410],
-            },
-        ),
-        (
-            "/sessions/{session_id}/files/{path}",
-            "get",
-            {
-                "operationId": "downloadFile",
-                "summary": "The file's bytes, with its Content-Type.",
-                "tags": ["files"],
-                "parameters": [_SESSION_ID, _FILE_PATH],
-                "responses": {
-                    "200": _ok(
-                        "The file (an attachment unless it is an image).",
-                        {"*/*": {"schema": {}}},
-                    )
-                },
-                "x-errors": [400, 403, 404, 410],
-            },
-        ),
-        (
-            "/sessions/{session_id}/files/{path}",
-            "put",
-            {
-                "operationId": "uploadFile",
-                "summary": "Write a file (raw body); folders are created.",
-                "tags": ["files"],
-                "parameters": [_SESSION_ID, _FILE_PATH],
-                "requestBody": {
-                    "required": False,
-                    "content": {
-                        "application/octet-stream": {
-                            "schema": {"type": "string", "format": "binary"}
-                        }
-                    },
-                },
-                "responses": {
-                    "201": {
-                        **_ok("Written.", _json("FileInfo")),
-                        "links": {
-                            name: {
-                                "operationId": op,
-                                "parameters": {
-                                    "session_id": "$request.path.session_id",
-                                    "path": "$request.path.path",
-                                },
-                            }
-                            for name, op in (("Download", "downloadFile"), ("Delete", "deleteFile"))
-                        },
-                    }
-                },
-                "x-errors": [400, 403, 404, 410, 409, 413],
-            },
-        ),
-        (
-            "/sessions/{session_id}/files/{path}",
-            "delete",
-            {
-                "operationId": "deleteFile",
-                "tags": ["files"],
-                "parameters": [_SESSION_ID, _FILE_PATH],
-                "responses": {"204": _ok("Deleted.")},
-                "x-errors": [400, 403, 404, 410, 409],
-            },
-        ),
-    ]
+def _operation(op: Operation, token: bool) -> JSON:
+    """One operation of the document, from its record: its errors besides 400 (and 401
+    behind a token, unless it is public) become responses with the error document."""
+    document: JSON = {"operationId": op.id}
+    if op.summary:
+        document["summary"] = op.summary
+    if op.description:
+        document["description"] = op.description
+    document["tags"] = list(op.tags)
+    if op.public:
+        document["security"] = []
+    parameters = [_parameter(name) for name in op.path_parameters] + list(op.parameters)
+    if parameters:
+        document["parameters"] = parameters
+    if op.body is not None:
+        content = (
+            _json(op.body.model.__name__)
+            if op.body.model is not None
+            else dict(op.body.content or {})
+        )
+        document["requestBody"] = {"required": op.body.required, "content": content}
+    responses = {str(reply.status): _reply(reply) for reply in op.replies}
+    errors = {400, *op.errors}  # a malformed request, or a non-loopback Host without a token
+    if token and not op.public:
+        errors.add(401)
+    for status in sorted(errors):
+        responses[str(status)] = _error(status)
+    document["responses"] = responses
+    return document
 
 
 def build(settings: Settings, languages: Sequence[str] | None = None) -> JSON:
@@ -607,18 +235,8 @@ def build(settings: Settings, languages: Sequence[str] | None = None) -> JSON:
     languages: `language` then lists exactly them)."""
     token = settings.token is not None
     paths: JSON = {}
-    for path, method, operation in _operations(settings):
-        operation = dict(operation)
-        errors = set(operation.pop("x-errors", []))
-        errors.add(400)  # a malformed request, or a non-loopback Host without a token
-        public = operation.get("security") == []
-        if token and not public:
-            errors.add(401)
-        responses = dict(operation["responses"])
-        for status in sorted(errors):
-            responses[str(status)] = _error(status)
-        operation["responses"] = responses
-        paths.setdefault(path, {})[method] = operation
+    for op in OPERATIONS:
+        paths.setdefault(op.template, {})[op.method] = _operation(op, token)
     document: JSON = {
         "openapi": "3.1.0",
         "info": {

@@ -14,7 +14,7 @@ from typing import TypedDict
 
 from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.jupyter.kernels import JupyterKernels
-from kernel_gateway.server.lazy_mcp import LazyMcp
+from kernel_gateway.protocols.mcp.lazy import LazyMcp
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
 

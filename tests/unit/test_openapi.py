@@ -18,8 +18,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
+from kernel_gateway.http.auth import PUBLIC_PATHS, PUBLIC_PREFIXES
 from kernel_gateway.server.app import create_app
 from kernel_gateway.server.openapi import UNDOCUMENTED, build
+from kernel_gateway.server.routes import OPERATIONS, SURFACES
 from tests.support.backends import settings_for
 
 TOKEN = "openapi-token"
@@ -131,3 +133,23 @@ def test_language_is_an_enum_of_the_gateways_languages(tmp_path: Path) -> None:
         assert schemas[name]["properties"]["language"]["enum"] == ["python", "r", None]
     plain = build(settings_for("local", tmp_path))
     assert "enum" not in plain["components"]["schemas"]["NewSession"]["properties"]["language"]
+
+
+def test_the_public_paths_are_the_public_operations() -> None:
+    """The token guard's public paths (`http/auth.py`, shared with the router) are exactly
+    the operations declared public, and its public prefixes the web UI's files and E2B's
+    front door (which checks its own keys)."""
+    assert {op.path for op in OPERATIONS if op.public} == PUBLIC_PATHS
+    prefixes = {s.prefix + "/" for s in SURFACES if s.prefix in ("/static", "/e2b")}
+    assert prefixes == set(PUBLIC_PREFIXES)
+
+
+def test_each_operation_id_and_route_is_declared_once() -> None:
+    ids = [op.id for op in OPERATIONS]
+    assert len(ids) == len(set(ids))
+    keys = [(op.method, op.template) for op in OPERATIONS]
+    assert len(keys) == len(set(keys))
+    for op in OPERATIONS:
+        assert op.method in METHODS, op
+        assert all(400 <= status < 600 for status in op.errors), op
+        assert op.replies and all(200 <= r.status < 300 for r in op.replies), op

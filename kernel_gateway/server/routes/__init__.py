@@ -1,49 +1,28 @@
-"""HTTP endpoints: parse the request, call the pool or session, wrap the answer."""
+"""The gateway's endpoints: each declared once, as a record beside its handler.
+
+`OPERATIONS` are the gateway's own API (routed and documented from their records:
+`kernel_gateway.http.operations`); `SURFACES` are the routes whose contract is another
+specification (the web UI's files, MCP, Jupyter's API, E2B's), routed as given and left out
+of the document. The server only assembles them.
+"""
 
 from __future__ import annotations
 
-from starlette.routing import Mount, Route
+from kernel_gateway.http.operations import Operation, Surface
+from kernel_gateway.http.operations import routes as routing_table
+from kernel_gateway.protocols.e2b import routes as e2b
+from kernel_gateway.protocols.jupyter import routes as jupyter
+from kernel_gateway.protocols.mcp import routes as mcp
+from kernel_gateway.server.routes import files, health, metrics, openapi, sessions, web
 
-from kernel_gateway.server.routes import (
-    e2b,
-    files,
-    health,
-    jupyter_api,
-    mcp,
-    metrics,
-    openapi,
-    sessions,
-    web,
+OPERATIONS: tuple[Operation, ...] = (
+    *web.OPERATIONS,
+    *health.OPERATIONS,
+    *openapi.OPERATIONS,
+    *metrics.OPERATIONS,
+    *sessions.OPERATIONS,
+    *files.OPERATIONS,
 )
+SURFACES: tuple[Surface, ...] = (web.SURFACE, mcp.SURFACE, e2b.SURFACE, jupyter.SURFACE)
 
-routes = [
-    Route("/", web.index, methods=["GET"]),
-    Mount("/static", app=web.static, name="static"),
-    Route("/health", health.health, methods=["GET"]),
-    Route("/languages", health.languages, methods=["GET"]),
-    Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
-    Route("/metrics", metrics.metrics, methods=["GET"]),
-    Route("/execute", sessions.execute_stateless, methods=["POST"]),
-    Route("/sessions", sessions.create, methods=["POST"]),
-    Route("/sessions", sessions.list_all, methods=["GET"]),
-    Route("/sessions/{session_id}", sessions.get, methods=["GET"]),
-    Route("/sessions/{session_id}", sessions.delete, methods=["DELETE"]),
-    Route("/sessions/{session_id}/execute", sessions.execute, methods=["POST"]),
-    Route("/sessions/{session_id}/executions", sessions.list_executions, methods=["GET"]),
-    Route(
-        "/sessions/{session_id}/executions/{execution_id}/events",
-        sessions.execution_events,
-        methods=["GET"],
-    ),
-    Route("/sessions/{session_id}/interrupt", sessions.interrupt, methods=["POST"]),
-    Route("/sessions/{session_id}/restart", sessions.restart, methods=["POST"]),
-    Route("/sessions/{session_id}/hibernate", sessions.hibernate, methods=["POST"]),
-    Route("/sessions/{session_id}/resume", sessions.resume, methods=["POST"]),
-    Route("/sessions/{session_id}/files", files.list_files, methods=["GET"]),
-    Route("/sessions/{session_id}/files/{path:path}", files.download, methods=["GET"]),
-    Route("/sessions/{session_id}/files/{path:path}", files.upload, methods=["PUT"]),
-    Route("/sessions/{session_id}/files/{path:path}", files.delete, methods=["DELETE"]),
-    *mcp.routes,
-    *e2b.routes,
-    *jupyter_api.routes,
-]
+routes = routing_table(OPERATIONS, SURFACES)

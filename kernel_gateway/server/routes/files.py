@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from kernel_gateway.http.bodies import check_declared_length
+from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.kernels.workspace import (
     INLINE_IMAGE_TYPES,
@@ -25,6 +26,7 @@ from kernel_gateway.kernels.workspace import (
     iso_time,
 )
 from kernel_gateway.server.routes.sessions import _registry, awake_session
+from kernel_gateway.shapes import responses
 
 CHUNK = 256 * 1024
 
@@ -92,3 +94,75 @@ async def delete(request: Request) -> Response:
     session = await awake_session(request)
     await session.files.delete(request.path_params["path"])
     return Response(status_code=204)
+
+
+def _links(*names: tuple[str, str]) -> dict[str, dict[str, object]]:
+    return {
+        name: {
+            "operationId": op,
+            "parameters": {"session_id": "$request.path.session_id", "path": "$request.path.path"},
+        }
+        for name, op in names
+    }
+
+
+OPERATIONS = (
+    Operation(
+        "get",
+        "/sessions/{session_id}/files",
+        list_files,
+        "listFiles",
+        tags=("files",),
+        replies=(Reply(200, "The files.", responses.FileList),),
+        errors=(404, 410),
+    ),
+    Operation(
+        "get",
+        "/sessions/{session_id}/files/{path:path}",
+        download,
+        "downloadFile",
+        summary="The file's bytes, with its Content-Type.",
+        tags=("files",),
+        replies=(
+            Reply(
+                200,
+                "The file (an attachment unless it is an image).",
+                content={"*/*": {"schema": {}}},
+            ),
+        ),
+        errors=(400, 403, 404, 410),
+    ),
+    Operation(
+        "put",
+        "/sessions/{session_id}/files/{path:path}",
+        upload,
+        "uploadFile",
+        summary="Write a file (raw body); folders are created.",
+        tags=("files",),
+        body=Body(
+            required=False,
+            content={
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        ),
+        replies=(
+            Reply(
+                201,
+                "Written.",
+                responses.FileInfo,
+                links=_links(("Download", "downloadFile"), ("Delete", "deleteFile")),
+            ),
+        ),
+        errors=(400, 403, 404, 410, 409, 413),
+    ),
+    Operation(
+        "delete",
+        "/sessions/{session_id}/files/{path:path}",
+        delete,
+        "deleteFile",
+        tags=("files",),
+        replies=(Reply(204, "Deleted."),),
+        errors=(400, 403, 404, 410, 409),
+    ),
+)
+"""The file API, each endpoint routed and documented from its record."""

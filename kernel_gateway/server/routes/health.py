@@ -1,10 +1,14 @@
+"""`GET /health` and `GET /languages`: what this gateway is and runs."""
+
 from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kernel_gateway.http.operations import Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.shapes import responses
 
 
 async def health(request: Request) -> Response:
@@ -27,3 +31,26 @@ async def languages(request: Request) -> Response:
     """The languages this gateway runs, with versions, and which warm kernels each has."""
     registry: Registry = request.state.registry
     return JSONResponse({"default": "python", "languages": registry.languages_json()})
+
+
+OPERATIONS = (
+    Operation(
+        "get",
+        "/health",
+        health,
+        "health",
+        summary="Liveness, the backend in use, and the warm pool (public).",
+        tags=("operations",),
+        public=True,
+        replies=(Reply(200, "The gateway is up.", responses.Health),),
+    ),
+    Operation(
+        "get",
+        "/languages",
+        languages,
+        "listLanguages",
+        summary="The languages this gateway runs, with versions and warm kernels.",
+        tags=("operations",),
+        replies=(Reply(200, "The languages, Python first.", responses.LanguageList),),
+    ),
+)

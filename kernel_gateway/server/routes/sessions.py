@@ -6,11 +6,23 @@ from starlette.responses import Response
 from kernel_gateway import logs
 from kernel_gateway.errors import InvalidRequest, KernelUnavailable, TooManySessions
 from kernel_gateway.http.bodies import read_model
+from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.metrics import Metrics
+from kernel_gateway.server.routes.fragments import (
+    EVENT_ID_PATTERN,
+    EXECUTION_ID,
+    JSON_BODY,
+    KERNEL_START,
+    LOCATION,
+    RESUME_AT,
+    SESSION_LINKS,
+    STREAM,
+)
 from kernel_gateway.server.routes.streaming import respond
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
+from kernel_gateway.shapes import responses
 from kernel_gateway.shapes.requests import (
     ExecuteRequest,
     NewSession,
@@ -157,3 +169,188 @@ def _metrics(request: Request) -> Metrics:
 
 def _rejection(exc: TooManySessions | KernelUnavailable) -> str:
     return "capacity" if isinstance(exc, TooManySessions) else "kernel_unavailable"
+
+
+_EVENTS = "The execution's events."
+
+OPERATIONS = (
+    Operation(
+        "post",
+        "/execute",
+        execute_stateless,
+        "executeStateless",
+        summary="Run one cell in a fresh kernel that is destroyed afterwards.",
+        description="Answers with the events as `text/event-stream`, or as one collected JSON "
+        "document with `Accept: application/json`. Stateless executions cannot be resumed. "
+        "Bodies may be up to KG_MAX_STATELESS_BODY_BYTES.",
+        tags=("stateless",),
+        body=Body(StatelessExecuteRequest),
+        replies=(Reply(200, _EVENTS, content=STREAM, headers=EXECUTION_ID),),
+        errors=(*JSON_BODY, 403, 429, *KERNEL_START),
+    ),
+    Operation(
+        "post",
+        "/sessions",
+        create,
+        "createSession",
+        summary="Start a session, on a warm kernel when one is ready.",
+        tags=("sessions",),
+        body=Body(NewSession, required=False),
+        replies=(
+            Reply(
+                201, "The new session.", responses.Session, headers=LOCATION, links=SESSION_LINKS
+            ),
+        ),
+        errors=(*JSON_BODY, 403, 429, *KERNEL_START),
+    ),
+    Operation(
+        "get",
+        "/sessions",
+        list_all,
+        "listSessions",
+        summary="Every session.",
+        tags=("sessions",),
+        replies=(Reply(200, "The sessions.", responses.SessionList),),
+    ),
+    Operation(
+        "get",
+        "/sessions/{session_id}",
+        get,
+        "getSession",
+        tags=("sessions",),
+        replies=(Reply(200, "The session.", responses.Session),),
+        errors=(404, 410),
+    ),
+    Operation(
+        "delete",
+        "/sessions/{session_id}",
+        delete,
+        "deleteSession",
+        summary="Remove the session, its kernel and its files.",
+        tags=("sessions",),
+        replies=(Reply(204, "Deleted."),),
+        errors=(404, 410),
+    ),
+    Operation(
+        "post",
+        "/sessions/{session_id}/execute",
+        execute,
+        "executeInSession",
+        summary="Run a cell in the session; cells run one at a time, in order.",
+        description="Answers with the events as `text/event-stream`, or as one collected JSON "
+        "document with `Accept: application/json`.",
+        tags=("sessions",),
+        body=Body(ExecuteRequest),
+        replies=(
+            Reply(
+                200,
+                _EVENTS,
+                content=STREAM,
+                headers={**EXECUTION_ID, **RESUME_AT},
+                links={
+                    "Resume": {
+                        "operationId": "executionEvents",
+                        "parameters": {
+                            "session_id": "$request.path.session_id",
+                            "execution_id": "$response.header.Execution-Id",
+                        },
+                    }
+                },
+            ),
+        ),
+        errors=(*JSON_BODY, 404, 409, 410, 503),
+    ),
+    Operation(
+        "get",
+        "/sessions/{session_id}/executions",
+        list_executions,
+        "listExecutions",
+        summary="The executions whose events are kept, oldest first.",
+        tags=("sessions",),
+        replies=(Reply(200, "The executions.", responses.ExecutionList),),
+        errors=(404, 410),
+    ),
+    Operation(
+        "get",
+        "/sessions/{session_id}/executions/{execution_id}/events",
+        execution_events,
+        "executionEvents",
+        summary="An execution's events, from its start or from after an event id, then live "
+        "ones, ending with its `done`.",
+        tags=("sessions",),
+        parameters=(
+            {
+                "name": "after",
+                "in": "query",
+                "required": False,
+                "description": "Resume after this event id (wins over Last-Event-ID).",
+                "schema": {"type": "string", "pattern": EVENT_ID_PATTERN},
+            },
+            {
+                "name": "Last-Event-ID",
+                "in": "header",
+                "required": False,
+                "description": "Resume after this event id, as EventSource sends it.",
+                "schema": {"type": "string", "pattern": EVENT_ID_PATTERN},
+            },
+        ),
+        replies=(Reply(200, _EVENTS, content=STREAM, headers={**EXECUTION_ID, **RESUME_AT}),),
+        errors=(404, 410, 422),
+    ),
+    Operation(
+        "post",
+        "/sessions/{session_id}/interrupt",
+        interrupt,
+        "interruptSession",
+        summary="Interrupt the running cell, if any.",
+        tags=("sessions",),
+        replies=(Reply(200, "The session.", responses.InterruptedSession),),
+        errors=(404, 410),
+    ),
+    Operation(
+        "post",
+        "/sessions/{session_id}/restart",
+        restart,
+        "restartSession",
+        summary="Replace the kernel (state is lost, files are kept); queued cells end "
+        "`interrupted`.",
+        tags=("sessions",),
+        replies=(Reply(200, "The session, on a fresh kernel.", responses.Session),),
+        errors=(404, 410, *KERNEL_START),
+    ),
+    Operation(
+        "post",
+        "/sessions/{session_id}/hibernate",
+        hibernate,
+        "hibernateSession",
+        summary="Save the session's variables to disk and stop its kernel; it resumes by "
+        "itself on its next call (Python sessions).",
+        description="Waits until it is saved. 409 `session_busy` while a cell runs or waits "
+        "(or the session is used while it is saved: the use wins); 409 `conflict` for a "
+        "session of another language, or with a notebook connected; 503 `hibernation_failed` "
+        "when it could not be saved (it runs on as it was). `hibernation.lost` names what the "
+        "snapshot could not keep.",
+        tags=("sessions",),
+        replies=(Reply(200, "The session, hibernated.", responses.Session),),
+        errors=(404, 409, 410, 503),
+    ),
+    Operation(
+        "post",
+        "/sessions/{session_id}/resume",
+        resume,
+        "resumeSession",
+        summary="Bring a hibernated session back now (any call that needs its kernel does "
+        "this by itself).",
+        tags=("sessions",),
+        replies=(
+            Reply(
+                200,
+                "The session, running, with what resuming it reported.",
+                responses.ResumedSession,
+            ),
+        ),
+        errors=(404, 409, 410, *KERNEL_START),
+    ),
+)
+"""The sessions' endpoints and stateless `POST /execute`, each routed and documented from
+its record."""

@@ -11,7 +11,10 @@ from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
+from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
+
+from kernel_gateway.http.operations import Operation, Reply, Surface
 
 WEB_DIR = Path(str(files("kernel_gateway.web")))
 
@@ -40,4 +43,20 @@ async def index(request: Request) -> Response:
     return FileResponse(WEB_DIR / "index.html", headers=HEADERS)
 
 
-static = StaticFiles(directory=WEB_DIR)
+OPERATIONS = (
+    Operation(
+        "get",
+        "/",
+        index,
+        "webUI",
+        summary="The browser UI (public: the page holds no data).",
+        tags=("web",),
+        public=True,
+        replies=(Reply(200, "The page.", content={"text/html": {"schema": {}}}),),
+    ),
+)
+SURFACE = Surface(
+    "/static",
+    "the web UI's own files (HTML, CSS, JavaScript), public and not part of the API",
+    [Mount("/static", app=StaticFiles(directory=WEB_DIR), name="static")],
+)

@@ -1,10 +1,11 @@
-"""`/e2b`: E2B's API for E2B's own SDKs (see `protocols/e2b/app.py`)."""
+"""`/e2b`: E2B's API for E2B's own SDKs (the app: `app.py`), as a surface of the gateway."""
 
 from __future__ import annotations
 
-from starlette.routing import BaseRoute, Mount
+from starlette.routing import Mount
 from starlette.types import Receive, Scope, Send
 
+from kernel_gateway.http.operations import Surface
 from kernel_gateway.protocols.e2b.app import E2BService
 
 
@@ -16,4 +17,9 @@ class E2BEndpoint:
         await service(scope, receive, send)
 
 
-routes: list[BaseRoute] = [Mount("/e2b", app=E2BEndpoint())]
+SURFACE = Surface(
+    "/e2b",
+    "E2B's API (sandboxes, the code interpreter, envd) for E2B's own SDKs: its contract is "
+    "E2B's OpenAPI and envd specifications",
+    [Mount("/e2b", app=E2BEndpoint())],
+)

@@ -1,13 +1,14 @@
-"""`/mcp`: the MCP streamable-HTTP endpoint (see `mcp_server`)."""
+"""`/mcp`: the MCP streamable-HTTP endpoint (the service: `server.py`, made lazily: `lazy.py`)."""
 
 from __future__ import annotations
 
-from starlette.routing import BaseRoute, Route
+from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from kernel_gateway.errors import NotFound
 from kernel_gateway.http.auth import refuse
-from kernel_gateway.server.lazy_mcp import LazyMcp
+from kernel_gateway.http.operations import Surface
+from kernel_gateway.protocols.mcp.lazy import LazyMcp
 
 
 class McpEndpoint:
@@ -21,4 +22,9 @@ class McpEndpoint:
         await service(scope, receive, send)
 
 
-routes: list[BaseRoute] = [Route("/mcp", McpEndpoint())]
+SURFACE = Surface(
+    "/mcp",
+    "the Model Context Protocol's streamable-HTTP endpoint: its contract is the MCP "
+    "specification, and its tools describe themselves (tools/list)",
+    [Route("/mcp", McpEndpoint())],
+)

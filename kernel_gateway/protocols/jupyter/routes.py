@@ -24,13 +24,14 @@ from http import HTTPStatus
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from kernel_gateway import __version__
 from kernel_gateway.errors import GatewayError, NotFound, TooManySessions
 from kernel_gateway.http.auth import refuse
 from kernel_gateway.http.bodies import read_model
+from kernel_gateway.http.operations import Surface
 from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.kernels.languages import Language
 from kernel_gateway.protocols.jupyter.kernels import (
@@ -208,15 +209,20 @@ async def channels(websocket: WebSocket) -> None:
     await hub.serve(websocket, session, protocol)
 
 
-routes: list[BaseRoute] = [
-    Route("/api", api, methods=["GET"]),
-    Route("/api/kernelspecs", kernelspecs, methods=["GET"]),
-    Route("/api/kernelspecs/{name}", kernelspec, methods=["GET"]),
-    Route("/api/kernels", list_kernels, methods=["GET"]),
-    Route("/api/kernels", start_kernel, methods=["POST"]),
-    Route("/api/kernels/{kernel_id}", get_kernel, methods=["GET"]),
-    Route("/api/kernels/{kernel_id}", delete_kernel, methods=["DELETE"]),
-    Route("/api/kernels/{kernel_id}/interrupt", interrupt_kernel, methods=["POST"]),
-    Route("/api/kernels/{kernel_id}/restart", restart_kernel, methods=["POST"]),
-    WebSocketRoute("/api/kernels/{kernel_id}/channels", channels),
-]
+SURFACE = Surface(
+    "/api",
+    "Jupyter Server's kernel API (kernelspecs, kernels, the channels WebSocket): its contract "
+    "is Jupyter's REST API and messaging protocol",
+    [
+        Route("/api", api, methods=["GET"]),
+        Route("/api/kernelspecs", kernelspecs, methods=["GET"]),
+        Route("/api/kernelspecs/{name}", kernelspec, methods=["GET"]),
+        Route("/api/kernels", list_kernels, methods=["GET"]),
+        Route("/api/kernels", start_kernel, methods=["POST"]),
+        Route("/api/kernels/{kernel_id}", get_kernel, methods=["GET"]),
+        Route("/api/kernels/{kernel_id}", delete_kernel, methods=["DELETE"]),
+        Route("/api/kernels/{kernel_id}/interrupt", interrupt_kernel, methods=["POST"]),
+        Route("/api/kernels/{kernel_id}/restart", restart_kernel, methods=["POST"]),
+        WebSocketRoute("/api/kernels/{kernel_id}/channels", channels),
+    ],
+)
