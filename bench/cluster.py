@@ -40,7 +40,7 @@ from bench.run import (
     timed,
     wait_until,
 )
-from kernel_gateway.cli.image import build_gateway_image
+from kernel_gateway.cli.gateway_image import build_gateway_image
 from kernel_gateway.cli.main import default_cache_dir
 from kernel_gateway.settings import DEFAULT_GATEWAY_IMAGE, DEFAULT_IMAGE
 from tests.cluster.deployment import Deployment, deploy, remove

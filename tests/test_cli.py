@@ -37,7 +37,8 @@ def containers_of(instance: str, role: str | None = None) -> list[str]:
         labels.append(f"{LABEL_ROLE}={role}")
     client = docker.from_env()
     try:
-        return [c.name for c in client.containers.list(all=True, filters={"label": labels})]
+        found = client.containers.list(all=True, filters={"label": labels})
+        return [c.name for c in found if c.name is not None]
     finally:
         client.close()
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -197,10 +198,10 @@ async def test_cancelling_a_call_interrupts_the_cell(server: ServerThread, mode:
 
 
 async def test_timeout_interrupts_and_progress_is_reported(server: ServerThread) -> None:
-    progress: list[tuple[float, str | None]] = []
+    reports: list[tuple[float, str | None]] = []
 
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        progress.append((value, message))
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        reports.append((progress, message))
 
     async with connect(server, mode="legacy") as client:
         result = await client.call_tool(
@@ -214,19 +215,20 @@ async def test_timeout_interrupts_and_progress_is_reported(server: ServerThread)
         )
     assert result.is_error and "timed out" in text_of(result)
     assert text_of(result).startswith("step 0\nstep 1\n")
-    assert len(progress) >= 1
-    assert any(m and "step" in m for _, m in progress), progress
+    assert len(reports) >= 1
+    assert any(m and "step" in m for _, m in reports), reports
 
 
 async def test_bad_input_is_a_clear_tool_error(server: ServerThread) -> None:
     async with connect(server, mode="legacy") as client:
-        for arguments, words in [
+        cases: list[tuple[dict[str, Any], str]] = [
             ({}, "'code' is required"),
             ({"code": 1}, "must be a string"),
             ({"code": "1", "timeout": -1}, "'timeout'"),
             ({"code": "1", "nope": 1}, "unknown argument"),
             ({"code": "1", "session": "f" * 32}, "no sandbox"),
-        ]:
+        ]
+        for arguments, words in cases:
             result = await client.call_tool("run_python", arguments)
             assert result.is_error and words in text_of(result), (arguments, text_of(result))
         bad = await client.call_tool(

@@ -63,10 +63,10 @@ def default_context() -> Path:
     try:
         return Path(str(files("kernel_gateway.kernel_image")))
     except ModuleNotFoundError:  # a source checkout run without being installed
-        return _package_parent() / "kernel-image"
+        return package_parent() / "kernel-image"
 
 
-def _print(line: str) -> None:
+def print_line(line: str) -> None:
     print(line, flush=True)
 
 
@@ -145,7 +145,7 @@ def platform_args(arch: str, python: str) -> list[str]:
     return [*args, "--platform", f"manylinux2014_{machine}"]
 
 
-def fetch_wheels(context: Path, arch: str, out: Printer = _print) -> None:
+def fetch_wheels(context: Path, arch: str, out: Printer = print_line) -> None:
     """Put every wheel the lock (and the extras) need into `context/wheels/`."""
     wheels = context / WHEELS
     lock, extra = context / LOCK, context / EXTRA
@@ -163,7 +163,7 @@ def fetch_wheels(context: Path, arch: str, out: Printer = _print) -> None:
     total = sum(1 for line in lock.read_text().splitlines() if re.match(r"^[A-Za-z0-9]", line))
     out(f"wheels: fetching {total} locked packages for {arch} on the host into {wheels}")
     common = ["--only-binary", ":all:", *target]
-    kept = _pip(
+    kept = pip_download(
         ["download", "--dest", str(wheels), *common, "--no-deps", "--require-hashes"]
         + ["-r", str(lock)],
         total,
@@ -179,7 +179,7 @@ def fetch_wheels(context: Path, arch: str, out: Printer = _print) -> None:
         constraints.write_text("\n".join(pins) + "\n")
         out(f"wheels: fetching the extra requirements ({extra.name}), held to the lock")
         try:
-            kept_extra = _pip(
+            kept_extra = pip_download(
                 ["download", "--dest", str(extras), *common, "-c", str(constraints)]
                 + ["-r", str(extra)],
                 0,
@@ -202,7 +202,7 @@ def _prune(folder: Path, kept: set[str], out: Printer) -> None:
             old.unlink()
 
 
-def _pip(args: list[str], total: int, out: Printer, what: str) -> set[str]:
+def pip_download(args: list[str], total: int, out: Printer, what: str) -> set[str]:
     """Run pip, print its progress one line per package; the wheel names it kept."""
     started = time.monotonic()
     command = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
@@ -243,7 +243,7 @@ def _pip(args: list[str], total: int, out: Printer, what: str) -> set[str]:
 # -- 3. the image ----------------------------------------------------------------------------
 
 
-def ensure_base_image(client: docker.DockerClient, base: str, out: Printer = _print) -> None:
+def ensure_base_image(client: docker.DockerClient, base: str, out: Printer = print_line) -> None:
     import docker.errors
 
     try:
@@ -305,7 +305,7 @@ def _debootstrap_base(base: str, out: Printer) -> None:
 def build_image(
     tag: str,
     context: Path | None = None,
-    out: Printer = _print,
+    out: Printer = print_line,
     *,
     cache_dir: Path,
     requirements: Path | None = None,
@@ -317,7 +317,7 @@ def build_image(
     families = language_families(languages)
     started = time.monotonic()
     source = context or default_context()
-    stage = stage_context(source, cache_dir / _safe(tag), requirements)
+    stage = stage_context(source, cache_dir / folder_name(tag), requirements)
     out(f"context: {source} staged in {stage}")
     import docker  # the server extra; imported here so default_context() needs nothing
     import docker.errors
@@ -336,7 +336,7 @@ def build_image(
             (stage / WHEELS / STAMP).unlink(missing_ok=True)
             out("wheels: not fetched (--no-download): the build installs from the index")
         ensure_base_image(client, base_image(stage / "Dockerfile"), out)
-        _docker_build(client, stage, tag, out)
+        docker_build(client, stage, tag, out)
         size = client.images.get(tag).attrs.get("Size", 0) / 1e6
         out(f"built {tag} ({size:.0f} MB) in {time.monotonic() - started:.1f} s")
         arch = str(client.version().get("Arch", "amd64"))
@@ -356,9 +356,9 @@ def build_egress_image(
     the egress proxy (docs/network.md)."""
     started = time.monotonic()
     tag = egress_image(python_tag)
-    stage = cache_dir / _safe(tag)
+    stage = cache_dir / folder_name(tag)
     _sync_tree(context / "egress", stage, keep=set())
-    _docker_build(client, stage, tag, out, {"PYTHON_IMAGE": python_tag})
+    docker_build(client, stage, tag, out, {"PYTHON_IMAGE": python_tag})
     size = client.images.get(tag).attrs.get("Size", 0) / 1e6
     base = client.images.get(python_tag).attrs.get("Size", 0) / 1e6
     elapsed = time.monotonic() - started
@@ -398,7 +398,7 @@ def build_language_image(
     python_tag: str,
     context: Path,
     cache_dir: Path,
-    out: Printer = _print,
+    out: Printer = print_line,
     *,
     arch: str,
     download: bool = True,
@@ -409,7 +409,7 @@ def build_language_image(
     source = context / "languages" / family
     if not (source / "Dockerfile").is_file():
         raise SystemExit(f"no Dockerfile in {source}")
-    stage = cache_dir / _safe(tag)
+    stage = cache_dir / folder_name(tag)
     _sync_tree(source, stage, keep={"deno", WHEELS, STAMP})
     (stage / WHEELS).mkdir(exist_ok=True)
     if family == "deno":
@@ -421,7 +421,7 @@ def build_language_image(
             for old in (stage / WHEELS).glob("*.whl"):
                 old.unlink()
             out(f"{family}: wheels not fetched (--no-download): the build installs from the index")
-    _docker_build(client, stage, tag, out, {"PYTHON_IMAGE": python_tag})
+    docker_build(client, stage, tag, out, {"PYTHON_IMAGE": python_tag})
     size = client.images.get(tag).attrs.get("Size", 0) / 1e6
     base = client.images.get(python_tag).attrs.get("Size", 0) / 1e6
     out(
@@ -451,7 +451,7 @@ def _sync_tree(source: Path, stage: Path, keep: set[str]) -> None:
         _copy_if_changed(source / rel, stage / rel)
 
 
-def fetch_deno(stage: Path, arch: str, out: Printer = _print) -> None:
+def fetch_deno(stage: Path, arch: str, out: Printer = print_line) -> None:
     """Put the pinned deno binary in `stage/deno`: npm's @deno/linux-<arch>-glibc tarball,
     checked against the integrity hash in deno.lock.json, fetched only when it changed."""
     lock = json.loads((stage / DENO_LOCK).read_text())
@@ -490,7 +490,7 @@ def fetch_deno(stage: Path, arch: str, out: Printer = _print) -> None:
     out(f"deno: {version} ready ({len(data) / 2**20:.0f} MiB download)")
 
 
-def fetch_language_wheels(stage: Path, out: Printer = _print) -> None:
+def fetch_language_wheels(stage: Path, out: Printer = print_line) -> None:
     """The wheels a language image's requirements.lock pins (hashes checked), on the host."""
     lock = stage / LOCK
     key = hashlib.sha256(lock.read_bytes()).hexdigest()
@@ -499,7 +499,7 @@ def fetch_language_wheels(stage: Path, out: Printer = _print) -> None:
         out(f"wheels: up to date for {lock}")
         return
     total = sum(1 for line in lock.read_text().splitlines() if re.match(r"^[A-Za-z0-9]", line))
-    kept = _pip(
+    kept = pip_download(
         ["download", "--dest", str(stage / WHEELS), "--only-binary", ":all:", "--no-deps"]
         + ["--require-hashes", "-r", str(lock)],
         total,
@@ -510,7 +510,7 @@ def fetch_language_wheels(stage: Path, out: Printer = _print) -> None:
     stamp.write_text(key)
 
 
-def _docker_build(
+def docker_build(
     client: docker.DockerClient,
     stage: Path,
     tag: str,
@@ -531,101 +531,11 @@ def _docker_build(
             raise SystemExit(f"image build failed: {chunk['error']}")
 
 
-# -- the gateway's own image (cluster mode) ---------------------------------------------------
-
-GATEWAY_DOCKERFILE = "gateway.Dockerfile"
-GATEWAY_WHEELS = "gateway-wheels"
-GATEWAY_REQUIREMENTS = "gateway-requirements.txt"
-# What the server extra brings only for kernels run by the local backend: a gateway in
-# a container drives kernel containers, which have their own copies.
-KERNEL_SIDE = frozenset(
-    {"ipykernel", "matplotlib", "numpy", "pandas", "seaborn", "openpyxl", "pillow"}
-)
-
-
-def gateway_requirements() -> list[str]:
-    """The server extra's requirements that the gateway process itself needs."""
-    from importlib.metadata import requires
-
-    kept = []
-    for line in requires("kernel-gateway") or []:
-        spec, _, marker = line.partition(";")
-        if 'extra == "server"' not in marker.replace("'", '"'):
-            continue
-        name = re.split(r"[<>=!~ \[]", spec.strip(), maxsplit=1)[0]
-        if name.lower().replace("_", "-") not in KERNEL_SIDE:
-            rest = marker.replace('extra == "server"', "").replace("extra == 'server'", "")
-            rest = rest.strip().removeprefix("and").removesuffix("and").strip()
-            kept.append(f"{spec.strip()}; {rest}" if rest else spec.strip())
-    return kept
-
-
-def source_checkout() -> Path:
-    """The project's source tree (its wheel is built from it), or SystemExit."""
-    root = _package_parent()
-    if not (root / "pyproject.toml").is_file():
-        raise SystemExit(
-            "the gateway image is built from a source checkout of kernel-gateway "
-            f"(no pyproject.toml beside {root / 'kernel_gateway'})"
-        )
-    return root
-
-
-def _package_parent() -> Path:
+def package_parent() -> Path:
     """The folder that holds the `kernel_gateway` package (a checkout's root, when it is one)."""
     return Path(str(files("kernel_gateway"))).resolve().parent
 
 
-def build_gateway_image(
-    tag: str, kernel_image: str, out: Printer = _print, *, cache_dir: Path
-) -> None:
-    """Build the gateway's image on top of `kernel_image` (which must exist)."""
-    started = time.monotonic()
-    import docker
-    import docker.errors
-
-    root = source_checkout()
-    stage = cache_dir / _safe(tag)
-    wheels = stage / GATEWAY_WHEELS
-    wheels.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(default_context() / GATEWAY_DOCKERFILE, stage / "Dockerfile")
-    try:
-        client = docker.from_env()
-        client.ping()
-        client.images.get(kernel_image)
-    except docker.errors.ImageNotFound:
-        raise SystemExit(
-            f"the gateway image is built on the kernel image {kernel_image}, which is "
-            "missing: run `kernel-gateway build-image` first"
-        ) from None
-    except docker.errors.DockerException as exc:
-        raise SystemExit(f"no Docker engine answers: {exc}") from exc
-    try:
-        for old in wheels.glob("kernel_gateway-*.whl"):
-            old.unlink()
-        out(f"wheels: the gateway's own, from {root}")
-        _pip(["wheel", "--no-deps", "--wheel-dir", str(wheels), str(root)], 1, out, "gateway")
-        own = next(wheels.glob("kernel_gateway-*.whl"))
-        python = lock_python(default_context() / LOCK)
-        target = platform_args(str(client.version().get("Arch", "amd64")), python)
-        requirements = stage / GATEWAY_REQUIREMENTS
-        requirements.write_text("\n".join([*gateway_requirements(), ""]))
-        out(f"wheels: the gateway's dependencies, for Python {python}")
-        _pip(
-            ["download", "--dest", str(wheels), "--only-binary", ":all:", *target]
-            + ["-r", str(requirements), "httpx"],
-            0,
-            out,
-            "server",
-        )
-        out(f"wheels: {own.name} and its dependencies ready")
-        _docker_build(client, stage, tag, out, {"KERNEL_IMAGE": kernel_image})
-        size = client.images.get(tag).attrs.get("Size", 0) / 1e6
-        out(f"built {tag} ({size:.0f} MB) in {time.monotonic() - started:.1f} s")
-    finally:
-        client.close()
-
-
-def _safe(tag: str) -> str:
+def folder_name(tag: str) -> str:
     """A folder name for a tag: `kernel-gateway-kernel:latest` -> `kernel-gateway-kernel_latest`."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", tag)

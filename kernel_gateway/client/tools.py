@@ -12,20 +12,25 @@
 `model_dump()`), runs every `run_python` call in it on a session (state kept)
 or a client (stateless), and returns what to append to the conversation, in
 that provider's own format: text for output and errors, charts as image
-content where the provider accepts images in tool results.
+content where the provider accepts images in tool results. The text and its limits are
+`render`'s, the same as the gateway's MCP tools give.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from . import models
 from .errors import ClientError
 from .models import Execution
+from .render import IMAGE_TYPES as IMAGE_TYPES  # the limits, kept importable from here
+from .render import MAX_IMAGES as MAX_IMAGES
+from .render import MAX_TEXT as MAX_TEXT
+from .render import render
 
 TOOL_NAME = "run_python"
 TOOL_DESCRIPTION = (
@@ -41,12 +46,7 @@ PARAMETERS: dict[str, Any] = {
     "required": ["code"],
     "additionalProperties": False,
 }
-IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
-MAX_TEXT = 20_000
-MAX_IMAGES = 4
-
 Provider = Literal["openai-chat", "openai-responses", "anthropic"]
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def openai_chat_tool() -> dict[str, Any]:
@@ -159,41 +159,39 @@ def tool_calls(response: dict[str, Any], provider: Provider) -> list[ToolCall]:
 
 
 def summarize(execution: Execution) -> ToolOutput:
-    """An execution as text for a model, plus its images."""
-    parts: list[str] = []
-    if execution.stdout:
-        parts.append(execution.stdout.rstrip("\n"))
-    if execution.stderr:
-        parts.append("[stderr]\n" + execution.stderr.rstrip("\n"))
-    for result in execution.results:
-        parts.append("[result] " + result.text)
-    images: list[tuple[str, str]] = []
-    for display in execution.displays:
-        image = next(((m, display.data[m]) for m in IMAGE_TYPES if m in display.data), None)
-        if image is not None:
-            images.append(image)
-        elif "text/plain" in display.data:
-            parts.append("[display] " + str(display.data["text/plain"]))
-    for file in execution.files:
-        parts.append(f"[file] {file.path} ({file.mime}, {file.size} bytes)")
-        if file.mime in IMAGE_TYPES and file.data is not None:
-            images.append((file.mime, base64.b64encode(file.data).decode()))
-    if execution.error is not None:
-        tb = ANSI.sub("", "\n".join(execution.error.traceback))
-        parts.append(f"[error] {execution.error.ename}: {execution.error.evalue}\n{tb}".rstrip())
-    done = execution.done
-    if done is None or done.status != "ok":
-        status = done.status if done else "incomplete"
-        note = f"[status] {status}"
-        if done is not None and done.restarted:
-            note += " (the kernel was restarted: earlier variables are gone)"
-        parts.append(note)
-    if images:
-        parts.append(f"[{len(images[:MAX_IMAGES])} image(s) attached]")
-    text = "\n".join(parts) or "[no output]"
-    if len(text) > MAX_TEXT:
-        text = text[: MAX_TEXT // 2] + "\n[... output shortened ...]\n" + text[-MAX_TEXT // 2 :]
-    return ToolOutput(text, images[:MAX_IMAGES], execution.status not in ("ok",))
+    """An execution as text for a model, plus its images (`render`'s, within its limits)."""
+    rendered = render(_wire_events(execution), inline_files=False)
+    images = [(image.mime, image.data) for image in rendered.images]
+    return ToolOutput(rendered.text, images, execution.status != "ok")
+
+
+def _wire_events(execution: Execution) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The execution's typed events as they came over the wire: what `render` reads."""
+    for event in execution.events:
+        if isinstance(event, models.Stdout):
+            yield "stdout", {"text": event.text}
+        elif isinstance(event, models.Stderr):
+            yield "stderr", {"text": event.text}
+        elif isinstance(event, models.Display):
+            update = {"display_id": event.display_id, "update": event.update}
+            yield "display", {"data": event.data, **update}
+        elif isinstance(event, models.Result):
+            yield "result", {"data": event.data}
+        elif isinstance(event, models.Clear):
+            yield "clear", {"wait": event.wait}
+        elif isinstance(event, models.Error):
+            error = {"ename": event.ename, "evalue": event.evalue}
+            yield "error", {**error, "traceback": event.traceback}
+        elif isinstance(event, models.File):
+            data = base64.b64encode(event.data).decode() if event.data is not None else None
+            file = {"path": event.path, "size": event.size, "mime": event.mime}
+            yield "file", {**file, "url": event.url, "data": data}
+        elif isinstance(event, models.Resumed):
+            lost = [{"name": x.name, "reason": x.reason} for x in event.lost]
+            yield "resumed", {"lost": lost}
+        elif isinstance(event, models.Done):
+            done = {"status": event.status, "restarted": event.restarted}
+            yield "done", {**done, "reason": event.reason}
 
 
 def _failure(text: str) -> ToolOutput:

@@ -18,15 +18,18 @@ way (kernel_startup.py, the fork servers).
 Which images are looked at: the Python image's name with `-<family>` added to its
 repository (`kernel-gateway-kernel:latest` -> `kernel-gateway-kernel-r:latest`), for
 each family `build-image --languages` knows, and the operator's `--language-image`s.
-This module only parses; the backends read the files.
+This module only parses; the backends read the files. It also holds the one place that
+writes environment variables in each language's code (`env_code`): the egress proxy's
+variables (`sessions/network.py`) and E2B's `envVars` and `env_vars` go through it.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import shlex
 import tarfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from kernel_gateway.errors import UnknownLanguage
@@ -90,6 +93,10 @@ class Language:
     def builtin(self) -> bool:
         return self.kernelspec is None
 
+    def env_code(self, env: Mapping[str, str | None]) -> str:
+        """Code that sets `env` in a kernel of this language: see `env_code`."""
+        return env_code(self.name, env)
+
     def to_json(self) -> dict[str, object]:
         return {
             "name": self.name,
@@ -128,6 +135,79 @@ class Languages(Mapping[str, Language]):
                 + ", ".join(sorted(self._by_name, key=lambda n: (n != PYTHON, n)))
             )
         return found
+
+
+# -- environment variables, in each language's code ---------------------------------------------
+
+Env = Mapping[str, str | None]
+"""Variables to set (a None value: unset), by name."""
+
+
+def _python_env(env: Env) -> str:
+    values = {k: v for k, v in env.items() if v is not None}
+    lines = ["import os as __kg_os"]
+    if values:
+        lines.append(f"__kg_os.environ.update({values!r})")
+    lines += [f"__kg_os.environ.pop({k!r}, None)" for k, v in env.items() if v is None]
+    return "\n".join([*lines, "del __kg_os"])
+
+
+def _r_string(text: str) -> str:
+    """An R string literal: JSON's escapes are R's, and characters past ASCII are left as
+    they are (R reads `\\uD83D` as an invalid escape, not half of a pair)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _r_env(env: Env) -> str:
+    return "\n".join(
+        f"Sys.setenv({_r_string(k)} = {_r_string(v)})"
+        if v is not None
+        else f"Sys.unsetenv({_r_string(k)})"
+        for k, v in env.items()
+    )
+
+
+def _deno_env(env: Env) -> str:
+    # A JSON string is a JavaScript string literal (surrogate pairs included).
+    return "\n".join(
+        f"Deno.env.set({json.dumps(k)}, {json.dumps(v)});"
+        if v is not None
+        else f"Deno.env.delete({json.dumps(k)});"
+        for k, v in env.items()
+    )
+
+
+def _bash_env(env: Env) -> str:
+    # Single quotes keep every byte but `'` as it is (newlines too); shlex closes and
+    # reopens them around a `'`.
+    return "\n".join(
+        f"export {shlex.quote(k)}={shlex.quote(v)}" if v is not None else f"unset {shlex.quote(k)}"
+        for k, v in env.items()
+    )
+
+
+_ENV_CODE: dict[str, Callable[[Env], str]] = {
+    PYTHON: _python_env,
+    "r": _r_env,
+    "javascript": _deno_env,
+    "typescript": _deno_env,
+    "bash": _bash_env,
+}
+ENV_LANGUAGES = frozenset(_ENV_CODE)
+"""The languages whose kernels can be given environment variables by code (not Java: a
+running JVM's environment is fixed)."""
+
+
+def env_code(language: str, env: Env) -> str:
+    """Silent code that sets `env` (a None value: unsets the variable) in a kernel of
+    `language`, for the kernel and what it starts; "" for no variables. Names and values
+    are taken as they are, quoted for the language (names must be ones a process can
+    have: not empty, no `=`, no NUL, and for Bash an identifier). Raises ValueError for a
+    language not in `ENV_LANGUAGES`."""
+    write = _ENV_CODE.get(language)
+    if write is None:
+        raise ValueError(f"environment variables cannot be set by code in {language}")
+    return write(env) if env else ""
 
 
 def parse_kernelspecs(tar_bytes: bytes, image: str) -> list[Language]:

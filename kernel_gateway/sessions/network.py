@@ -20,6 +20,7 @@ from kernel_gateway import logs
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.egress.relay import Decision, Relay
 from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.kernels.languages import ENV_LANGUAGES, PYTHON, env_code
 from kernel_gateway.metrics import Metrics
 
 if TYPE_CHECKING:  # the proxy's module loads the Docker SDK: only when egress is on
@@ -44,38 +45,33 @@ def proxy_environment() -> dict[str, str]:
     }
 
 
-NETWORK_LANGUAGES = frozenset({"python", "r", "javascript", "typescript", "bash", "java"})
+NETWORK_LANGUAGES = ENV_LANGUAGES | {"java"}
 """The languages whose kernels can be pointed at the proxy (`proxy_setup_code`)."""
+PIP_OFFLINE = ("PIP_NO_INDEX", "PIP_RETRIES", "PIP_TIMEOUT")
+"""What keeps pip from looking at indexes in a kernel without network: unset with a proxy."""
+JAVA_PROPERTIES = {
+    "http.proxyHost": "127.0.0.1",
+    "http.proxyPort": str(PORT),
+    "https.proxyHost": "127.0.0.1",
+    "https.proxyPort": str(PORT),
+    "http.nonProxyHosts": "localhost|127.0.0.1",
+}
+"""Java reads its proxy from system properties (a running JVM's environment is fixed)."""
 
 
 def proxy_setup_code(language: str) -> str:
     """Silent code that points `language`'s kernel (and what it starts) at the proxy."""
-    env = proxy_environment()
-    if language == "python":  # pip looks at indexes again (offline, it looks at none)
-        return (
-            f"import os as __kg_os\n__kg_os.environ.update({env!r})\n"
-            "for __kg_k in ('PIP_NO_INDEX', 'PIP_RETRIES', 'PIP_TIMEOUT'):\n"
-            "    __kg_os.environ.pop(__kg_k, None)\n"
-            "del __kg_os, __kg_k"
-        )
-    if language == "r":
-        return "Sys.setenv(" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + ")"
-    if language in ("javascript", "typescript"):
-        return "\n".join(f"Deno.env.set({json.dumps(k)}, {json.dumps(v)});" for k, v in env.items())
-    if language == "bash":
-        return "\n".join(f"export {k}={v}" for k, v in env.items())
     if language == "java":
-        properties = {
-            "http.proxyHost": "127.0.0.1",
-            "http.proxyPort": str(PORT),
-            "https.proxyHost": "127.0.0.1",
-            "https.proxyPort": str(PORT),
-            "http.nonProxyHosts": "localhost|127.0.0.1",
-        }
         return "\n".join(
-            f"System.setProperty({json.dumps(k)}, {json.dumps(v)});" for k, v in properties.items()
+            f"System.setProperty({json.dumps(k)}, {json.dumps(v)});"
+            for k, v in JAVA_PROPERTIES.items()
         )
-    raise KernelUnavailable(f"network policies are not supported for {language}")
+    if language not in ENV_LANGUAGES:
+        raise KernelUnavailable(f"network policies are not supported for {language}")
+    env: dict[str, str | None] = dict(proxy_environment())
+    if language == PYTHON:  # pip looks at indexes again (offline, it looks at none)
+        env.update(dict.fromkeys(PIP_OFFLINE))
+    return env_code(language, env)
 
 
 class SessionNetwork:

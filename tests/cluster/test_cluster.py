@@ -31,7 +31,7 @@ MAX_SESSIONS = 3
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Deployment]:
     require_cluster()
-    from kernel_gateway.cli.image import build_gateway_image
+    from kernel_gateway.cli.gateway_image import build_gateway_image
     from kernel_gateway.cli.main import default_cache_dir
 
     build_gateway_image(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_gateway.cli import image
+from kernel_gateway.cli import gateway_image, image
 
 CONTEXT = Path(__file__).resolve().parents[2] / "kernel-image"
 # Debian suite -> the Python its python3 package is (the lock must be compiled for it).
@@ -102,7 +102,7 @@ def test_fetch_asks_pip_for_the_lock_then_skips_while_nothing_changed(
             (stage / image.WHEELS / name).write_text("")
         return names
 
-    monkeypatch.setattr(image, "_pip", fake_pip)
+    monkeypatch.setattr(image, "pip_download", fake_pip)
     lines: list[str] = []
     image.fetch_wheels(stage, "amd64", lines.append)
     (args,) = calls
@@ -131,7 +131,7 @@ def test_fetch_holds_extras_to_the_lock(tmp_path: Path, monkeypatch: pytest.Monk
         seen.append((args, constraints.read_text() if constraints else ""))
         return set()
 
-    monkeypatch.setattr(image, "_pip", fake_pip)
+    monkeypatch.setattr(image, "pip_download", fake_pip)
     image.fetch_wheels(stage, "amd64", lambda line: None)
     (locked, _), (extras, constraints) = seen
     assert "--require-hashes" in locked
@@ -158,13 +158,13 @@ def test_fetch_prunes_nothing_unless_every_locked_wheel_was_seen(
     """Pip's output is parsed for the wheels it kept: if that ever misses, keep all."""
     stage = image.stage_context(CONTEXT, tmp_path / "stage", None)
     (stage / image.WHEELS / "numpy-2.4.6-cp313-cp313-x.whl").write_text("")
-    monkeypatch.setattr(image, "_pip", lambda args, total, out, what: set())
+    monkeypatch.setattr(image, "pip_download", lambda args, total, out, what: set())
     image.fetch_wheels(stage, "amd64", lambda line: None)
     assert (stage / image.WHEELS / "numpy-2.4.6-cp313-cp313-x.whl").exists()
 
 
 def test_the_source_checkout_is_found_from_the_package() -> None:
     """The gateway image is built from this checkout: found wherever cli/ sits in the tree."""
-    root = image.source_checkout()
+    root = gateway_image.source_checkout()
     assert (root / "pyproject.toml").is_file() and (root / "kernel_gateway").is_dir()
     assert (image.default_context() / "Dockerfile").is_file()

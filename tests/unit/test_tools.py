@@ -48,5 +48,5 @@ def test_bad_arguments_reach_the_model_not_the_gateway() -> None:
         def run(self, code: str) -> Any:
             raise AssertionError("must not run")
 
-    (message,) = tools.run_tool_calls(response, Unused())  # type: ignore[arg-type]
+    (message,) = tools.run_tool_calls(response, Unused())
     assert message["role"] == "tool" and "not valid JSON" in message["content"]

@@ -27,7 +27,6 @@ import hmac
 import json
 import logging
 import secrets
-import shlex
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from typing import Any
 
 from kernel_gateway.errors import GatewayError, SessionLost, SessionNotFound
 from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.kernels.languages import ENV_LANGUAGES, env_code
 from kernel_gateway.sessions.persistence import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
@@ -478,18 +478,12 @@ def check_env(env: dict[str, str], what: str) -> None:
 
 
 def setup_code(language: str, env: dict[str, str], cwd: str) -> str | None:
-    """Silent code that sets `env` and moves into `cwd` in a kernel of `language` (a JSON
-    string is a string literal in each of them); None when there is nothing to do."""
+    """Silent code that sets `env` (`env_code`) and moves into `cwd` in a kernel of
+    `language` (a JSON string is a string literal in each of `CHDIR`'s languages); None when
+    there is nothing to do."""
     lines = []
-    if language == "python":
-        if env:
-            lines.append(f"import os as __kg_os\n__kg_os.environ.update({env!r})\ndel __kg_os")
-    elif language == "r":
-        lines += [f"Sys.setenv({json.dumps(k)} = {json.dumps(v)})" for k, v in env.items()]
-    elif language in ("javascript", "typescript"):
-        lines += [f"Deno.env.set({json.dumps(k)}, {json.dumps(v)})" for k, v in env.items()]
-    elif language == "bash":
-        lines += [f"export {shlex.quote(k)}={shlex.quote(v)}" for k, v in env.items()]
+    if env and language in ENV_LANGUAGES:  # others (Java) cannot take them
+        lines.append(env_code(language, env))
     if cwd != HOME:
         if language not in CHDIR:
             raise SandboxError(400, f"a working directory cannot be set for {language}")

@@ -66,6 +66,7 @@ from kernel_gateway.protocols.mcp.tools import (
     text_block,
 )
 from kernel_gateway.sessions.execution import Execution
+from kernel_gateway.sessions.follow import Disconnect, follow
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
@@ -247,18 +248,17 @@ class McpService:
 
         latest = ""
         ticker = asyncio.ensure_future(tick())
+        # A cancelled call stops the cell; a draining gateway (--persist-sessions) leaves
+        # it to run for its successor.
+        following = follow(session, execution, None, Disconnect.INTERRUPT_UNLESS_DRAINING)
         try:
-            async for event in execution.stream():
-                report.add(event)
-                if event.name in ("stdout", "stderr"):
-                    lines = [line for line in str(event.data["text"]).splitlines() if line]
-                    latest = lines[-1] if lines else latest
-        except BaseException:
-            # A draining gateway (--persist-sessions) leaves the cell to run for its successor.
-            if not execution.finished and not session.draining:
-                logger.info("MCP call cancelled; stopping execution %s", execution.id)
-                session.abandon(execution)
-            raise
+            async with following as records:
+                async for record in records:
+                    event = record.event
+                    report.add(event)
+                    if event.name in ("stdout", "stderr"):
+                        lines = [line for line in str(event.data["text"]).splitlines() if line]
+                        latest = lines[-1] if lines else latest
         finally:
             ticker.cancel()
 

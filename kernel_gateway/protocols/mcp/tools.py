@@ -4,7 +4,8 @@ A model reads the tool descriptions and nothing else, so they say what the
 sandbox has, what persists, and how to keep a sandbox across calls. A cell's
 events become one text block (output, result, traceback: what a person would
 read in a notebook, without terminal colours), one image block per chart, and a
-resource link per file the cell wrote.
+resource link per file the cell wrote: the text, the images and their limits are
+`kernel_gateway.client.render`'s, the renderer the client's tool helpers use too.
 
 Sandboxes are gateway sessions; their handle is the session id. Clients on the
 handshake-era protocol (an MCP session) get one sandbox per MCP session without
@@ -19,16 +20,18 @@ it, and the server validates the arguments with it.
 from __future__ import annotations
 
 import base64
-import re
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import mcp_types as types
 from pydantic import BaseModel, Field, PlainValidator, ValidationInfo
 from pydantic_core import PydanticCustomError
 
+from kernel_gateway.client.render import IMAGE_TYPES as IMAGE_TYPES
+from kernel_gateway.client.render import MAX_IMAGES as MAX_IMAGES
+from kernel_gateway.client.render import MAX_TEXT as MAX_TEXT
+from kernel_gateway.client.render import Transcript
+from kernel_gateway.client.render import clip as clip
 from kernel_gateway.errors import GatewayError
-from kernel_gateway.kernels.events import resumed_note
 from kernel_gateway.settings import NODE_NAME
 from kernel_gateway.shapes.requests import (
     Code,
@@ -50,12 +53,6 @@ UPLOAD_FILE = "upload_file"
 LIST_FILES = "list_files"
 READ_FILE = "read_file"
 RESTART_KERNEL = "restart_kernel"
-
-MAX_TEXT = 40_000
-"""Characters of text a result carries; the middle of longer output is cut out."""
-MAX_IMAGES = 20
-IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -339,153 +336,51 @@ def error_result(message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[text_block(message)], is_error=True)
 
 
-def clip(text: str, limit: int = MAX_TEXT) -> str:
-    """`text`, with its middle replaced by a note when it is longer than `limit`."""
-    if len(text) <= limit:
-        return text
-    head, tail = text[: limit // 2], text[-limit // 2 :]
-    return f"{head}\n[... {len(text) - limit} characters omitted ...]\n{tail}"
+Block = types.TextContent | types.ImageContent | types.EmbeddedResource | types.ResourceLink
+"""A block of a tool result's content."""
 
 
-def plain(text: str) -> str:
-    return ANSI.sub("", text)
-
-
-@dataclass
-class _Display:
-    data: JSON
-    index: int
-
-
-@dataclass
 class CellReport:
-    """A cell's events, folded the way a notebook shows them, ready to become MCP content."""
+    """A cell's events (`add` them in order), ready to become MCP content."""
 
-    base_url: str
-    """Prefix for download URLs (the gateway's own URL), without a trailing slash."""
-    parts: list[tuple[str, Any]] = field(default_factory=list)
-    """In order: ("text", str), ("display", _Display) and ("error", str)."""
-    files: list[JSON] = field(default_factory=list)
-    done: JSON = field(default_factory=dict)
-    _displays: dict[str, _Display] = field(default_factory=dict)
-    _count: int = 0
+    def __init__(self, base_url: str) -> None:
+        """`base_url`: prefix for download URLs (the gateway's own URL), without a
+        trailing slash."""
+        self.base_url = base_url
+        self.transcript = Transcript()
 
     def add(self, event: Event) -> None:
-        name, data = event
-        if name in ("stdout", "stderr"):
-            self._text(str(data.get("text", "")))
-        elif name == "result":
-            self._rich(data, None)
-        elif name == "display":
-            display_id = data.get("display_id")
-            if data.get("update") and display_id in self._displays:
-                self._displays[display_id].data = data.get("data") or {}
-            else:
-                self._rich(data, display_id if isinstance(display_id, str) else None)
-        elif name == "clear":
-            self.parts.clear()
-            self._displays.clear()
-        elif name == "error":
-            traceback = [plain(str(line)) for line in data.get("traceback") or []]
-            text = "\n".join(traceback) or f"{data.get('ename')}: {data.get('evalue')}"
-            self.parts.append(("error", text))
-        elif name == "file":
-            self.files.append(data)
-        elif name == "resumed":
-            note = resumed_note(data)
-            if note:
-                self._text(note)
-        elif name == "done":
-            self.done = data
+        self.transcript.add(event.name, event.data)
 
-    def _text(self, text: str) -> None:
-        if self.parts and self.parts[-1][0] == "text":
-            self.parts[-1] = ("text", self.parts[-1][1] + text)
-        else:
-            self.parts.append(("text", text))
-
-    def _rich(self, data: JSON, display_id: str | None) -> None:
-        self._count += 1
-        display = _Display(data.get("data") or {}, self._count)
-        if display_id is not None:
-            self._displays[display_id] = display
-        self.parts.append(("display", display))
+    @property
+    def done(self) -> JSON:
+        """The `done` event's data; empty until it came."""
+        return dict(self.transcript.done)
 
     @property
     def status(self) -> str:
-        return str(self.done.get("status", "died"))
+        return self.transcript.status
 
-    def content(
-        self, session_id: str | None
-    ) -> list[types.TextContent | types.ImageContent | types.EmbeddedResource | types.ResourceLink]:
-        """Text (output, results, traceback, notes), then images, then the files written."""
-        text: list[str] = []
-        images: list[types.ImageContent] = []
-        omitted = 0
-        for kind, value in self.parts:
-            if kind == "text":
-                text.append(plain(value))
-            elif kind == "error":
-                text.append(value if value.endswith("\n") else value + "\n")
-            else:
-                data: JSON = value.data
-                image = next((m for m in IMAGE_TYPES if isinstance(data.get(m), str)), None)
-                if image is not None:
-                    if len(images) < MAX_IMAGES:
-                        payload = "".join(str(data[image]).split())
-                        images.append(
-                            types.ImageContent(type="image", data=payload, mime_type=image)
-                        )
-                        text.append(f"[image {len(images)}: {image}]\n")
-                    else:
-                        omitted += 1
-                elif isinstance(data.get("text/plain"), str):
-                    text.append(plain(data["text/plain"]) + "\n")
-        if omitted:
-            text.append(f"[{omitted} more images not shown (at most {MAX_IMAGES} per call)]\n")
-        text.append(self._status_note())
-        links: list[types.ResourceLink] = []
-        inline: list[types.TextContent | types.ImageContent | types.EmbeddedResource] = []
-        if self.files:
-            text.append("Files written:\n")
-        for file in self.files:
-            url = file.get("url")
-            where = f"{self.base_url}{url}" if url else "(returned below)"
-            text.append(f"  {file['path']} ({file['size']} bytes, {file['mime']}): {where}\n")
-            if url:
-                links.append(
-                    types.ResourceLink(
-                        type="resource_link",
-                        name=str(file["path"]),
-                        uri=f"{self.base_url}{url}",
-                        mime_type=str(file["mime"]),
-                        size=int(file["size"]),
-                    )
-                )
-            elif isinstance(file.get("data"), str):
-                inline.append(file_content(str(file["path"]), str(file["mime"]), file["data"]))
-        if session_id is not None:
-            text.append(f"session: {session_id}\n")
-        blocks: list[
-            types.TextContent | types.ImageContent | types.EmbeddedResource | types.ResourceLink
-        ] = [text_block(clip("".join(text)))]
-        return [*blocks, *images, *inline, *links]
-
-    def _status_note(self) -> str:
-        status, done = self.status, self.done
-        lost = (
-            " The kernel was restarted: earlier variables are gone."
-            if done.get("restarted")
-            else ""
-        )
-        if status in ("ok", "error"):
-            return f"[{lost.strip()}]\n" if lost else ""
-        if status == "timeout":
-            return f"[timed out: the cell ran past its timeout and was interrupted.{lost}]\n"
-        if status == "interrupted":
-            return f"[interrupted.{lost}]\n"
-        reason = done.get("reason") or "unknown"
-        return f"[the kernel died ({reason}); variables are gone; the next call gets a new one]\n"
+    def content(self, session_id: str | None) -> list[Block]:
+        """Text (output, results, traceback, notes, files, the handle), then images, then
+        the files carried inline (a stateless cell's), then links to the files written."""
+        rendered = self.transcript.render(base_url=self.base_url, session_id=session_id)
+        images = [
+            types.ImageContent(type="image", data=i.data, mime_type=i.mime) for i in rendered.images
+        ]
+        inline: list[Block] = [
+            file_content(f.path, f.mime, f.data)
+            for f in rendered.files
+            if f.url is None and f.data is not None and f.mime not in IMAGE_TYPES
+        ]
+        links: list[Block] = [
+            types.ResourceLink(
+                type="resource_link", name=f.path, uri=f.url, mime_type=f.mime, size=f.size
+            )
+            for f in rendered.files
+            if f.url is not None
+        ]
+        return [text_block(rendered.text), *images, *inline, *links]
 
 
 def file_content(

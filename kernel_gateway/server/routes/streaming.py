@@ -1,17 +1,17 @@
 """Sending an execution's events: live SSE, or one JSON document on request.
 
-Every response names its execution in an `Execution-Id` header. A client that
-goes away detaches from the execution; with no client left the session gives
-it `--reconnect-grace` seconds to come back (`GET .../events` with
-`Last-Event-ID`) before interrupting it. The detach happens around the whole
-response, not inside its body generator: a generator torn down before its
-first step never runs its `finally`.
+Only the HTTP part: the reading is `sessions.follow`'s. Every response names its
+execution in an `Execution-Id` header. A client that goes away leaves with the
+`GRACE` policy: with no client left the session gives the cell `--reconnect-grace`
+seconds to come back (`GET .../events` with `Last-Event-ID`) before interrupting it.
+The client follows the execution around the whole response, not inside its body
+generator (see `sessions/follow.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
@@ -23,6 +23,7 @@ from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.http.sse import collect, encode
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.sessions.execution import Execution
+from kernel_gateway.sessions.follow import Disconnect, Following, follow
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.types import Record
 
@@ -42,27 +43,21 @@ class _ExecutionStream(EventSourceResponse):
     """SSE of one execution from after an event id; the client is attached to the
     execution for exactly as long as the response lasts."""
 
-    def __init__(
-        self, session: Session, execution: Execution, after: int | None, metrics: Metrics
-    ) -> None:
+    def __init__(self, following: Following, metrics: Metrics) -> None:
         super().__init__(
-            _frames(execution.records(after), metrics),
+            _frames(following, metrics),
             ping=PING_SECONDS,
             send_timeout=SEND_TIMEOUT_SECONDS,
-            headers=_headers(session, execution),
+            headers=_headers(following.session, following.execution),
         )
-        self._session = session
-        self._execution = execution
+        self._following = following
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self._session.attach(self._execution)
-        try:
+        async with self._following:
             await super().__call__(scope, receive, send)
-        finally:
-            self._session.detach(self._execution)
 
 
-async def _frames(records: AsyncIterator[Record], metrics: Metrics) -> AsyncIterator[bytes]:
+async def _frames(records: AsyncIterable[Record], metrics: Metrics) -> AsyncIterator[bytes]:
     """SSE frames of the records, each counted as it is handed to the server."""
     async for record in records:
         frame = encode(record.event, record.id)
@@ -76,22 +71,21 @@ async def respond(
     """Send the execution's events from after event id `after`, live or collected."""
     if wants_json(request):
         return await _collected(request, session, execution, after)
-    return _ExecutionStream(session, execution, after, session.metrics)
+    return _ExecutionStream(follow(session, execution, after, Disconnect.GRACE), session.metrics)
 
 
 async def _collected(
     request: Request, session: Session, execution: Execution, after: int | None
 ) -> Response:
-    session.attach(execution)
-    collector = asyncio.ensure_future(collect(r.event async for r in execution.records(after)))
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({collector, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not collector.done():
-            collector.cancel()
-        session.detach(execution)
+    async with follow(session, execution, after, Disconnect.GRACE) as records:
+        collector = asyncio.ensure_future(collect(r.event async for r in records))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({collector, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not collector.done():
+                collector.cancel()
     if collector.done() and not collector.cancelled():
         document = {"execution_id": execution.id, **collector.result()}
         response = JSONResponse(document, headers=_headers(session, execution))

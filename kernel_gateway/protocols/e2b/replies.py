@@ -1,0 +1,45 @@
+"""What E2B's API answers besides success: its error documents, and bodies refused in its shape.
+
+The control plane and envd's HTTP answer errors as `{"code": status, "message"}`; E2B's edge
+answers a sandbox that is not there with a 502 the SDKs read as "not running".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from kernel_gateway.errors import GatewayError, InvalidRequest
+from kernel_gateway.http.bodies import read_json
+from kernel_gateway.protocols.e2b.sandboxes import SandboxError
+
+ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
+MAX_BODY_BYTES = 2 * 2**20
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def e2b_error(status: int, message: str) -> JSONResponse:
+    """The control plane's (and envd HTTP's) error document: `code` is the status."""
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+def gone(sandbox_id: str) -> JSONResponse:
+    """What E2B's edge answers for a sandbox that is not there (or is paused): the SDKs
+    read a 502 whose message says "was not found" as "not running"."""
+    return JSONResponse(
+        {"code": 502, "message": "The sandbox was not found", "sandboxId": sandbox_id},
+        status_code=502,
+    )
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    """The body as a JSON object (empty: `{}`), refused in E2B's error shape."""
+    try:
+        return await read_json(request, MAX_BODY_BYTES, optional=True)
+    except GatewayError as exc:
+        # E2B's API answers a body that is JSON but not an object with 400, not 422.
+        status = 400 if isinstance(exc, InvalidRequest) else exc.status_code
+        raise SandboxError(status, exc.message) from None

@@ -1,0 +1,229 @@
+"""E2B's control plane (no sandbox headers, `X-API-KEY`): sandboxes made, listed, timed,
+paused, resumed and killed, answered in E2B's shapes (`{"code", "message"}` errors)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from kernel_gateway.protocols.e2b.replies import ALL_METHODS, Handler, e2b_error, json_body
+from kernel_gateway.protocols.e2b.sandboxes import ENVD_VERSION, Sandbox, SandboxError
+from kernel_gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from kernel_gateway.protocols.e2b.app import E2BService
+
+
+def control_routes(service: E2BService) -> list[Route]:
+    def guarded(handler: Callable[[Request, E2BService], Awaitable[Response]]) -> Handler:
+        async def endpoint(request: Request) -> Response:
+            if not service.api_key_ok(request):
+                return e2b_error(401, "invalid API key: it is the gateway's token")
+            try:
+                return await handler(request, service)
+            except SandboxError as exc:
+                return e2b_error(exc.status, exc.message)
+
+        return endpoint
+
+    return [
+        Route("/sandboxes", guarded(create), methods=["POST"]),
+        Route("/v2/sandboxes", guarded(create), methods=["POST"]),
+        Route("/sandboxes", guarded(list_sandboxes), methods=["GET"]),
+        Route("/v2/sandboxes", guarded(list_sandboxes), methods=["GET"]),
+        Route("/sandboxes/{id}", guarded(get_sandbox), methods=["GET"]),
+        Route("/sandboxes/{id}", guarded(kill), methods=["DELETE"]),
+        Route("/sandboxes/{id}/timeout", guarded(set_timeout), methods=["POST"]),
+        Route("/sandboxes/{id}/connect", guarded(connect), methods=["POST"]),
+        Route("/v2/sandboxes/{id}/connect", guarded(connect), methods=["POST"]),
+        Route("/sandboxes/{id}/resume", guarded(connect), methods=["POST"]),
+        Route("/sandboxes/{id}/pause", guarded(pause), methods=["POST"]),
+        Route("/sandboxes/{id}/metrics", guarded(metrics), methods=["GET"]),
+        Route("/{rest:path}", guarded(unsupported), methods=ALL_METHODS),
+    ]
+
+
+def _string_map(body: dict[str, Any], name: str) -> dict[str, str]:
+    value = body.get(name) or {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise SandboxError(400, f"'{name}' must be an object of strings")
+    return dict(value)
+
+
+def _int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SandboxError(400, f"'{name}' must be a number of seconds")
+    return int(value)
+
+
+def sandbox_json(sandbox: Sandbox) -> dict[str, Any]:
+    """What create and connect answer (E2B's `Sandbox`)."""
+    return {
+        "sandboxID": sandbox.id,
+        "templateID": sandbox.template,
+        "alias": sandbox.template,
+        "clientID": "kernel-gateway",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": sandbox.token,
+        "trafficAccessToken": sandbox.token,
+        "domain": None,
+    }
+
+
+def detail_json(sandbox: Sandbox, settings: Settings) -> dict[str, Any]:
+    """What get and list answer (E2B's `SandboxDetail` / `ListedSandbox`)."""
+    from datetime import UTC, datetime
+
+    def rfc3339(moment: datetime) -> str:
+        return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+    return {
+        "sandboxID": sandbox.id,
+        "templateID": sandbox.template,
+        "alias": sandbox.template,
+        "clientID": "kernel-gateway",
+        "startedAt": rfc3339(sandbox.started_at),
+        "endAt": rfc3339(datetime.fromtimestamp(sandbox.end_at, UTC)),
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": max(1, math.ceil(settings.cpu_limit)),
+        "memoryMB": settings.memory_limit_bytes // 2**20,
+        "diskSizeMB": settings.workspace_size_bytes // 2**20,
+        "state": sandbox.state,
+        "metadata": sandbox.metadata,
+        "envdAccessToken": sandbox.token,
+    }
+
+
+async def create(request: Request, service: E2BService) -> Response:
+    body = await json_body(request)
+    template = body.get("templateID") or "base"
+    if not isinstance(template, str):
+        raise SandboxError(400, "'templateID' must be a string")
+    _refuse_what_is_not_here(body)
+    auto_resume = body.get("autoResume") or {}
+    lifecycle = body.get("lifecycle") or {}
+    if not isinstance(auto_resume, dict) or not isinstance(lifecycle, dict):
+        raise SandboxError(400, "'autoResume' and 'lifecycle' must be objects")
+    sandbox = await service.sandboxes.create(
+        template,
+        _int(body, "timeout"),
+        _string_map(body, "metadata"),
+        _string_map(body, "envVars"),
+        auto_pause=body.get("autoPause") is True or lifecycle.get("onTimeout") == "pause",
+        auto_resume=auto_resume.get("enabled") is True or lifecycle.get("autoResume") is True,
+        network=_network(body),
+    )
+    return JSONResponse(sandbox_json(sandbox), status_code=201)
+
+
+def _network(body: dict[str, Any]) -> list[str] | str | None:
+    """E2B's network options as the gateway's policy (docs/network.md):
+
+    - `network.allowOut` (domain names): exactly those, within the gateway's ceiling;
+    - `allow_internet_access: false`: none;
+    - neither (or `allow_internet_access: true`, which e2b before 2.51 sends for every
+      sandbox): the gateway's default (`--egress-default`; none unless the operator set one).
+    """
+    network = body.get("network")
+    if network is not None and not isinstance(network, dict):
+        raise SandboxError(400, "'network' must be an object")
+    allow_out = (network or {}).get("allowOut")
+    if allow_out is not None:
+        if not isinstance(allow_out, list) or not all(isinstance(a, str) for a in allow_out):
+            raise SandboxError(400, "'network.allowOut' must be a list of domain names")
+        return allow_out or "none"
+    if body.get("allow_internet_access") is False:
+        return "none"
+    return None
+
+
+def _refuse_what_is_not_here(body: dict[str, Any]) -> None:
+    """A create asking for what this gateway's sandboxes cannot have: a clear 400, never a
+    sandbox that silently lacks it."""
+    for name, what in (("mcp", "MCP servers in a sandbox"), ("volumeMounts", "volumes")):
+        if body.get(name):
+            raise SandboxError(400, f"{what} ('{name}') are not supported by this gateway")
+
+
+async def get_sandbox(request: Request, service: E2BService) -> Response:
+    sandbox = service.sandboxes.get(request.path_params["id"])
+    return JSONResponse(detail_json(sandbox, service.settings))
+
+
+async def kill(request: Request, service: E2BService) -> Response:
+    await service.sandboxes.kill(request.path_params["id"])
+    return Response(status_code=204)
+
+
+async def set_timeout(request: Request, service: E2BService) -> Response:
+    timeout = _int(await json_body(request), "timeout")
+    if timeout is None:
+        raise SandboxError(400, "'timeout' is required")
+    service.sandboxes.set_timeout(request.path_params["id"], timeout)
+    return Response(status_code=204)
+
+
+async def connect(request: Request, service: E2BService) -> Response:
+    body = await json_body(request)
+    sandbox_id = request.path_params["id"]
+    sandbox, resumed = await service.sandboxes.connect(sandbox_id, _int(body, "timeout"))
+    return JSONResponse(sandbox_json(sandbox), status_code=201 if resumed else 200)
+
+
+async def pause(request: Request, service: E2BService) -> Response:
+    await service.sandboxes.pause(request.path_params["id"])
+    return Response(status_code=204)
+
+
+async def metrics(request: Request, service: E2BService) -> Response:
+    service.sandboxes.get(request.path_params["id"])
+    raise SandboxError(501, "sandbox metrics are not served by this gateway (see /metrics)")
+
+
+async def list_sandboxes(request: Request, service: E2BService) -> Response:
+    from urllib.parse import parse_qsl, unquote
+
+    query = request.query_params
+    states = {s for s in (query.get("state") or "").split(",") if s}
+    wanted_metadata = {unquote(k): unquote(v) for k, v in parse_qsl(query.get("metadata") or "")}
+    found = [
+        s
+        for s in service.sandboxes.all()
+        if (not states or s.state in states)
+        and all(s.metadata.get(k) == v for k, v in wanted_metadata.items())
+    ]
+    found.sort(key=lambda s: (s.started_at, s.id))
+    try:
+        limit = int(query.get("limit") or 100)
+    except ValueError:
+        raise SandboxError(400, "'limit' must be a number") from None
+    if not 1 <= limit <= 100:
+        raise SandboxError(400, "'limit' must be between 1 and 100")
+    start = 0
+    token = query.get("nextToken")
+    if token:
+        ids = [s.id for s in found]
+        if token not in ids:
+            raise SandboxError(400, "'nextToken' does not name a sandbox of this listing")
+        start = ids.index(token)
+    page = found[start : start + limit]
+    headers = {}
+    if start + limit < len(found):
+        headers["X-Next-Token"] = found[start + limit].id
+    return JSONResponse([detail_json(s, service.settings) for s in page], headers=headers)
+
+
+async def unsupported(request: Request, service: E2BService) -> Response:
+    return e2b_error(
+        501, f"{request.method} {request.url.path} is not supported by this gateway's E2B API"
+    )
