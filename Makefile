@@ -10,7 +10,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: serve test test-fast lint docs image setup clean bench lock e2b-sdks
+.PHONY: serve test test-fast lint docs docs-config image setup clean bench lock e2b-sdks
 
 setup: $(VENV)/.installed
 
@@ -68,6 +68,11 @@ $(E2B_JS)/node_modules/.installed: $(E2B_JS)/package.json $(E2B_JS)/package-lock
 # The reference in docs/, built with MkDocs (Material); --strict fails on a broken link.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# The settings tables of docs/*.md (between <!-- settings:NAME:begin/end --> markers), made
+# from the settings' declarations; tests/unit/test_settings_declared.py fails when they are stale.
+docs-config: setup
+	$(BIN)/python -m kernel_gateway.cli.settings_doc
 
 # Speed figures (docker backend): prints a table, writes bench/results/latest.json.
 bench: image

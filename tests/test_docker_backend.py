@@ -10,6 +10,7 @@ from pathlib import Path
 import docker
 import httpx
 import pytest
+from docker.models.containers import Container
 
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.backends.base import RuntimeDir
@@ -48,9 +49,7 @@ def engine() -> Iterator[docker.DockerClient]:
     client.close()
 
 
-def session_container(
-    client: httpx.Client, engine: docker.DockerClient, sid: str
-) -> docker.models.containers.Container:
+def session_container(client: httpx.Client, engine: docker.DockerClient, sid: str) -> Container:
     """The running container of a session (the pool is empty, so there is only one;
     fork servers have a role of their own)."""
     instance = client.get("/health").json()["instance"]

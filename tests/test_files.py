@@ -137,6 +137,7 @@ def test_html_download_cannot_run_on_our_origin(client: httpx.Client, session_id
 def raw_request(base_url: str, method: str, target: str, body: bytes = b"") -> int:
     """Send a request line exactly as given (httpx would normalise '..' away)."""
     parts = urlsplit(base_url)
+    assert parts.hostname is not None, base_url
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     try:
         conn.putrequest(method, target, skip_host=False, skip_accept_encoding=True)

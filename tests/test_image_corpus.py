@@ -111,6 +111,16 @@ def one_chart(min_width: int = 100) -> Callable[[Run], None]:
     return check
 
 
+def all_of(*checks: Callable[[Run], None]) -> Callable[[Run], None]:
+    """One check that runs `checks` in order (the first failing one fails the program)."""
+
+    def check(run: Run) -> None:
+        for each in checks:
+            each(run)
+
+    return check
+
+
 # Chinese labels: no "Glyph ... missing" warning while drawing, every character found in
 # a font of the text's fallback list, and the title drawn differently from characters
 # no font has (tofu boxes all look alike).
@@ -341,9 +351,9 @@ PROGRAMS = [
         back = pd.read_excel("scores.xlsx")
         print("RESULT", json.dumps(back.equals(df)))
         """,
-        lambda run: (
-            result(True)(run),
-            _assert(run.files["scores.xlsx"]["size"] > 1000, run.files),
+        all_of(
+            result(True),
+            lambda run: _assert(run.files["scores.xlsx"]["size"] > 1000, run.files),
         ),
     ),
     Program(
@@ -439,9 +449,9 @@ PROGRAMS = [
         back = Image.open("box.png")
         print("RESULT", json.dumps([back.size, back.getpixel((5, 5)), back.getpixel((50, 5))]))
         """,
-        lambda run: (
-            result([[64, 32], [255, 0, 0], [255, 255, 255]])(run),
-            _assert(run.files["box.png"]["mime"] == "image/png", run.files),
+        all_of(
+            result([[64, 32], [255, 0, 0], [255, 255, 255]]),
+            lambda run: _assert(run.files["box.png"]["mime"] == "image/png", run.files),
         ),
     ),
     # -- science -----------------------------------------------------------------------------
@@ -527,7 +537,7 @@ PROGRAMS = [
         print(fit.summary())
         print("RESULT", round(float(fit.params[1]), 1))
         """,
-        lambda run: (close(1.5)(run), _assert("OLS Regression Results" in run.stdout, "")),
+        all_of(close(1.5), lambda run: _assert("OLS Regression Results" in run.stdout, "")),
     ),
     Program(
         "sympy_solve",
@@ -623,10 +633,10 @@ PROGRAMS = [
         rgba = np.asarray(fig.canvas.buffer_rgba())
         print("RESULT", rgba.ndim, rgba.shape[2])
         """,
-        lambda run: (
-            one_chart()(run),
-            _assert(run.files["hist.png"]["mime"] == "image/png", run.files),
-            _assert("RESULT 3 4" in run.stdout, run.stdout),
+        all_of(
+            one_chart(),
+            lambda run: _assert(run.files["hist.png"]["mime"] == "image/png", run.files),
+            lambda run: _assert("RESULT 3 4" in run.stdout, run.stdout),
         ),
         fresh=True,
     ),
@@ -651,9 +661,9 @@ PROGRAMS = [
         ax.scatter([1, 2], [2, 1])
         plt.show()
         """,
-        lambda run: (
-            one_chart()(run),
-            _assert(len(run.named("display")) == 1, run.named("display")),
+        all_of(
+            one_chart(),
+            lambda run: _assert(len(run.named("display")) == 1, run.named("display")),
         ),
     ),
     Program(
@@ -735,9 +745,10 @@ PROGRAMS = [
         spec = json.loads(fig.to_json())
         print("RESULT", json.dumps([spec["data"][0]["type"], list(spec["data"][0]["y"])]))
         """,
-        lambda run: (
-            _assert(run.value()[0] == "bar", run.stdout),
-            _assert(run.files["bars.html"]["size"] > 1_000_000, run.files),  # plotly.js inside
+        all_of(
+            lambda run: _assert(run.value()[0] == "bar", run.stdout),
+            # plotly.js inside
+            lambda run: _assert(run.files["bars.html"]["size"] > 1_000_000, run.files),
         ),
     ),
     Program(
@@ -814,7 +825,7 @@ PROGRAMS = [
         total = sum(i for i in tqdm(range(1000)))
         print("RESULT", total)
         """,
-        lambda run: (result(499500)(run), _assert("100%" in run.stderr, run.stderr)),
+        all_of(result(499500), lambda run: _assert("100%" in run.stderr, run.stderr)),
     ),
     Program(
         "requests_fails_fast_offline",
@@ -840,10 +851,10 @@ PROGRAMS = [
     Program(
         "pip_install_missing_fails_fast",
         "%pip install kg-no-such-package-16",
-        lambda run: (
-            _assert("no network access" in run.stderr, run.stdout + run.stderr),
-            _assert("build-image --requirements" in run.stderr, run.stderr),
-            _assert(run.seconds < 20, run.seconds),
+        all_of(
+            lambda run: _assert("no network access" in run.stderr, run.stdout + run.stderr),
+            lambda run: _assert("build-image --requirements" in run.stderr, run.stderr),
+            lambda run: _assert(run.seconds < 20, run.seconds),
         ),
     ),
 ]

@@ -269,7 +269,7 @@ CELLS = [
 
 
 def _notebook() -> nbformat.NotebookNode:
-    nb = nbformat.v4.new_notebook()
+    nb: nbformat.NotebookNode = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
     nb.metadata["kernelspec"] = {
         "name": "python3",

@@ -441,6 +441,7 @@ def test_mcp_lists_the_languages_and_refuses_an_unknown_one(gateway: ServerThrea
     tools, refused = asyncio.run(scenario())
     run = next(t for t in tools if t.name == "run_python")
     assert set(run.input_schema["properties"]["language"]["enum"]) >= {"python", *LANGUAGES}
+    assert run.description is not None
     assert all(name in run.description for name in LANGUAGES)
     assert refused.is_error
     text = "".join(c.text for c in refused.content if isinstance(c, types.TextContent))

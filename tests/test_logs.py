@@ -54,7 +54,8 @@ def test_json_logs_carry_ids_and_never_code_output_or_tokens(tmp_path: Path) -> 
         assert bad.status_code == 401 and bad.headers["x-request-id"]
         c.delete(f"/sessions/{sid}")
     text = gw.log.read_text()
-    records = [json.loads(line) for line in text.splitlines()]  # every line is JSON
+    # every line is JSON
+    records: list[dict[str, object]] = [json.loads(line) for line in text.splitlines()]
 
     def one(**match: object) -> dict[str, object]:
         found = [r for r in records if all(r.get(k) == v for k, v in match.items())]

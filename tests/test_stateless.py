@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -86,7 +87,7 @@ print(int(rollup[rollup.index("AnonHugePages:") + 1]))
 
 
 def _huge_pages_suit() -> bool:
-    """What the fork server checks before it asks for huge pages (zygote.py)."""
+    """What the fork server checks before it asks for huge pages (in_kernel/allocator.py)."""
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if not thp.exists() or "[never]" in thp.read_text():
         return False
@@ -213,4 +214,5 @@ def test_beyond_the_limit_is_429(tmp_path_factory: pytest.TempPathFactory) -> No
             c.run("1")
         assert caught.value.status_code == 429
         assert caught.value.retry_after == 1
+        assert isinstance(stream, Generator)  # typed Iterator: close() is the generator's
         stream.close()

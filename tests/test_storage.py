@@ -263,7 +263,7 @@ def test_a_killed_gateway_s_disks_are_reclaimed_by_the_next(tmp_path: Path) -> N
     require_docker()
     if os.geteuid() != 0:
         pytest.skip("capped session disks need a root gateway")
-    args = ("--backend", "docker", "--pool-size", "1", "--workspace-size", "64m")
+    args: tuple[str, ...] = ("--backend", "docker", "--pool-size", "1", "--workspace-size", "64m")
     args += ("--fork-servers", "1")
     env = {"KG_PRELOAD": "", "KG_KERNEL_START_TIMEOUT": "120"}
     with serve(tmp_path, *args, env=env) as (proc, url):

@@ -14,17 +14,23 @@ from kernel_gateway import __version__
 from kernel_gateway.settings import (
     DEFAULT_GATEWAY_IMAGE,
     DEFAULT_IMAGE,
+    Settings,
+    add_arguments,
     add_serve_arguments,
     describe,
+    env_values,
     from_args,
 )
+from kernel_gateway.settings.client import McpSettings
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """Every command's flags; those of settings are made from their declarations."""
     parser = argparse.ArgumentParser(
         prog="kernel-gateway",
         description="Run AI-written code in sandboxed IPython kernels; stream results over SSE.",
-        epilog="Every serve flag has an environment twin: --pool-size is KG_POOL_SIZE, and so on.",
+        epilog="Every flag of serve, route, run and mcp that is a setting has an environment "
+        "twin: --pool-size is KG_POOL_SIZE, and so on.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -81,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
         "the package index itself",
     )
 
-    from kernel_gateway.cli.run import add_arguments
+    from kernel_gateway.cli.run import add_arguments as add_run_arguments
 
     run_parser = commands.add_parser(
         "run",
@@ -89,9 +95,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Exit status: 0 ok, 1 error, 124 timeout, 130 interrupted, 137 died, "
         "2 when the gateway could not run the code.",
     )
-    add_arguments(run_parser)
-
-    from kernel_gateway.cli.mcp_args import add_mcp_arguments
+    add_run_arguments(run_parser)
 
     mcp_parser = commands.add_parser(
         "mcp",
@@ -100,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         "endpoint: --url (or KG_URL), else a gateway started in this process from KG_* "
         "variables. One sandbox per client, deleted when it disconnects.",
     )
-    add_mcp_arguments(mcp_parser)
+    add_arguments(mcp_parser, McpSettings)
     return parser
 
 
@@ -180,9 +184,9 @@ def build_image_command(args: argparse.Namespace) -> int:
     from kernel_gateway.cli.image import build_image
 
     cache_dir = args.cache_dir or default_cache_dir(os.environ)
-    kernel_image = os.environ.get("KG_IMAGE") or DEFAULT_IMAGE
+    kernel_image = env_values(Settings, os.environ, names=("image",)).get("image") or DEFAULT_IMAGE
     if args.gateway:
-        from kernel_gateway.cli.image import build_gateway_image
+        from kernel_gateway.cli.gateway_image import build_gateway_image
 
         build_gateway_image(args.tag or DEFAULT_GATEWAY_IMAGE, kernel_image, cache_dir=cache_dir)
         return 0
@@ -207,7 +211,7 @@ def default_cache_dir(environ: Mapping[str, str]) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     from kernel_gateway.cli.extras import problem
 
     if (missing_extra := problem(args.command)) is not None:

@@ -7,10 +7,11 @@ sandbox per stdio client, deleted when the client closes the pipe. Progress
 notifications travel back, and a cancelled call is cancelled upstream (which
 interrupts the cell).
 
-With `--url` (or `KG_URL`) it talks to a running gateway. Without, it starts a
-gateway inside this process on a random loopback port with a random token,
-configured from the `KG_*` variables like `serve` (`KG_BACKEND=docker`, ...),
-and stops it on exit. Stdout carries only MCP messages; logs go to stderr.
+With `--url` (or `KG_URL`; its settings are `settings.client.McpSettings`) it talks to a
+running gateway. Without, it starts a gateway inside this process on a random loopback
+port with a random token, configured from the `KG_*` variables like `serve`
+(`KG_BACKEND=docker`, ...), and stops it on exit. Stdout carries only MCP messages; logs
+go to stderr.
 """
 
 from __future__ import annotations
@@ -34,20 +35,24 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
 
 from kernel_gateway import __version__
+from kernel_gateway.settings.client import McpSettings, client_settings
 
 logger = logging.getLogger("kernel_gateway.mcp")
 
 
 def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    try:
+        settings = client_settings(McpSettings, args, environ)
+    except ValueError as exc:
+        print(f"kernel-gateway mcp: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         stream=sys.stderr,
-        level=environ.get("KG_LOG_LEVEL", "warning").upper(),
+        level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
-    url = args.url or environ.get("KG_URL") or None
-    token = args.token or environ.get("KG_TOKEN") or None
     try:
-        asyncio.run(serve(url, token, environ))
+        asyncio.run(serve(settings.url, settings.token, environ))
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # one line on stderr: the client shows it as the server's log

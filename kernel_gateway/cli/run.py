@@ -30,6 +30,8 @@ from kernel_gateway.client import (
     Stdout,
 )
 from kernel_gateway.kernels.events import resumed_note
+from kernel_gateway.settings import add_arguments as add_settings_arguments
+from kernel_gateway.settings.client import DEFAULT_URL, ClientSettings, client_settings
 
 EXIT_STATUS = {"ok": 0, "error": 1, "timeout": 124, "interrupted": 130, "died": 137}
 IMAGE_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/svg+xml": "svg"}
@@ -39,8 +41,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("code", nargs="?", help="code to run (default: read -f FILE or stdin)")
     parser.add_argument("-f", "--file", type=Path, help="run the code in this file")
-    parser.add_argument("--url", help="gateway URL (default: KG_URL or http://127.0.0.1:8888)")
-    parser.add_argument("--token", help="bearer token (default: KG_TOKEN)")
+    add_settings_arguments(parser, ClientSettings)  # --url, --token
     parser.add_argument("--session", help="run in this session (default: stateless)")
     parser.add_argument("--timeout", type=float, help="seconds the cell may run")
     parser.add_argument(
@@ -151,11 +152,10 @@ def main(args: argparse.Namespace, environ: Mapping[str, str], stdin: TextIO) ->
         code = args.file.read_text()
     else:
         code = stdin.read()
-    url = args.url or environ.get("KG_URL") or "http://127.0.0.1:8888"
-    token = args.token or environ.get("KG_TOKEN") or None
+    settings = client_settings(ClientSettings, args, environ)
     printer = Printer(args.out, sys.stdout, sys.stderr)
     try:
-        with Client(url, token=token) as client:
+        with Client(settings.url or DEFAULT_URL, token=settings.token) as client:
             if args.session:
                 events = client.session(args.session).stream(code, timeout=args.timeout)
             else:

@@ -1,16 +1,30 @@
-"""The router's settings: read once from `KG_*` variables and `route` flags, then frozen."""
+"""The router's settings: read once from `KG_*` variables and `route` flags, then frozen.
+
+Each is declared once, as the gateway's are (`kernel_gateway.settings.declare`): the flags,
+the variables and the checks are made from the declarations below.
+"""
 
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
 from kernel_gateway.logs import LogFormat
-from kernel_gateway.settings import check_exposure, env_values, resolve_token
+from kernel_gateway.settings import (
+    LOG_LEVELS,
+    add_arguments,
+    check_exposure,
+    check_fields,
+    env_values,
+    flag_values,
+    origin,
+    resolve_token,
+    setting,
+    values,
+)
 
 DEFAULT_NODE_PORT = 8888
 
@@ -47,55 +61,94 @@ def _port(text: str, raw: str) -> int:
     return int(text)
 
 
+def _nodes(text: str) -> list[NodeTarget]:
+    return [NodeTarget.parse(part) for part in text.split(",") if part.strip()]
+
+
 @dataclass(frozen=True)
 class RouterSettings:
-    nodes: str = ""
-    host: str = "127.0.0.1"
-    port: int = 8888
-    token: str | None = None
-    token_file: Path | None = None
-    no_auth: bool = False
-    poll_interval: float = 1.0
-    node_lost_after: float = 20.0
-    node_wait: float = 10.0
-    connect_timeout: float = 3.0
-    max_body_bytes: int = 32 * 1024 * 1024
-    log_level: str = "info"
-    log_format: LogFormat = "text"
+    nodes: str = setting(
+        "",
+        "where the node gateways are: host[:port], comma-separated; a name resolving to "
+        "several addresses means one node each (Docker Swarm: tasks.<service>:8888)",
+        doc="node gateways, `host[:port]`, comma-separated; a name with several addresses is "
+        "one node per address (`tasks.node:8888`)",
+        default_doc="none, required",
+        check=_nodes,
+    )
+    host: str = setting(
+        "127.0.0.1",
+        "address to listen on",
+        doc="where the router listens; a non-loopback host needs a token or `--no-auth`",
+    )
+    port: int = setting(8888, "port to listen on", minimum=0, maximum=65535)
+    token: str | None = setting(
+        None,
+        "the token clients send, also sent to the nodes (the same one)",
+        doc="the token clients must send, also sent to the nodes",
+    )
+    token_file: Path | None = setting(
+        None, "read the token from this file (a Docker secret); instead of --token"
+    )
+    no_auth: bool = setting(False, "allow a non-loopback host without a token")
+    poll_interval: float = setting(
+        1.0,
+        "seconds between /health polls of each node",
+        doc="seconds between `/health` polls of every node",
+        positive=True,
+    )
+    node_lost_after: float = setting(
+        20.0,
+        "seconds without an answer before a node is presumed dead and its sessions answer "
+        "410 node_lost; keep it above a node gateway's restart time",
+        doc="seconds without an answer before a node is presumed dead (its sessions answer "
+        "`410 node_lost`); at least 3 polls; keep it above a node gateway's restart time "
+        "(drain + start)",
+        positive=True,
+    )
+    node_wait: float = setting(
+        10.0,
+        "seconds a request for a node that does not answer waits for it before 503 "
+        "node_unavailable",
+        doc="seconds a request for a node that stopped answering waits for it before "
+        "`503 node_unavailable`",
+        positive=True,
+    )
+    connect_timeout: float = setting(3.0, "seconds to connect to a node", positive=True)
+    max_body_bytes: int = setting(
+        32 * 1024 * 1024,
+        "largest body of POST /sessions and POST /execute, which the router keeps to retry "
+        "on another node",
+        doc="largest `POST /sessions` / `POST /execute` body (kept to retry on another node)",
+        minimum=1,
+    )
+    log_level: str = setting(
+        "info", "how much is logged", choices=LOG_LEVELS, check=values.log_level
+    )
+    log_format: LogFormat = setting(
+        "text", "text, or json: one JSON object per line", choices=get_args(LogFormat)
+    )
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if not self.node_targets:
             raise ValueError(
-                "--nodes (KG_NODES): where the node gateways are, e.g. tasks.kg_node:8888 "
+                f"{origin('nodes')}: where the node gateways are, e.g. tasks.kg_node:8888 "
                 "(a name with an address per node) or host1:8888,host2:8888"
             )
-        for name in ("poll_interval", "node_lost_after", "node_wait", "connect_timeout"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{_flag(name)}: must be a finite number > 0 (got {value})")
         if self.node_lost_after < 3 * self.poll_interval:
             raise ValueError(
-                f"{_flag('node_lost_after')}: must be at least three --poll-interval "
+                f"{origin('node_lost_after')}: must be at least three --poll-interval "
                 f"({3 * self.poll_interval} s), or one slow answer would lose a node"
             )
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"{_flag('port')}: must be between 0 and 65535")
-        if self.max_body_bytes < 1:
-            raise ValueError(f"{_flag('max_body_bytes')}: must be >= 1")
-        if self.log_format not in get_args(LogFormat):
-            raise ValueError(f"{_flag('log_format')}: must be text or json")
 
     @property
     def node_targets(self) -> list[NodeTarget]:
         """`nodes` parsed (validated at startup, so this never raises afterwards)."""
-        return [NodeTarget.parse(part) for part in self.nodes.split(",") if part.strip()]
+        return _nodes(self.nodes)
 
     def check_exposure(self) -> None:
         check_exposure(self.host, self.token, self.no_auth)
-
-
-def _flag(name: str) -> str:
-    return f"--{name.replace('_', '-')} (KG_{name.upper()})"
 
 
 def from_env(environ: Mapping[str, str], **overrides: Any) -> RouterSettings:
@@ -106,46 +159,9 @@ def from_env(environ: Mapping[str, str], **overrides: Any) -> RouterSettings:
 
 
 def add_route_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add(
-        "--nodes",
-        help="where the node gateways are: host[:port], comma-separated; a name resolving to "
-        "several addresses means one node each (Docker Swarm: tasks.<service>:8888)",
-    )
-    add("--host", help="address to listen on (default 127.0.0.1)")
-    add("--port", type=int, help="port to listen on (default 8888)")
-    add("--token", help="the token clients send, also sent to the nodes (the same one)")
-    add("--token-file", type=Path, help="read the token from this file (a Docker secret)")
-    add(
-        "--no-auth",
-        action="store_const",
-        const=True,
-        help="allow a non-loopback host without a token",
-    )
-    add("--poll-interval", type=float, help="seconds between /health polls of each node (1)")
-    add(
-        "--node-lost-after",
-        type=float,
-        help="seconds without an answer before a node is presumed dead and its sessions "
-        "answer 410 node_lost (20); keep it above a node gateway's restart time",
-    )
-    add(
-        "--node-wait",
-        type=float,
-        help="seconds a request for a node that does not answer waits for it before "
-        "503 node_unavailable (10)",
-    )
-    add("--connect-timeout", type=float, help="seconds to connect to a node (3)")
-    add(
-        "--max-body-bytes",
-        type=int,
-        help="largest body of POST /sessions and POST /execute, which the router keeps to "
-        "retry on another node (32 MiB)",
-    )
-    add("--log-level", choices=["debug", "info", "warning", "error"], help="(default info)")
-    add("--log-format", choices=get_args(LogFormat), help="text or json (default text)")
+    """CLI flags for `route`; each defaults to None so the KG_* twin can fill it."""
+    add_arguments(parser, RouterSettings)
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> RouterSettings:
-    names = {f.name for f in fields(RouterSettings)}
-    return from_env(environ, **{k: v for k, v in vars(args).items() if k in names})
+    return from_env(environ, **flag_values(RouterSettings, args))

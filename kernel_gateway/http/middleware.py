@@ -33,6 +33,7 @@ from kernel_gateway import logs
 from kernel_gateway.http.auth import BearerAuth, LoopbackHostGuard
 from kernel_gateway.http.responses import REQUEST_ID_HEADER, JSONResponse
 from kernel_gateway.settings import is_loopback
+from kernel_gateway.types import JSON
 
 logger = logging.getLogger("kernel_gateway.access")
 errors = logging.getLogger("kernel_gateway")
@@ -143,7 +144,7 @@ def _sane(value: str | None) -> str | None:
     return value if value is not None and SANE_PATH_ID.fullmatch(value) else None
 
 
-def _internal_error(rid: str) -> JSONResponse:
+def _internal_error(rid: str) -> JSONResponse[JSON]:
     body = {"error": {"type": "internal_error", "message": "the gateway hit an internal error"}}
     return JSONResponse(body, status_code=500, headers={REQUEST_ID_HEADER: rid})
 

@@ -3,25 +3,40 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar
 
 from starlette.responses import Response
 
 from kernel_gateway.errors import GatewayError
 from kernel_gateway.http.sse import dumps
+from kernel_gateway.types import JSON
+
+T = TypeVar("T")
 
 REQUEST_ID_HEADER = "X-Request-Id"
 """Each response's request id (the client's own when it sent a well-formed one)."""
 
 
-class JSONResponse(Response):
+class JSONResponse(Response, Generic[T]):
+    """A JSON answer whose body is a `T`: a handler annotated `-> JSONResponse[Session]` can
+    only answer with what mypy knows to be a `shapes.responses.Session`."""
+
     media_type = "application/json"
+
+    def __init__(
+        self,
+        content: T,
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(content, status_code, headers)
 
     def render(self, content: Any) -> bytes:
         return dumps(content)
 
 
-def error_response(exc: GatewayError) -> JSONResponse:
+def error_response(exc: GatewayError) -> JSONResponse[JSON]:
     headers = {}
     if exc.retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))

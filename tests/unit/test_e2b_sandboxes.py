@@ -3,7 +3,7 @@ answers in E2B's shapes (no Docker, no SDK)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -233,6 +233,7 @@ async def test_what_a_sandbox_cannot_have_is_refused_not_ignored(registry: Regis
             "/v2/sandboxes", json={"network": {"allowOut": ["1.2.3.4"]}}, headers=key
         )  # not a domain, and beyond the ceiling anyway: 403, saying both
         assert literal.status_code == 403 and "IP address" in literal.json()["message"]
+        body: Mapping[str, object]
         for body in (
             {"network": {"allowOut": "example.com"}},
             {"mcp": {"github": {}}},
@@ -243,11 +244,11 @@ async def test_what_a_sandbox_cannot_have_is_refused_not_ignored(registry: Regis
             assert refused.json()["code"] == 400
         # Old SDKs send allow_internet_access=True for every sandbox: accepted (no effect).
         made = await http.post("/v2/sandboxes", json={"allow_internet_access": True}, headers=key)
-        body = made.json()
+        sandbox = made.json()
         envd = {
-            "E2b-Sandbox-Id": body["sandboxID"],
+            "E2b-Sandbox-Id": sandbox["sandboxID"],
             "E2b-Sandbox-Port": "49983",
-            "X-Access-Token": body["envdAccessToken"],
+            "X-Access-Token": sandbox["envdAccessToken"],
         }
         as_root = {**envd, "Authorization": "Basic cm9vdDo="}  # "root:"
         files = await http.get("/files", params={"path": "a.txt"}, headers=as_root)

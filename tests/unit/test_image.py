@@ -146,7 +146,7 @@ def test_fetch_holds_extras_to_the_lock(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_failed_pip_names_the_way_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stage = image.stage_context(CONTEXT, tmp_path / "stage", None)
-    monkeypatch.setattr(image.sys, "executable", "/bin/false")
+    monkeypatch.setattr("kernel_gateway.cli.image.sys.executable", "/bin/false")
     with pytest.raises(SystemExit, match="--no-download"):
         image.fetch_wheels(stage, "amd64", lambda line: None)
     assert not (stage / image.WHEELS / image.STAMP).exists()

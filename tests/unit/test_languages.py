@@ -7,6 +7,8 @@ import asyncio
 import io
 import json
 import tarfile
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +143,7 @@ def test_a_nameless_error_gets_a_name() -> None:
             "parent_header": {},
             "content": {"ename": ename, "evalue": evalue, "traceback": []},
         }
-        return translate(message)  # type: ignore[arg-type]
+        return translate(message)
 
     assert error("", "127").data == {
         "ename": "ExitStatus",
@@ -246,8 +248,10 @@ def test_a_result_before_its_idle_costs_no_probe() -> None:
 def test_a_held_idle_is_released_after_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     late, sink, _ = late_results()
     late.on_message(idle("c1"))
-    now = bridge.time.monotonic()
-    monkeypatch.setattr(bridge.time, "monotonic", lambda: now + bridge.HOLD_SECONDS + 0.1)
+    now = time.monotonic()
+    monkeypatch.setattr(
+        "kernel_gateway.in_kernel.bridge.time.monotonic", lambda: now + bridge.HOLD_SECONDS + 0.1
+    )
     late.expire()
     assert sink.sent == [("status", "c1", "execute_request", "idle")] and not late.waiting
 
@@ -256,7 +260,7 @@ def test_a_held_idle_is_released_after_the_cap(monkeypatch: pytest.MonkeyPatch) 
 
 
 def find_languages(
-    tmp_path: Path, images: dict[str, list[Language] | None], **settings: Any
+    tmp_path: Path, images: Mapping[str, list[Language] | None], **settings: Any
 ) -> Languages:
     from kernel_gateway.kernels.backends.base import RuntimeDir
     from kernel_gateway.kernels.backends.docker import DockerBackend

@@ -270,7 +270,9 @@ def test_events_fit_their_data_models() -> None:
         "hibernated_seconds": 12.5,
         "resume_ms": 180.2,
     }
-    produced = [
+    too_long = translate(_message("stream", {"name": "stdout", "text": "long"}))
+    assert too_long is not None
+    produced: list[tuple[str, dict[str, Any]] | None] = [
         translate(_message("stream", {"name": "stdout", "text": "hi\n"})),
         translate(_message("stream", {"name": "stderr", "text": "oops\n"})),
         translate(
@@ -284,9 +286,7 @@ def test_events_fit_their_data_models() -> None:
         translate(_message("clear_output", {"wait": True})),
         translate(_message("error", {"ename": "E", "evalue": "v", "traceback": ["t"]})),
         error_event("KernelDied", "gone"),
-        OutputLimiter(max_output_bytes=1, max_display_bytes=1).limit(
-            translate(_message("stream", {"name": "stdout", "text": "long"}))
-        ),
+        OutputLimiter(max_output_bytes=1, max_display_bytes=1).limit(too_long),
     ]
     produced += [
         ("file", {"path": "a.png", "size": 3, "mime": "image/png", "url": None, "data": "AAA="}),
@@ -300,6 +300,7 @@ def test_events_fit_their_data_models() -> None:
     for event in produced:
         assert event is not None
         name, data = event
+        assert name in EVENT_NAMES, name
         TypeAdapter(events.EVENT_DATA[name]).validate_python(data, strict=True)
         seen.add(name)
     assert seen == set(EVENT_NAMES)

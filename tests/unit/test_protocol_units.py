@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import mcp_types as types
@@ -123,14 +124,14 @@ def test_kernel_ids_are_session_uuids_with_dashes() -> None:
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\nfake").decode()
 
 
-def _report(*events: tuple[str, dict[str, object]]) -> CellReport:
+def _report(*events: tuple[str, Mapping[str, object]]) -> CellReport:
     report = CellReport("http://gw")
     for name, data in events:
         report.add(Event(name, dict(data)))
     return report
 
 
-def _text(blocks: list[object]) -> str:
+def _text(blocks: Iterable[object]) -> str:
     return "".join(b.text for b in blocks if isinstance(b, types.TextContent))
 
 
@@ -214,7 +215,7 @@ def test_inline_files_by_kind() -> None:
     assert isinstance(blob.resource, types.BlobResourceContents)
 
 
-def decode_content(arguments: dict[str, object]) -> bytes:
+def decode_content(arguments: Mapping[str, object]) -> bytes:
     """upload_file's `content`, as its arguments model decodes it."""
     upload = parse_arguments(UploadFileArguments, {"path": "f", **arguments}, Settings())
     return upload.content
