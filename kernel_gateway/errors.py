@@ -5,6 +5,7 @@
     │   └── UnknownLanguage           400 unknown_language    (not among this gateway's languages)
     ├── Unauthorized                  401 unauthorized        (missing or wrong token)
     ├── Forbidden                     403 forbidden
+    │   └── NetworkNotAllowed         403 network_not_allowed (a domain beyond --egress-allow)
     ├── NotFound                      404 not_found
     │   ├── SessionNotFound           404 session_not_found
     │   └── ExecutionNotFound         404 execution_not_found

@@ -11,14 +11,53 @@
 `status`, `execute_input` and comm traffic drive the execution itself and are
 not forwarded. Output caps live here too, so one execution's events stay
 bounded however much the code prints.
+
+Events are made with `event(name, data)`: at run time the `Event` tuple itself, to mypy a
+function that takes each name with its own `data` shape (`shapes/events.py`), so a missing
+or misspelled field, or data under the wrong name, fails the type check at no cost per event.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
-from kernel_gateway.types import JSON, Event, Message
+from kernel_gateway.shapes.events import (
+    ClearData,
+    DisplayData,
+    DoneData,
+    ErrorData,
+    FileData,
+    ResultData,
+    ResumedData,
+    TextData,
+)
+from kernel_gateway.types import JSON, Event, EventName, Message
+
+if TYPE_CHECKING:
+
+    @overload
+    def event(name: Literal["stdout", "stderr"], data: TextData) -> Event: ...
+    @overload
+    def event(name: Literal["display"], data: DisplayData) -> Event: ...
+    @overload
+    def event(name: Literal["result"], data: ResultData) -> Event: ...
+    @overload
+    def event(name: Literal["clear"], data: ClearData) -> Event: ...
+    @overload
+    def event(name: Literal["error"], data: ErrorData) -> Event: ...
+    @overload
+    def event(name: Literal["file"], data: FileData) -> Event: ...
+    @overload
+    def event(name: Literal["resumed"], data: ResumedData) -> Event: ...
+    @overload
+    def event(name: Literal["done"], data: DoneData) -> Event: ...
+    def event(name: EventName, data: Any) -> Event:
+        """An event whose `data` has its name's shape (type-checked; see above)."""
+        return Event(name, data)
+
+else:
+    event = Event
 
 TRUNCATION_MARKER = "\n[output truncated: this execution exceeded {limit} bytes of output]\n"
 
@@ -62,13 +101,15 @@ def translate(msg: Message) -> Event | None:
     if not isinstance(content, dict):
         raise MalformedMessage("content is not an object")
     if msg_type == "stream":
-        name = "stderr" if content.get("name") == "stderr" else "stdout"
-        return Event(name, {"text": _text(content, "text")})
+        name: Literal["stdout", "stderr"] = (
+            "stderr" if content.get("name") == "stderr" else "stdout"
+        )
+        return event(name, {"text": _text(content, "text")})
     if msg_type == "display_data" or msg_type == "update_display_data":
         display_id = _mapping(content, "transient").get("display_id")
         if display_id is not None and not isinstance(display_id, str):
             raise MalformedMessage("'display_id' is not a string")
-        return Event(
+        return event(
             "display",
             {
                 "data": _mapping(content, "data"),
@@ -78,7 +119,7 @@ def translate(msg: Message) -> Event | None:
             },
         )
     if msg_type == "execute_result":
-        return Event(
+        return event(
             "result",
             {
                 "data": _mapping(content, "data"),
@@ -87,7 +128,7 @@ def translate(msg: Message) -> Event | None:
             },
         )
     if msg_type == "clear_output":
-        return Event("clear", {"wait": bool(content.get("wait", False))})
+        return event("clear", {"wait": bool(content.get("wait", False))})
     if msg_type == "error":
         traceback = content.get("traceback") or []
         if not isinstance(traceback, list):
@@ -103,7 +144,7 @@ def translate(msg: Message) -> Event | None:
                     evalue,
                 )
             )
-        return Event(
+        return event(
             "error",
             {"ename": ename, "evalue": evalue, "traceback": [str(line) for line in traceback]},
         )
@@ -155,7 +196,7 @@ def parse_reply(msg: Message) -> ExecuteReply:
 
 def error_event(ename: str, evalue: str) -> Event:
     """An error the gateway itself reports (timeout, kernel death), shaped like a kernel's."""
-    return Event("error", {"ename": ename, "evalue": evalue, "traceback": []})
+    return event("error", {"ename": ename, "evalue": evalue, "traceback": []})
 
 
 def resumed_note(data: JSON) -> str | None:
@@ -219,7 +260,7 @@ class OutputLimiter:
 
     def _stop(self, why: str) -> Event:
         self.rich_truncated = True
-        return Event("stderr", {"text": f"\n[output truncated: this execution produced {why}]\n"})
+        return event("stderr", {"text": f"\n[output truncated: this execution produced {why}]\n"})
 
     def _limit_text(self, event: Event) -> Event | None:
         if self.text_truncated:

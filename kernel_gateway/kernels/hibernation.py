@@ -27,6 +27,7 @@ from typing import Any
 
 from kernel_gateway.kernels.backends.base import in_kernel_source
 from kernel_gateway.kernels.kernel import Kernel, KernelCallFailed
+from kernel_gateway.shapes.events import LostName
 
 SAVE_SECONDS = 300.0  # a namespace of about the memory limit, written to disk
 LOAD_SECONDS = 300.0
@@ -44,7 +45,7 @@ class Lost:
     name: str
     reason: str
 
-    def to_json(self) -> dict[str, str]:
+    def to_json(self) -> LostName:
         return {"name": self.name, "reason": self.reason}
 
 

@@ -28,8 +28,10 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 from kernel_gateway.errors import ExecutionExpired
-from kernel_gateway.kernels.events import ExecuteReply, OutputLimiter, rough_size
-from kernel_gateway.types import JSON, DoneStatus, Event, ExecutionStatus, Record
+from kernel_gateway.kernels.events import ExecuteReply, OutputLimiter, event, rough_size
+from kernel_gateway.shapes.events import DoneData, ResumedData
+from kernel_gateway.shapes.responses import ExecutionSummary
+from kernel_gateway.types import DiedReason, DoneStatus, Event, ExecutionStatus, Record
 
 
 class State(enum.Enum):
@@ -76,7 +78,7 @@ class Execution:
         self.timeout = timeout
         self.state = State.QUEUED
         self.stop_reason: StopReason | None = None
-        self.death: str | None = None
+        self.death: DiedReason | None = None
         """With StopReason.DEATH: exited, signal, killed, out_of_memory, start_failed,
         session_failed or gateway_error."""
         self.reply: ExecuteReply | None = None
@@ -87,7 +89,7 @@ class Execution:
         """The kernel was replaced before or during this cell: earlier state is gone."""
         self.session_failed = False
         """This cell's kernel death spent the session's restart budget."""
-        self.resumed: JSON | None = None
+        self.resumed: ResumedData | None = None
         """The session resumed from hibernation for this cell (or since its last one): what
         was lost, in `done` too."""
         self.around: tuple[str, str] | None = None
@@ -132,7 +134,7 @@ class Execution:
         if self.state is State.RUNNING:
             self.state = State.FINISHING
 
-    def stop(self, reason: StopReason, death: str | None = None) -> bool:
+    def stop(self, reason: StopReason, death: DiedReason | None = None) -> bool:
         """Record why the cell ends; True if `reason` is now the stop reason.
 
         A reason replaces an earlier one only if it ranks higher: a kernel death
@@ -158,7 +160,7 @@ class Execution:
         if self.finished:
             return
         self.ended = time.monotonic()
-        self.emit(Event("done", self.done_data()))
+        self.emit(event("done", self.done_data()))
         self.state = State.DONE
 
     # -- the outcome, computed in one place --------------------------------------------------
@@ -187,14 +189,14 @@ class Execution:
         end = self.ended if self.ended is not None else time.monotonic()
         return (end - self.started) * 1000
 
-    def done_data(self) -> JSON:
-        data: JSON = {
+    def done_data(self) -> DoneData:
+        data: DoneData = {
             "status": self.status,
             "execution_count": self.execution_count,
             "duration_ms": round(self.duration_ms, 3),
             "restarted": self.restarted,
         }
-        if self.stop_reason is StopReason.DEATH:
+        if self.stop_reason is StopReason.DEATH and self.death is not None:
             data["reason"] = self.death
             if self.session_failed:
                 data["session_failed"] = True
@@ -283,7 +285,7 @@ class Execution:
     def _expired_message(self) -> str:
         return f"the events of execution {self.id} are no longer kept (retention)"
 
-    def summary(self) -> JSON:
+    def summary(self) -> ExecutionSummary:
         """What the list of a session's executions says about this one."""
         status: ExecutionStatus
         if self.state is State.QUEUED:

@@ -16,6 +16,7 @@ import os
 from collections.abc import AsyncIterable
 
 from kernel_gateway.errors import GatewayError
+from kernel_gateway.kernels.events import event
 from kernel_gateway.kernels.workspace import (
     INLINE_IMAGE_TYPES,
     FileInfo,
@@ -26,7 +27,8 @@ from kernel_gateway.kernels.workspace import (
     guess_mime,
 )
 from kernel_gateway.settings import Settings
-from kernel_gateway.types import JSON, Event
+from kernel_gateway.shapes.events import FileData
+from kernel_gateway.types import Event
 
 INLINE_SCAN_FILES = 64  # workspaces this small are scanned on the event loop
 
@@ -96,7 +98,7 @@ class SessionFiles:
         events = []
         for path in changed[: s.max_file_events]:
             size = after[path][0]
-            data: JSON = {
+            data: FileData = {
                 "path": path,
                 "size": size,
                 "mime": guess_mime(path),
@@ -107,11 +109,11 @@ class SessionFiles:
                 content = await asyncio.to_thread(self._read_quietly, path)
                 if content is not None:
                     data["data"] = base64.b64encode(content).decode()
-            events.append(Event("file", data))
+            events.append(event("file", data))
         if len(changed) > s.max_file_events:
             more = len(changed) - s.max_file_events
             text = f"[{more} more changed files not reported; see GET /files]\n"
-            events.append(Event("stderr", {"text": text}))
+            events.append(event("stderr", {"text": text}))
         return events
 
     def _read_quietly(self, path: str) -> bytes | None:

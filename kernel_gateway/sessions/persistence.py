@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+from kernel_gateway.shapes.events import LostName
+
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
@@ -51,7 +53,7 @@ class HibernatedState:
     since: float
     """Wall-clock time (epoch seconds) it was hibernated."""
     bytes: int = 0
-    lost: list[dict[str, str]] = field(default_factory=list)
+    lost: list[LostName] = field(default_factory=list)
     error: str | None = None
 
     @classmethod

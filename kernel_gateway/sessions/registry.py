@@ -14,6 +14,9 @@ gateway. Everything else about sessions that outlive the gateway (`--persist-ses
 the drain, the suspension, the adoption) is `DurableSessions`' (sessions/durable.py);
 the registry offers it a few named steps, and answers 410 `session_lost` for the
 sessions it could not adopt.
+
+Beside it: which domains a session may reach (`network_policy.py`), and the reaping of
+idle sessions (`reaper.py`).
 """
 
 from __future__ import annotations
@@ -22,44 +25,41 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from kernel_gateway.errors import (
     BadRequest,
     Conflict,
     Forbidden,
-    GatewayError,
     InvalidRequest,
     KernelUnavailable,
-    NetworkNotAllowed,
     NotFound,
-    SessionBusy,
     SessionLost,
     SessionNotFound,
     ShuttingDown,
     TooManySessions,
     UnknownLanguage,
 )
-from kernel_gateway.in_proxy.policy import BadPattern, normalize, outside
 from kernel_gateway.kernels.backends.base import Backend, SessionStorage
 from kernel_gateway.kernels.hibernation import Snapshots
 from kernel_gateway.kernels.kernel import Kernel
-from kernel_gateway.kernels.languages import PYTHON, Languages
+from kernel_gateway.kernels.languages import PYTHON, Language, Languages
 from kernel_gateway.kernels.pools.fork import ForkPool
 from kernel_gateway.kernels.pools.lease import Lease
 from kernel_gateway.kernels.pools.warm import KernelLess, WarmPool
 from kernel_gateway.kernels.workspace import Workspace
+from kernel_gateway.sessions import network_policy
 from kernel_gateway.sessions.execution import Execution
 from kernel_gateway.sessions.files import SessionFiles
 from kernel_gateway.sessions.hibernation import Hibernator
 from kernel_gateway.sessions.kernel_slot import KernelSlot
-from kernel_gateway.sessions.network import NETWORK_LANGUAGES, SessionNetwork
 from kernel_gateway.sessions.persistence import SessionRecord, SessionStore
+from kernel_gateway.sessions.reaper import IdleReaper
 from kernel_gateway.sessions.restart_policy import RestartPolicy
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
+from kernel_gateway.shapes.responses import LanguageInfo, PoolStats, StatelessMode
 from kernel_gateway.tasks import TaskSet
-from kernel_gateway.types import JSON
 
 if TYPE_CHECKING:  # the proxy's module loads the Docker SDK: only when egress is on
     from kernel_gateway.kernels.egress.proxy import EgressProxy
@@ -108,7 +108,6 @@ class Registry:
         self._reserved_stateless = 0
         self.egress = egress
         """The egress proxy, when the operator allows some domains (`--egress-allow`)."""
-        self._reaper: asyncio.Task[None] | None = None
         self._tasks = TaskSet()
         self.hibernator = Hibernator(
             warm, Snapshots(warm.workspaces.parent / "snapshots"), warm.metrics
@@ -116,10 +115,8 @@ class Registry:
         """Hibernates and resumes Python sessions (on demand, and idle ones with
         `--hibernate-after`)."""
         self.hibernator.flush = self._flush
-        self._hibernating: set[str] = set()
-        self._unsaved: dict[str, float] = {}
-        """Sessions a hibernation failed for, with their activity then: not tried again
-        until they are used."""
+        self.reaper = IdleReaper(self, settings)
+        """Hibernates or removes idle sessions."""
 
     @property
     def backend(self) -> Backend:
@@ -143,7 +140,7 @@ class Registry:
             pool.start()
         if self.forks is not None:
             self.forks.start()
-        self._reaper = asyncio.ensure_future(self._reap_idle())
+        self.reaper.start()
 
     async def close(self) -> None:
         await self.stop_reaping()
@@ -155,6 +152,7 @@ class Registry:
         await asyncio.gather(*(self._close(c) for c in companions), return_exceptions=True)
         await asyncio.gather(*(self._close(s) for s in sessions), return_exceptions=True)
         await self._tasks.join()  # releases under way
+        await self.reaper.join()  # hibernations of idle sessions under way
         await self.hibernator.close()
         if self.forks is not None:
             await self.forks.close()
@@ -169,7 +167,7 @@ class Registry:
         run (and never abandoned)."""
         self.draining = True
         for session in self._sessions.values():
-            session.draining = True
+            session.drain()
 
     def busy(self) -> bool:
         """A cell runs or waits, in a session or a stateless execution."""
@@ -182,9 +180,7 @@ class Registry:
             self._release(session)
 
     async def stop_reaping(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            await asyncio.gather(self._reaper, return_exceptions=True)
+        await self.reaper.stop()
 
     def forget(self, sessions: list[Session]) -> None:
         """Drop `sessions` without closing them or releasing their kernels: those are no
@@ -198,9 +194,10 @@ class Registry:
         """A session a predecessor persisted, on its adopted kernel, taking up at `record`
         (its network policy too: without the proxy, its kernel reaches nothing)."""
         session = self._session_on(lease, ephemeral=False, id=record.id, language=record.language)
-        session.restore(record)
+        carrier = None
         if record.carrier is not None:  # its kernel runs on this disk, carrying the session's
-            session.carrier = SessionStorage(self.warm.workspaces / record.carrier)
+            carrier = SessionStorage(self.warm.workspaces / record.carrier)
+        session.restore(record, carrier)
         self._sessions[session.id] = session
         if record.network:
             await self._restore_network(session, record.network)
@@ -221,18 +218,19 @@ class Registry:
 
     def mark_lost(self, session_id: str, reason: str) -> None:
         """A persisted session that could not be adopted: it answers 410 `session_lost`."""
-        self._gone(
+        self.gone(
             session_id,
             f"session {session_id} did not survive the gateway's restart ({reason}); "
             "its variables and files are gone: create a new session",
         )
 
-    def _gone(self, session_id: str, message: str) -> None:
+    def gone(self, session_id: str, message: str) -> None:
+        """`session_id` answers 410 `session_lost` with `message` from now on."""
         self._lost[session_id] = message
         while len(self._lost) > MAX_GONE_KEPT:
             del self._lost[next(iter(self._lost))]
 
-    def stats(self) -> JSON:
+    def stats(self) -> PoolStats:
         return {
             **self.warm.stats(),
             # Running ones: what `--max-sessions` bounds (and a cluster router places by).
@@ -242,25 +240,29 @@ class Registry:
             "max_stateless": self.stateless_limit,
         }
 
-    def languages_json(self) -> list[JSON]:
+    def languages_json(self) -> list[LanguageInfo]:
         """Each language served, Python first, with its version and its pool's numbers."""
-        out: list[JSON] = []
+        out: list[LanguageInfo] = []
         for name, language in self.languages.items():
             pool = self.pools.get(name)
-            warm = pool.stats() if pool is not None else {}
+            warm = pool.stats() if pool is not None else None
             out.append(
                 {
-                    **language.to_json(),
+                    "name": language.name,
+                    "display_name": language.display_name,
+                    "version": language.version,
+                    "image": language.image,
+                    "interrupt_mode": _interrupt_mode(language),
                     "pool": {
-                        "warm": warm.get("warm", 0),
-                        "starting": warm.get("starting", 0),
-                        "target": warm.get("target", 0),
+                        "warm": warm["warm"] if warm is not None else 0,
+                        "starting": warm["starting"] if warm is not None else 0,
+                        "target": warm["target"] if warm is not None else 0,
                     },
                 }
             )
         return out
 
-    def stateless_stats(self) -> JSON:
+    def stateless_stats(self) -> StatelessMode:
         """How stateless requests get kernels, for /health."""
         if self.forks is None:
             return {"stateless_mode": "container"}
@@ -271,80 +273,16 @@ class Registry:
     def network_policy(self, asked: list[str] | str | None) -> list[str]:
         """The allowlist a new session gets: `asked` (patterns, or "none") checked against
         `--egress-allow`, or `--egress-default` when it asks nothing."""
-        wide: list[str] = []
-        if asked is None:
-            patterns = list(self.settings.egress_default_list)
-        elif asked == "none":
-            return []
-        elif isinstance(asked, str):
-            raise InvalidRequest('\'network\' is "none" or {"allow": [domain patterns]}')
-        else:
-            patterns = []
-            for raw in asked:
-                try:
-                    patterns.append(normalize(raw))
-                except BadPattern as exc:
-                    # Beyond the ceiling whatever it is: refused as not allowed (403), with why
-                    # it could not be a pattern anyway; within it (a malformed spelling of an
-                    # allowed name), a bad request.
-                    if outside(self.settings.egress_ceiling, [raw.strip().lower()]):
-                        wide.append(f"{raw!r} ({exc})")
-                    else:
-                        raise InvalidRequest(f"'network.allow': {exc}") from None
-            patterns = list(dict.fromkeys(patterns))
-        ceiling = self.settings.egress_ceiling
-        wide += outside(ceiling, patterns)
-        if wide:
-            allowed = ", ".join(ceiling) if ceiling else "no domains at all"
-            raise NetworkNotAllowed(
-                f"the network policy asks for {', '.join(wide)}, which this gateway does not "
-                f"allow (its --egress-allow: {allowed})"
-            )
-        if patterns and self.egress is None:
-            raise KernelUnavailable("this gateway has no egress proxy running")
-        return patterns
+        return network_policy.allowlist(asked, self.settings, self.egress)
 
     async def _restore_network(self, session: Session, allow: list[str]) -> None:
-        """An adopted session's policy, within today's `--egress-allow` (narrowed if the
-        operator narrowed it). It fails closed: whatever goes wrong, the kernel has no
-        network of its own, and the record keeps the policy for the next gateway."""
-        kept = [p for p in allow if not outside(self.settings.egress_ceiling, [p])]
-        if kept != allow:
-            logger.warning(
-                "session %s: %s no longer within --egress-allow; not restored",
-                session.id,
-                ", ".join(p for p in allow if p not in kept),
-            )
-        if not kept:
-            return
-        if self.egress is None:
-            logger.error("session %s may reach %s, but no egress proxy runs", session.id, kept)
-            return
-        network = SessionNetwork(session.id, kept, self.egress, self.warm.metrics)
-        session.network = network  # kept in the record even if what follows fails
-        session.slot.prepare.append(network.attach)
-        kernel = session.slot.kernel
-        try:
-            await network.open()
-            if kernel is not None:  # its environment already points at the proxy
-                await network.attach(kernel, configure=False)
-        except Exception as exc:
-            logger.error("session %s: its network was not restored: %s", session.id, exc)
+        """An adopted session's policy (`network_policy.restore`: it fails closed)."""
+        await network_policy.restore(session, allow, self.settings, self.egress, self.warm.metrics)
 
     async def _give_network(self, session: Session, allow: list[str]) -> None:
         """`session` may reach `allow`: its way out, now and for each later kernel."""
         assert self.egress is not None
-        network = SessionNetwork(session.id, allow, self.egress, self.warm.metrics)
-        await network.open()
-        kernel = session.slot.kernel
-        try:
-            if kernel is not None:
-                await network.attach(kernel)
-        except BaseException:
-            await network.close()
-            raise
-        session.network = network
-        session.slot.prepare.append(network.attach)
+        await network_policy.give(session, allow, self.egress, self.warm.metrics)
 
     async def create_session(
         self, language: str | None = None, network: list[str] | str | None = None
@@ -352,7 +290,7 @@ class Registry:
         self._refuse_if_draining()
         allow = self.network_policy(network)
         pool = self.pool(language)
-        _check_network_language(pool.language.name, allow)
+        network_policy.check_language(pool.language.name, allow)
         if self._held() + self._reserved >= self.settings.max_sessions:
             raise TooManySessions(
                 f"the gateway holds its maximum of {self.settings.max_sessions} sessions; "
@@ -400,7 +338,7 @@ class Registry:
         session = self._sessions.pop(session_id, None)
         if session is None:
             raise self._missing(session_id)
-        self._unsaved.pop(session_id, None)
+        self.reaper.forget(session_id)
         if self.store is not None:  # first: a crash from here on must not bring it back
             self.store.delete(session_id)
             await self.store.flush()
@@ -472,7 +410,7 @@ class Registry:
         self._refuse_if_draining()
         allow = self.network_policy(network)
         pool = self.pool(language)
-        _check_network_language(pool.language.name, allow)
+        network_policy.check_language(pool.language.name, allow)
         forks = self.forks if pool is self.warm and not allow else None
         # A forked request waiting for a fork server holds nothing; one that gets a
         # container of its own holds that container: by default it is let in only under
@@ -537,6 +475,7 @@ class Registry:
         workspace = Workspace(lease.storage.files, lease.files_owner)
         files = SessionFiles(session_id, workspace, s, inline_all=ephemeral)
         persist = self._save if self.store is not None and not ephemeral else None
+        hibernates = self.hibernator.supports(language, ephemeral=ephemeral)
         session = Session(
             session_id,
             slot,
@@ -546,13 +485,13 @@ class Registry:
             persist=persist,
             metrics=self.warm.metrics,
             language=language,
+            hibernator=self.hibernator if hibernates else None,
         )
-        if self.hibernator.supports(session):
-            session.hibernator = self.hibernator
 
         def replaced() -> None:
             session.persist()
-            self.hibernator.kernel_replaced(session)
+            if session.hibernation is not None:  # a disk that carried it is no longer needed
+                session.hibernation.kernel_replaced()
 
         slot.on_replace = replaced
         self._leases[session] = lease
@@ -569,78 +508,15 @@ class Registry:
     async def _close(self, session: Session) -> None:
         lease = self._leases.pop(session, None)
         try:
-            await session.close()
+            await session.close()  # its snapshot, and the disk it was carried on, too
         finally:
-            if session.hibernator is not None:  # its snapshot, and the disk it was carried on
-                await session.hibernator.forget(session)
             if lease is not None:
                 await lease.release()
-
-    async def _reap_idle(self) -> None:
-        """Every few seconds: idle sessions are hibernated (`--hibernate-after`) or removed
-        (`--idle-timeout`); hibernated ones are removed past `--hibernated-ttl`."""
-        s = self.settings
-        shortest = min(t for t in (s.idle_timeout, s.hibernate_after, s.hibernated_ttl) if t > 0)
-        while True:
-            await asyncio.sleep(min(30.0, max(0.5, shortest / 4)))
-            for session in list(self._sessions.values()):
-                try:
-                    await self._reap(session)
-                except SessionNotFound:
-                    pass
-                except Exception:
-                    logger.exception("reaping idle session %s failed", session.id)
-
-    async def _reap(self, session: Session) -> None:
-        s = self.settings
-        idle = session.idle_seconds()
-        if session.hibernated:
-            if idle >= s.hibernated_ttl:
-                logger.info(
-                    "session %s hibernated and idle for %.0f s; removing it", session.id, idle
-                )
-                await self.delete_session(session.id)
-                self._gone(
-                    session.id,
-                    f"session {session.id} was hibernated for longer than --hibernated-ttl "
-                    f"({s.hibernated_ttl:g} s) and was deleted with its variables and files",
-                )
-            return
-        if self._may_hibernate(session):  # never removed while it can hibernate instead
-            if idle >= s.hibernate_after and session.id not in self._hibernating:
-                self._hibernating.add(session.id)
-                self._tasks.spawn(self._hibernate_idle(session))
-            return
-        if idle >= s.idle_timeout:
-            logger.info("session %s idle for %.0f s; removing it", session.id, s.idle_timeout)
-            await self.delete_session(session.id)
-
-    def _may_hibernate(self, session: Session) -> bool:
-        return (
-            self.settings.hibernate_after > 0
-            and session.hibernator is not None
-            and not session.holders  # a notebook is connected to its kernel
-            and not self._companions.get(session.id)  # E2B contexts: their kernels run on
-            and self._unsaved.get(session.id) != session.last_activity
-        )
-
-    async def _hibernate_idle(self, session: Session) -> None:
-        try:
-            await session.hibernate()
-        except SessionBusy:
-            pass  # used meanwhile: idle again later
-        except GatewayError as exc:
-            logger.warning("session %s was not hibernated: %s", session.id, exc.message)
-            self._unsaved[session.id] = session.last_activity
-        finally:
-            self._hibernating.discard(session.id)
-            if session.closed:
-                self._unsaved.pop(session.id, None)
 
     async def hibernate(self, session_id: str) -> Session:
         """Hibernate a session now (`POST /sessions/{id}/hibernate`)."""
         session = self.get(session_id)
-        if session.hibernator is None:  # a well-formed call this session cannot take
+        if session.hibernation is None:  # a well-formed call this session cannot take
             raise Conflict(
                 f"{session.language} sessions cannot be hibernated (only Python kernels' "
                 "variables can be saved)"
@@ -654,12 +530,9 @@ class Registry:
         return session
 
 
-def _check_network_language(language: str, allow: list[str]) -> None:
-    if allow and language not in NETWORK_LANGUAGES:
-        raise BadRequest(
-            f"network policies are not supported for {language} kernels (only for "
-            f"{', '.join(sorted(NETWORK_LANGUAGES))})"
-        )
+def _interrupt_mode(language: Language) -> Literal["signal", "message"]:
+    """`Language.interrupt_mode`, typed as the API gives it (it is one of the two)."""
+    return "message" if language.interrupt_mode == "message" else "signal"
 
 
 async def _never_relaunched(storage: SessionStorage) -> Kernel:

@@ -166,6 +166,17 @@ class FileList(TypedDict):
 
 
 @closed
+class WarmPoolStats(TypedDict):
+    """A warm pool's own numbers (`WarmPool.stats`): the first fields of `PoolStats`, and
+    `LanguagePool`'s source. Not a component of the API by itself."""
+
+    warm: Count
+    starting: Count
+    target: Count
+    kernels_started: Count
+
+
+@closed
 class PoolStats(TypedDict):
     warm: Count
     starting: Count
@@ -204,6 +215,15 @@ class Health(TypedDict):
     """How stateless requests get a kernel (`--stateless-mode`)."""
     fork_servers: NotRequired[ForkServerStats]
     """Fork-server containers (only with `stateless_mode` fork)."""
+
+
+@closed
+class StatelessMode(TypedDict):
+    """How stateless requests get kernels (`Registry.stateless_stats`): the fields of `Health`
+    from `stateless_mode` on. Not a component of the API by itself."""
+
+    stateless_mode: Literal["fork", "container"]
+    fork_servers: NotRequired[ForkServerStats]
 
 
 @closed

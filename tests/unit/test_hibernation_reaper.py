@@ -32,7 +32,8 @@ def _idle_for(session: Session, seconds: float) -> None:
 def _hibernated(session: Session) -> None:
     """As if hibernated: no kernel, a snapshot's particulars (the fake kernels write none)."""
     session.slot.park()
-    session.hibernation = HibernatedState(since=time.time())
+    assert session.hibernation is not None
+    session.hibernation.take_up(HibernatedState(since=time.time()), None)
 
 
 async def test_a_hibernated_session_lives_until_its_ttl_then_answers_410(
@@ -41,10 +42,10 @@ async def test_a_hibernated_session_lives_until_its_ttl_then_answers_410(
     session = await registry.create_session()
     _hibernated(session)
     _idle_for(session, 3000)  # far past --idle-timeout, within --hibernated-ttl
-    await registry._reap(session)
+    await registry.reaper.reap(session)
     assert registry.get(session.id) is session and session.status == "hibernated"
     _idle_for(session, 3601)
-    await registry._reap(session)
+    await registry.reaper.reap(session)
     with pytest.raises(SessionLost) as gone:
         registry.get(session.id)
     assert "--hibernated-ttl" in gone.value.message and gone.value.status_code == 410
@@ -56,10 +57,10 @@ async def test_a_failed_hibernation_falls_back_to_the_idle_timeout(registry: Reg
         await registry.hibernate(session.id)
     assert registry.get(session.id).status == "idle"  # it runs on
     _idle_for(session, 121)  # past --hibernate-after and --idle-timeout
-    await registry._reap(session)  # tries to hibernate it (in the background): fails
-    await registry._tasks.join()
+    await registry.reaper.reap(session)  # tries to hibernate it (in the background): fails
+    await registry.reaper.join()
     assert registry.get(session.id) is session and not session.closed
-    await registry._reap(session)  # not tried again while unused: removed as before
+    await registry.reaper.reap(session)  # not tried again while unused: removed as before
     assert session.closed
     with pytest.raises(Exception, match="no session"):
         registry.get(session.id)

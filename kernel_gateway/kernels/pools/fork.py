@@ -48,6 +48,7 @@ from kernel_gateway.kernels.storage import SessionStorage
 from kernel_gateway.kernels.wire import ipc_connection
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.settings import Settings
+from kernel_gateway.shapes.responses import ForkServerStats
 from kernel_gateway.types import JSON, ConnectionInfo
 
 logger = logging.getLogger(__name__)
@@ -421,7 +422,7 @@ class ForkPool:
     def start(self) -> None:
         self._refill.fill()
 
-    def stats(self) -> JSON:
+    def stats(self) -> ForkServerStats:
         return {
             "idle": len(self._refill.ready),
             "busy": len(self._busy),

@@ -32,7 +32,7 @@ from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language
 from kernel_gateway.kernels.pools.refill import Refill
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.settings import Settings
-from kernel_gateway.types import JSON
+from kernel_gateway.shapes.responses import WarmPoolStats
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class WarmPool:
         warm = await self._refill.close()
         await asyncio.gather(*(self.discard(w) for w in warm), return_exceptions=True)
 
-    def stats(self) -> JSON:
+    def stats(self) -> WarmPoolStats:
         return {
             "warm": len(self._refill.ready),
             "starting": self._refill.starting,

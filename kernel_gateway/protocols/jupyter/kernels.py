@@ -176,12 +176,12 @@ class JupyterKernels:
         proxy = ChannelProxy(self, session, websocket, protocol)
         state.proxies.add(proxy)
         state.connections += 1
-        session.holders += 1
+        session.hold()
         try:
             await proxy.run()
         finally:
             state.connections -= 1
-            session.holders -= 1
+            session.let_go()
             state.proxies.discard(proxy)
             self.forget(session.id)  # what IOPub said is stale once nobody listens
 
