@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from kernel_gateway.in_kernel import PROGRAMS
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ["pyproject.toml", "README.md", "kernel_gateway", "web", "kernel-image"]
 LIGHT = {"kernel-gateway", "httpx", "httpcore", "h11", "anyio", "idna", "certifi", "sniffio"}
@@ -92,7 +94,9 @@ def test_wheel_ships_every_file_of_the_kernel_image_context(wheel: Path) -> None
     assert "kernel_gateway/web/index.html" in names
     assert "kernel_gateway/client/sse.py" in names
     # code copied into containers is found as package resources: it must ship
-    assert "kernel_gateway/in_kernel/zygote.py" in names
+    for files in PROGRAMS.values():  # with every module each program imports
+        for name in files:
+            assert f"kernel_gateway/in_kernel/{name}" in names, name
     assert "kernel_gateway/in_kernel/kernel_startup.py" in names
     # the egress proxy's image and the code it and kernels run for network policies
     assert "kernel_gateway/kernel_image/egress/Dockerfile" in names

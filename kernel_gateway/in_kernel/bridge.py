@@ -29,13 +29,12 @@ so the gateway sees the kernel's death as the container's. If forwarding breaks 
 thread dies), the kernel is killed, for the same reason: never a live kernel that
 cannot be reached.
 
-This file is copied into the container and imports nothing of the gateway.
+This file is copied into the container, with `jupyter_wire.py` beside it (the signing and
+framing the gateway uses too), and imports nothing of the gateway.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import random
@@ -51,7 +50,12 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING or __package__:  # in the gateway's package
+    from . import jupyter_wire
+else:  # in a container's folder, beside this file
+    import jupyter_wire
 
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 PORTS = (20000, 32000)
@@ -131,7 +135,7 @@ def peek(frames: list[bytes]) -> tuple[str, str, str, str]:
     for `status` messages (small), never a display's megabytes.
     """
     try:
-        i = frames.index(b"<IDS|MSG>")
+        i = frames.index(jupyter_wire.DELIM)
         header = json.loads(frames[i + 2])
         kind = str(header.get("msg_type", ""))
         if kind not in ("status", "execute_result"):
@@ -198,8 +202,7 @@ class Requester:
     def __init__(self, info: dict[str, Any], url: str, context: Any) -> None:
         import zmq
 
-        self._key = str(info["key"]).encode()
-        self._digest = getattr(hashlib, str(info.get("signature_scheme", "hmac-sha256"))[5:])
+        self._signer = jupyter_wire.Signer.of(info)
         self._session = uuid.uuid4().hex
         self.socket: Any = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -219,10 +222,7 @@ class Requester:
             "version": "5.3",
         }
         parts = [json.dumps(p).encode() for p in (header, {}, {}, {})]
-        mac = hmac.new(self._key, digestmod=self._digest)
-        for part in parts:
-            mac.update(part)
-        self.socket.send_multipart([b"<IDS|MSG>", mac.hexdigest().encode(), *parts])
+        self.socket.send_multipart(jupyter_wire.serialize(parts, self._signer))
         if len(self.sent) > 1000:
             self.sent.clear()
         self.sent.add(msg_id)

@@ -6,12 +6,13 @@ explicit lifecycle: `open_runtime` (take a predecessor's runtime folder over),
 registry the store), `stop_requested` (the stop signal: the drain starts there)
 and `stop` (drain, then suspend leaving kernels running, or close everything).
 The pieces it drives live with what they act on: a session writes its record and
-restores itself from one (`session.py`; its running kernel is taken over by `adoption.py`),
-a kernel slot lets go of its kernel without stopping it (`kernel_slot.py`), the store writes records atomically
-(`persistence.py`), the backend adopts and detaches containers and the runtime
-folder is taken over (`kernels/backends/base.py`), the warm pool lists storage no
-session claims (`kernels/pools/warm.py`). The registry only records sessions to
-the store it is given, and offers the few named steps used here.
+restores itself from one (`session.py`; its running kernel is taken over by
+`adoption.py`), a kernel slot lets go of its kernel without stopping it
+(`kernel_slot.py`), the store writes records atomically (`persistence.py`), the backend
+adopts and detaches containers and the runtime folder is taken over
+(`kernels/backends/base.py`), the warm pool lists storage no session claims
+(`kernels/pools/warm.py`). The registry only records sessions to the store it is given,
+and offers the few named steps used here.
 
 What is guaranteed:
 

@@ -1,5 +1,5 @@
 """kernels/channels.py's Unix stream, driven by a `Kernel` as the gateway drives a forked
-stateless kernel; the kernel's side is zygote.py's own session and wire."""
+stateless kernel; the kernel's side is mini_kernel.py's own session and wire."""
 
 from __future__ import annotations
 
@@ -9,21 +9,16 @@ import socket
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import zmq.asyncio
 
+from kernel_gateway.in_kernel import mini_kernel
 from kernel_gateway.kernels.backends.base import ExitInfo, KernelProcess
 from kernel_gateway.kernels.channels import Channels, StreamChannels
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.wire import ipc_connection
 from kernel_gateway.types import Event
-from tests.support.in_kernel import load_in_kernel
-
-
-def _zygote() -> Any:
-    return load_in_kernel("zygote")
 
 
 class StreamProcess(KernelProcess):
@@ -78,13 +73,12 @@ def _serve_one(
     path: Path, key: str, garbage: bytes | None = None, signing_key: str | None = None
 ) -> threading.Thread:
     """The kernel's side: connect, answer one execute_request as the child does."""
-    zygote = _zygote()
 
     def run() -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(str(path))
-        wire = zygote._Wire(sock)
-        session = zygote._session()
+        wire = mini_kernel.Wire(sock)
+        session = mini_kernel.stream_session()
         session.start(key.encode(), wire)
         channel, frames = wire.receive()
         request = session.read_request(frames)

@@ -1,15 +1,18 @@
-"""kernels/wire.py: the one copy of Jupyter's ZMQ signing and framing, checked against
-jupyter_client's own Session (what real kernels use), and the stream records a forked
-stateless kernel writes, checked against zygote.py's own copy."""
+"""kernels/wire.py and in_kernel/jupyter_wire.py: the one copy of Jupyter's signing and
+framing, checked against jupyter_client's own Session (what real kernels use); the one
+module the gateway, a forked stateless kernel (mini_kernel.py) and the bridge all use; and
+the stream records a forked kernel reads and writes with it."""
 
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 import pytest
+import zmq
 from jupyter_client.session import Session as JupyterSession
 
+from kernel_gateway.in_kernel import bridge, jupyter_wire, mini_kernel
+from kernel_gateway.kernels import wire
 from kernel_gateway.kernels.wire import (
     DELIM,
     MAX_MESSAGE_BYTES,
@@ -27,7 +30,6 @@ from kernel_gateway.kernels.wire import (
     stream_record,
     verified_parts,
 )
-from tests.support.in_kernel import load_in_kernel
 
 KEY = "k" * 64
 
@@ -92,10 +94,6 @@ def test_socket_urls() -> None:
 # -- the stream of a forked stateless kernel ---------------------------------------------------
 
 
-def _zygote() -> Any:
-    return load_in_kernel("zygote")
-
-
 def _parse(stream: bytes) -> list[tuple[str, list[bytes]]]:
     records = []
     while stream:
@@ -106,20 +104,32 @@ def _parse(stream: bytes) -> list[tuple[str, list[bytes]]]:
     return records
 
 
+def test_the_gateway_and_the_kernels_sign_and_frame_with_one_module() -> None:
+    for name in ("DELIM", "Signer", "BadMessage", "serialize", "verified_parts"):
+        assert getattr(wire, name) is getattr(jupyter_wire, name), name
+    for name in ("RECORD_HEAD", "stream_record", "record_head", "record_frames"):
+        assert getattr(wire, name) is getattr(jupyter_wire, name), name
+    assert vars(mini_kernel)["jupyter_wire"] is jupyter_wire
+    assert vars(bridge)["jupyter_wire"] is jupyter_wire
+
+
 @pytest.mark.parametrize("channel", ["shell", "control", "iopub"])
-def test_the_kernels_records_and_the_gateways_are_the_same(channel: str) -> None:
+def test_the_kernel_reads_the_records_the_gateway_writes(channel: str) -> None:
     frames = [DELIM, b"sig", b"{}", b"", b"\x00" * 70000, "é".encode()]
-    zygote = _zygote()
-    assert zygote._record(channel, frames) == stream_record(channel, frames)
     assert _parse(stream_record(channel, frames) * 2) == [(channel, frames)] * 2
+    left, right = socket.socketpair()
+    with left, right:
+        kernel = mini_kernel.Wire(left)
+        right.sendall(stream_record(channel, frames) * 2)
+        assert kernel.receive() == (channel, frames)
+        assert kernel.receive() == (channel, frames)
 
 
 def test_a_message_the_kernel_sends_on_its_stream_verifies() -> None:
-    zygote = _zygote()
     left, right = socket.socketpair()
     with left, right:
-        session = zygote._session()
-        session.start(KEY.encode(), zygote._Wire(left))
+        session = mini_kernel.stream_session()
+        session.start(KEY.encode(), mini_kernel.Wire(left))
         session.send("iopub", "stream", {"name": "stdout", "text": "hi"}, {"msg_id": "m"})
         data = right.recv(65536)
     [(channel, frames)] = _parse(data)
@@ -130,11 +140,10 @@ def test_a_message_the_kernel_sends_on_its_stream_verifies() -> None:
 
 
 def test_the_kernel_reads_only_requests_signed_with_its_key() -> None:
-    zygote = _zygote()
-    session = zygote._session()
+    session = mini_kernel.stream_session()
     left, right = socket.socketpair()
     with left, right:
-        session.start(KEY.encode(), zygote._Wire(left))
+        session.start(KEY.encode(), mini_kernel.Wire(left))
         gateway = JupyterSession(key=KEY.encode(), signature_scheme="hmac-sha256")
         request = gateway.msg("execute_request", {"code": "1"})
         parsed = session.read_request(gateway.serialize(request, ident=[b"x"]))
@@ -160,3 +169,26 @@ def test_records_that_do_not_add_up_are_refused() -> None:
     assert oversized(record_head(RECORD_HEAD.pack(MAX_MESSAGE_BYTES + 1, b"i", 1))[0])
     assert not oversized(length)
     assert length == len(body)
+
+
+def test_a_request_the_bridge_signs_verifies() -> None:
+    context = zmq.Context()
+    kernel = context.socket(zmq.ROUTER)
+    info = {"key": KEY, "signature_scheme": "hmac-sha256"}
+    requester = bridge.Requester(info, "inproc://control", context)
+    try:
+        kernel.setsockopt(zmq.RCVTIMEO, 5000)
+        kernel.bind("inproc://control")
+        msg_id = requester.send("interrupt_request")
+        _identity, *frames = kernel.recv_multipart()
+        msg = deserialize(frames, Signer(KEY))
+        assert msg["header"]["msg_id"] == msg_id
+        assert msg["header"]["msg_type"] == "interrupt_request"
+        jupyter = JupyterSession(key=KEY.encode(), signature_scheme="hmac-sha256")
+        assert jupyter.deserialize(frames[1:])["msg_type"] == "interrupt_request"
+        with pytest.raises(BadMessage, match="signature"):
+            deserialize(frames, Signer("other"))
+    finally:
+        kernel.close(linger=0)
+        requester.socket.close(linger=0)
+        context.term()

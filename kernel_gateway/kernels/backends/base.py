@@ -28,6 +28,7 @@ from typing import ClassVar, TypeVar
 import zmq.asyncio
 
 from kernel_gateway.errors import KernelUnavailable
+from kernel_gateway.in_kernel import PROGRAMS
 from kernel_gateway.kernels.channels import Channels, ZmqChannels
 from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language, Languages
 from kernel_gateway.kernels.storage import SessionStorage as SessionStorage
@@ -515,6 +516,15 @@ def in_kernel_source(name: str) -> bytes:
     """A file of `kernel_gateway/in_kernel/` (code that runs inside a kernel's container and
     imports nothing of the gateway), read as a package resource so installed wheels work."""
     return files("kernel_gateway.in_kernel").joinpath(name).read_bytes()
+
+
+def write_in_kernel_program(folder: Path, program: str) -> Path:
+    """Write `in_kernel/<program>.py` into `folder` with the modules of `in_kernel/` it
+    imports (`in_kernel.PROGRAMS`, the one list of them); return its path. Run as
+    `python <folder>/<program>.py`, it finds them there (its folder is first on `sys.path`)."""
+    for name in PROGRAMS[program]:
+        (folder / name).write_bytes(in_kernel_source(name))
+    return folder / f"{program}.py"
 
 
 def write_startup_file(conn_dir: Path, settings: Settings, *, offline: bool = False) -> Path:

@@ -45,6 +45,7 @@ from kernel_gateway.kernels.backends.base import (
     persisted,
     to_the_end,
     write_connection_file,
+    write_in_kernel_program,
     write_startup_file,
 )
 from kernel_gateway.kernels.languages import (
@@ -617,7 +618,7 @@ class DockerBackend(Backend):
         kernel_id, conn_dir = self._runtime.new_kernel_dir()
         try:
             conn_dir.chmod(0o755)  # request uids traverse it to reach their own r<N>/
-            (conn_dir / "zygote.py").write_bytes(in_kernel_source("zygote.py"))
+            write_in_kernel_program(conn_dir, "zygote")  # zygote.py and the modules it imports
             write_startup_file(conn_dir, self._settings, offline=self._settings.network == "none")
             (conn_dir / "zygote.json").write_text(json.dumps(config))
         except BaseException:
@@ -732,7 +733,7 @@ class DockerBackend(Backend):
                 offline = self._settings.network == "none"
                 write_startup_file(conn_dir, self._settings, offline=offline)
             else:
-                (conn_dir / "bridge.py").write_bytes(in_kernel_source("bridge.py"))
+                write_in_kernel_program(conn_dir, "bridge")  # bridge.py and jupyter_wire.py
             if self._owner is not None:
                 for path in (conn_dir, *conn_dir.iterdir()):
                     os.chown(path, *self._owner)
