@@ -45,17 +45,17 @@ test: image lint docs e2b-sdks
 test-fast: setup
 	$(BIN)/python -m pytest tests/unit -q $(ARGS)
 
-# E2B's other SDKs for tests/test_e2b_sdks.py (the newest Python SDK is in .venv): the oldest
+# E2B's other SDKs for tests/integration/test_e2b_sdks.py (the newest Python SDK is in .venv): the oldest
 # Python SDK that honours E2B_SANDBOX_URL in a venv of its own, and the JavaScript SDK with
 # npm (skipped, and its test with it, where Node.js is missing).
 E2B_OLDEST := build/e2b-sdks/python-oldest
-E2B_JS     := tests/e2b_sdk/js
+E2B_JS     := tests/integration/e2b_sdk/js
 
 e2b-sdks: $(E2B_OLDEST)/.installed $(E2B_JS)/node_modules/.installed
 
-$(E2B_OLDEST)/.installed: tests/e2b_sdk/requirements-oldest.txt
+$(E2B_OLDEST)/.installed: tests/integration/e2b_sdk/requirements-oldest.txt
 	$(PYTHON) -m venv $(E2B_OLDEST)
-	$(E2B_OLDEST)/bin/python -m pip install --quiet -r tests/e2b_sdk/requirements-oldest.txt
+	$(E2B_OLDEST)/bin/python -m pip install --quiet -r tests/integration/e2b_sdk/requirements-oldest.txt
 	touch $@
 
 $(E2B_JS)/node_modules/.installed: $(E2B_JS)/package.json $(E2B_JS)/package-lock.json

@@ -2,7 +2,7 @@
 
     python -m bench.cluster            # about 5 minutes; prints a table, writes JSON
 
-It brings up the test swarm of tests/cluster (the manager engine and two worker engines
+It brings up the test swarm of tests/integration/cluster (the manager engine and two worker engines
 in network namespaces on this machine), deploys deploy/stack.yml on it, and measures,
 through one router and against a single `kernel-gateway serve` on this host with the
 same limits and, like the nodes, `--persist-sessions`, in one run:
@@ -43,8 +43,8 @@ from bench.run import (
 from kernel_gateway.cli.gateway_image import build_gateway_image
 from kernel_gateway.cli.main import default_cache_dir
 from kernel_gateway.settings import DEFAULT_GATEWAY_IMAGE, DEFAULT_IMAGE
-from tests.cluster.deployment import Deployment, deploy, remove
-from tests.cluster.swarm import Swarm
+from tests.support.deployment import Deployment, deploy, remove
+from tests.support.swarm import Swarm
 
 ROOT = Path(__file__).resolve().parent
 PER_NODE = 6

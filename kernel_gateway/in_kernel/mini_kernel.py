@@ -15,7 +15,7 @@ output streams with a watcher thread each) would be most of a request's cost. In
 
 This module is imported by the fork server, before its first fork, and so are the modules
 it imports: a module imported lazily here would be imported again by every child (a child
-imports nothing: tests/test_stateless.py, tests/unit/test_in_kernel_programs.py).
+imports nothing: tests/integration/test_stateless.py, tests/unit/test_in_kernel_programs.py).
 """
 
 from __future__ import annotations

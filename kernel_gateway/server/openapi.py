@@ -3,7 +3,7 @@
 Built from the same records as the routes (`server/routes/`: one `Operation` per endpoint,
 beside its handler), so a route cannot exist undocumented nor an operation unrouted;
 `tests/unit/test_openapi.py` checks it all the same, and Schemathesis
-(`tests/test_fuzz.py`) checks that every answer of a live gateway matches the document:
+(`tests/integration/test_fuzz.py`) checks that every answer of a live gateway matches the document:
 status, content type, headers and body. This module turns records into operations and adds
 what all share: the error answers, the request id header, the security scheme.
 

@@ -3,7 +3,7 @@
 `PersistingBackend` is the fake backend claiming it can keep kernels running
 without the gateway: its fake kernels are tasks of the test's event loop, so a
 "successor" in the same test adopts them (the real thing, on docker containers,
-is tests/test_persistence.py).
+is tests/integration/test_persistence.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The relay between a session's kernel and the egress proxy, against a stand-in for
-squid on a Unix socket (the real squid is tested in tests/test_egress.py)."""
+squid on a Unix socket (the real squid is tested in tests/integration/test_egress.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The fetch is tested with pip replaced by a recorder: what it is asked for (the engine's
 architecture, the lock's Python, hashes required), that an unchanged lock starts no pip
 at all, and that wheels no longer wanted are removed. The real download and build run in
-`make image` and in the corpus tests (tests/test_image_corpus.py).
+`make image` and in the corpus tests (tests/integration/test_image_corpus.py).
 """
 
 from __future__ import annotations

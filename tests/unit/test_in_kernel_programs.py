@@ -91,7 +91,7 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 
 def test_a_forked_childs_messages_import_nothing(tmp_path: Path) -> None:
     """What a child does on its stream (sign, frame, check) imports no module the fork server
-    has not: the Docker tests check a whole cell (tests/test_stateless.py)."""
+    has not: the Docker tests check a whole cell (tests/integration/test_stateless.py)."""
     write_in_kernel_program(tmp_path, "zygote")
     result = subprocess.run(
         [sys.executable, "-I", "-c", CHILD, str(tmp_path)], capture_output=True, text=True

@@ -1,5 +1,5 @@
 """A gateway on the docker backend for the SDK suites here, with E2B's variables pointing at
-it, unless the caller already points them at one (`tests/test_e2b_sdks.py` does, for the
+it, unless the caller already points them at one (`tests/integration/test_e2b_sdks.py` does, for the
 oldest SDK: that run loads no conftest at all)."""
 
 from __future__ import annotations

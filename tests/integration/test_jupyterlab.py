@@ -22,7 +22,7 @@ from tests.support.server import ServerThread
 
 TOKEN = "lab-gateway-token"
 CHROMIUM = Path("/usr/bin/chromium")
-OUTPUT = Path(__file__).resolve().parent.parent / "test-output" / "jupyterlab"
+OUTPUT = Path(__file__).resolve().parents[2] / "test-output" / "jupyterlab"
 ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 
 

@@ -12,7 +12,7 @@ from kernel_gateway import tools
 from kernel_gateway.client import AsyncClient, Client
 from tests.support.server import ServerThread
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

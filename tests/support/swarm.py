@@ -46,7 +46,7 @@ One swarm fixture runs on a machine at a time (its manager is the machine's engi
 abstract-socket lock, which the kernel releases however its holder dies, makes a second
 `start` wait. A run that died (SIGKILL) leaves its namespaces and engines behind; the next
 `start` removes them first (from the state file it keeps in STATE_ROOT and by name).
-The core has no pytest dependency (bench/ imports it). `python -m tests.cluster.swarm
+The core has no pytest dependency (bench/ imports it). `python -m tests.support.swarm
 leftovers|cleanup` lists or removes what a killed test run left behind.
 """
 
@@ -1163,7 +1163,7 @@ def main(argv: Sequence[str]) -> int:
     elif command == "cleanup":
         found = cleanup()
     else:
-        print("usage: python -m tests.cluster.swarm [leftovers|cleanup]", file=sys.stderr)
+        print("usage: python -m tests.support.swarm [leftovers|cleanup]", file=sys.stderr)
         return 2
     for line in found:
         print(line)

@@ -1,5 +1,5 @@
 """Cluster mode on a real three-node Docker Swarm (the manager and two worker engines in
-network namespaces, tests/cluster/swarm.py), deployed from deploy/stack.yml.
+network namespaces, tests/support/swarm.py), deployed from deploy/stack.yml.
 
 The tests share one cluster and run in order: the ones that break something (a router
 killed, a rolling update, a worker's engine killed) come last.
@@ -17,9 +17,15 @@ import httpx
 import pytest
 
 from kernel_gateway.client import Client
-
-from .deployment import NODE_SERVICE, OVERLAY, ROUTER_SERVICE, Deployment, deploy, remove
-from .swarm import Swarm, require_cluster
+from tests.support.deployment import (
+    NODE_SERVICE,
+    OVERLAY,
+    ROUTER_SERVICE,
+    Deployment,
+    deploy,
+    remove,
+)
+from tests.support.swarm import Swarm, require_cluster
 
 pytestmark = pytest.mark.cluster
 

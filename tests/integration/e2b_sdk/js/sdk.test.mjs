@@ -1,5 +1,5 @@
 // E2B's own JavaScript SDK (@e2b/code-interpreter), unchanged, against the gateway's /e2b.
-// tests/test_e2b_sdks.py starts a gateway on the docker backend and runs this file with
+// tests/integration/test_e2b_sdks.py starts a gateway on the docker backend and runs this file with
 // `node --test`, with only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY pointing at it.
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'

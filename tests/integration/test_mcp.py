@@ -24,6 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from tests.support.backends import settings_for
+from tests.support.mcp import handle_of, text_of
 from tests.support.server import ServerFactory, ServerThread
 
 TOKEN = "mcp-test-token"
@@ -43,17 +44,6 @@ async def connect(
     transport = streamable_http_client(f"{server.url}/mcp", http_client=http)
     async with http, Client(transport, mode=mode) as client:
         yield client
-
-
-def text_of(result: types.CallToolResult) -> str:
-    return "".join(c.text for c in result.content if isinstance(c, types.TextContent))
-
-
-def handle_of(result: types.CallToolResult) -> str:
-    for line in text_of(result).splitlines():
-        if line.startswith("session: "):
-            return line.removeprefix("session: ")
-    raise AssertionError(f"no session handle in {text_of(result)!r}")
 
 
 def rest(server: ServerThread) -> httpx.Client:

@@ -4,12 +4,12 @@ The real tool, run as its users run it (`st run` on `/openapi.json`, every check
 no 5xx; status, content type, headers and body as documented; invalid input
 refused, valid input accepted; 405 with a true `Allow`; no answer slower than
 30 s), through the coverage, fuzzing and stateful phases. Settings are in
-`tests/schemathesis.toml`.
+`tests/integration/schemathesis.toml`.
 
 Bounded by default (4 examples per operation, a fixed seed): about 20 s on the
 local backend and 75 s on docker. For release checks, the long mode:
 
-    KG_FUZZ_EXAMPLES=200 .venv/bin/pytest tests/test_fuzz.py    # any seed: KG_FUZZ_SEED=7
+    KG_FUZZ_EXAMPLES=200 .venv/bin/pytest tests/integration/test_fuzz.py  # any seed: KG_FUZZ_SEED=7
 
 Around the run, the gateway is watched from outside: its resident memory and
 open descriptors are back near where they were after a warm-up, every kernel

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.backends import IMAGE, require_docker, require_languages
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_smoke_run_writes_every_figure(tmp_path: Path) -> None:

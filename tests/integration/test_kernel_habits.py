@@ -3,7 +3,7 @@
 `sys.stdout.buffer`, `reconfigure`, `argparse`, any matplotlib backend drawing inline,
 empty figures not sent, and `pip install` in a kernel without network failing at once
 with a way forward. The local backend runs the gateway's own Python; the docker one the
-image (tests/test_image_corpus.py has the image's wider corpus).
+image (tests/integration/test_image_corpus.py has the image's wider corpus).
 """
 
 from __future__ import annotations

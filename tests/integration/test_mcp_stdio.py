@@ -21,6 +21,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from tests.support.backends import settings_for
+from tests.support.mcp import text_of
 from tests.support.server import ServerThread
 
 TOKEN = "stdio-token"
@@ -47,10 +48,6 @@ async def stdio(args: list[str], env: dict[str, str]) -> AsyncIterator[Client]:
     )
     async with Client(params) as client:
         yield client
-
-
-def text_of(result: types.CallToolResult) -> str:
-    return "".join(c.text for c in result.content if isinstance(c, types.TextContent))
 
 
 def sessions(gateway: ServerThread) -> set[str]:

@@ -1,6 +1,6 @@
 """The routing tier on one machine: real node gateways (local backend) and real routers,
 each its own process. What a multi-node swarm adds (engines, overlay, rolling updates)
-is in tests/cluster/.
+is in tests/integration/cluster/.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from tests.support.backends import require_languages, settings_for
 from tests.support.server import CuttableProxy, ServerFactory, ServerThread
 
 CHROMIUM = Path("/usr/bin/chromium")
-OUTPUT = Path(__file__).resolve().parent.parent / "test-output" / "web"
+OUTPUT = Path(__file__).resolve().parents[2] / "test-output" / "web"
 ARGS = [
     "--no-sandbox",
     "--disable-gpu",

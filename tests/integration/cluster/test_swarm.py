@@ -1,4 +1,4 @@
-"""The swarm fixture itself (tests/cluster/swarm.py): a 3-node swarm on this machine, a
+"""The swarm fixture itself (tests/support/swarm.py): a 3-node swarm on this machine, a
 global dnsrr service on an overlay answering in host mode on every node, a killed worker
 marked Down, and teardowns that leave nothing (after a stop, a failed start, a dead run).
 
@@ -21,13 +21,21 @@ import pytest
 
 from kernel_gateway.settings import DEFAULT_IMAGE
 from tests.support.ports import free_port
+from tests.support.swarm import (
+    NODE_ROOT,
+    REQUIRE_CLUSTER,
+    Node,
+    Swarm,
+    leftovers,
+    require_cluster,
+    run,
+)
 
-from . import swarm as swarm_module
-from .swarm import NODE_ROOT, REQUIRE_CLUSTER, Node, Swarm, leftovers, require_cluster, run
+from tests.support import swarm as swarm_module
 
 pytestmark = pytest.mark.cluster
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SERVICE = "kgsw-probe"
 NETWORK = "kgsw-probe-net"
 # Small images with perl and getent, smallest first; the kernel image works too (slowly).
@@ -230,7 +238,7 @@ def test_a_failed_start_tears_down(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_what_a_killed_run_left_is_cleaned_up() -> None:
     require_cluster()
-    code = "from tests.cluster.swarm import Swarm; Swarm.start(1); print('up', flush=True); input()"
+    code = "from tests.support.swarm import Swarm; Swarm.start(1); print('up', flush=True); input()"
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
         cwd=ROOT,

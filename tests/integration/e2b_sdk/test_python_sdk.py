@@ -4,7 +4,7 @@ E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY point it at the gateway.
 This module imports nothing of ours, so it runs twice: in the project's venv with the newest
 SDK (`conftest.py` here starts a gateway on the docker backend and sets the variables), and
 with the oldest SDK that honours E2B_SANDBOX_URL, in a venv of its own that has only the SDK
-and pytest, driven by `tests/test_e2b_sdks.py` against a gateway it started.
+and pytest, driven by `tests/integration/test_e2b_sdks.py` against a gateway it started.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import pytest
 
 from kernel_gateway.in_kernel import PROGRAMS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ["pyproject.toml", "README.md", "kernel_gateway", "web", "kernel-image"]
 LIGHT = {"kernel-gateway", "httpx", "httpcore", "h11", "anyio", "idna", "certifi", "sniffio"}
 LIGHT |= {"typing-extensions", "exceptiongroup"}

@@ -19,8 +19,8 @@ import pytest
 
 from tests.support.server import ServerFactory
 
-ROOT = Path(__file__).resolve().parent.parent
-HERE = ROOT / "tests" / "e2b_sdk"
+ROOT = Path(__file__).resolve().parents[2]
+HERE = ROOT / "tests" / "integration" / "e2b_sdk"
 OLDEST = ROOT / "build" / "e2b-sdks" / "python-oldest" / "bin" / "python"
 JS = HERE / "js"
 # e2b 2.26.0 to 2.45.1 refuse, before sending anything, an API key that is not "e2b_" and hex
