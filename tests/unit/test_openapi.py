@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin, get_type_hints
 
 import pytest
 from openapi_spec_validator import validate
@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 
 from kernel_gateway.http.auth import PUBLIC_PATHS, PUBLIC_PREFIXES
+from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.server.app import create_app
 from kernel_gateway.server.openapi import UNDOCUMENTED, build
 from kernel_gateway.server.routes import OPERATIONS, SURFACES
@@ -153,3 +154,17 @@ def test_each_operation_id_and_route_is_declared_once() -> None:
         assert op.method in METHODS, op
         assert all(400 <= status < 600 for status in op.errors), op
         assert op.replies and all(200 <= r.status < 300 for r in op.replies), op
+
+
+def test_each_handler_answers_the_shape_its_record_declares() -> None:
+    """A handler annotated `-> JSONResponse[X]` (mypy checks that it builds an X) is one
+    whose record declares X as its JSON answer, and every record that declares a JSON
+    shape has such a handler: the document cannot promise one shape while the code
+    builds another."""
+    for op in OPERATIONS:
+        returned = get_type_hints(op.handler)["return"]
+        shapes = {reply.shape for reply in op.replies if reply.shape is not None}
+        if get_origin(returned) is JSONResponse:
+            assert set(get_args(returned)) == shapes, op.id
+        else:
+            assert not shapes, f"{op.id} declares {shapes} but returns {returned}"

@@ -31,13 +31,13 @@ from kernel_gateway.shapes import responses
 CHUNK = 256 * 1024
 
 
-async def list_files(request: Request) -> Response:
+async def list_files(request: Request) -> JSONResponse[responses.FileList]:
     session = await awake_session(request)
     files = await session.files.listing()
     return JSONResponse({"files": [_file_json(session.id, f) for f in files]})
 
 
-def _file_json(session_id: str, info: FileInfo) -> dict[str, object]:
+def _file_json(session_id: str, info: FileInfo) -> responses.FileInfo:
     return {
         "path": info.path,
         "size": info.size,
@@ -81,7 +81,7 @@ async def _read_chunks(fd: int, size: int) -> AsyncIterator[bytes]:
         os.close(fd)
 
 
-async def upload(request: Request) -> Response:
+async def upload(request: Request) -> JSONResponse[responses.FileInfo]:
     session = await awake_session(request)
     path = request.path_params["path"]
     limit = _registry(request).settings.max_upload_bytes

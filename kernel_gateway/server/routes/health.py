@@ -11,23 +11,26 @@ from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.shapes import responses
 
 
-async def health(request: Request) -> Response:
+async def health(request: Request) -> JSONResponse[responses.Health]:
     registry: Registry = request.state.registry
-    return JSONResponse(
-        {
-            "status": "ok",
-            "backend": registry.backend.name,
-            "instance": registry.instance,
-            "isolation": registry.backend.isolation,
-            **({"node": node} if (node := registry.settings.node_name) else {}),
-            "languages": list(registry.languages),
-            "pool": registry.stats(),
-            **registry.stateless_stats(),
-        }
-    )
+    stateless = registry.stateless_stats()
+    body: responses.Health = {
+        "status": "ok",
+        "backend": registry.backend.name,
+        "instance": registry.instance,
+        "isolation": registry.backend.isolation,
+        "languages": list(registry.languages),
+        "pool": registry.stats(),
+        "stateless_mode": stateless["stateless_mode"],
+    }
+    if node := registry.settings.node_name:
+        body["node"] = node
+    if "fork_servers" in stateless:
+        body["fork_servers"] = stateless["fork_servers"]
+    return JSONResponse(body)
 
 
-async def languages(request: Request) -> Response:
+async def languages(request: Request) -> JSONResponse[responses.LanguageList]:
     """The languages this gateway runs, with versions, and which warm kernels each has."""
     registry: Registry = request.state.registry
     return JSONResponse({"default": "python", "languages": registry.languages_json()})

@@ -40,7 +40,7 @@ def _session(request: Request) -> Session:
     return _registry(request).get(request.path_params["session_id"])
 
 
-async def create(request: Request) -> Response:
+async def create(request: Request) -> JSONResponse[responses.Session]:
     registry = _registry(request)
     settings = registry.settings
     body = await read_model(request, NewSession, settings.max_body_bytes, settings, optional=True)
@@ -55,11 +55,11 @@ async def create(request: Request) -> Response:
     )
 
 
-async def list_all(request: Request) -> Response:
+async def list_all(request: Request) -> JSONResponse[responses.SessionList]:
     return JSONResponse({"sessions": [s.to_json() for s in _registry(request).sessions()]})
 
 
-async def get(request: Request) -> Response:
+async def get(request: Request) -> JSONResponse[responses.Session]:
     return JSONResponse(_session(request).to_json())
 
 
@@ -77,7 +77,7 @@ async def execute(request: Request) -> Response:
     return await respond(request, session, execution)
 
 
-async def list_executions(request: Request) -> Response:
+async def list_executions(request: Request) -> JSONResponse[responses.ExecutionList]:
     session = _session(request)
     return JSONResponse({"executions": [e.summary() for e in session.executions()]})
 
@@ -109,24 +109,24 @@ def _event_id(raw: str | None, name: str) -> int | None:
     return int(raw)
 
 
-async def interrupt(request: Request) -> Response:
+async def interrupt(request: Request) -> JSONResponse[responses.InterruptedSession]:
     session = _session(request)
     interrupted = await session.interrupt()
     return JSONResponse({**session.to_json(), "interrupted": interrupted})
 
 
-async def restart(request: Request) -> Response:
+async def restart(request: Request) -> JSONResponse[responses.Session]:
     session = _session(request)
     await session.restart()
     return JSONResponse(session.to_json())
 
 
-async def hibernate(request: Request) -> Response:
+async def hibernate(request: Request) -> JSONResponse[responses.Session]:
     session = await _registry(request).hibernate(request.path_params["session_id"])
     return JSONResponse(session.to_json())
 
 
-async def resume(request: Request) -> Response:
+async def resume(request: Request) -> JSONResponse[responses.ResumedSession]:
     session = _session(request)
     resumed = await session.resume()
     return JSONResponse({**session.to_json(), "resumed": resumed})
