@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import Response
 
 from kernel_gateway.http.operations import Operation, Reply
 from kernel_gateway.http.responses import JSONResponse

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from kernel_gateway.settings import DEFAULT_IMAGE
+from tests.support import swarm as swarm_module
 from tests.support.ports import free_port
 from tests.support.swarm import (
     NODE_ROOT,
@@ -30,8 +31,6 @@ from tests.support.swarm import (
     require_cluster,
     run,
 )
-
-from tests.support import swarm as swarm_module
 
 pytestmark = pytest.mark.cluster
 
