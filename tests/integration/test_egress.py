@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.api import collected
 from tests.support.backends import IMAGE, require_docker, require_gvisor, require_languages
 from tests.support.ports import free_port
 from tests.support.processes import Gateway as GatewayProcess
@@ -216,14 +217,9 @@ def new_session(gw: ServerThread, network: object, ca: str | None = None) -> str
 
 def run(gw: ServerThread, sid: str, code: str, timeout: float = 60) -> str:
     """The cell's stdout (it must end ok)."""
-    answer = httpx.post(
-        f"{gw.url}/sessions/{sid}/execute",
-        json={"code": code, "timeout": timeout},
-        headers={"Accept": "application/json"},
-        timeout=timeout + 30,
-    )
-    assert answer.status_code == 200, answer.text
-    result: dict[str, Any] = answer.json()
+    with httpx.Client(base_url=gw.url) as client:
+        body = {"code": code, "timeout": timeout}
+        result = collected(client, f"/sessions/{sid}/execute", body, timeout=timeout + 30)
     assert result["status"] == "ok", json.dumps(result)[:3000]
     return str(result["stdout"])
 

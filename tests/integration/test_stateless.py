@@ -12,16 +12,13 @@ import httpx
 import pytest
 
 from kernel_gateway.client import Client, RateLimitError
-from tests.support.api import parse_sse
+from tests.support.api import collected, parse_sse
 from tests.support.backends import settings_for
 from tests.support.server import ServerThread
 
 
 def run(client: httpx.Client, body: dict[str, object]) -> dict[str, object]:
-    response = client.post("/execute", json=body, headers={"Accept": "application/json"})
-    assert response.status_code == 200, response.text
-    result: dict[str, object] = response.json()
-    return result
+    return collected(client, "/execute", body)
 
 
 def test_nothing_leaks_between_requests(client: httpx.Client) -> None:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.api import collected
 from tests.support.backends import backend_settings, require_backend
 from tests.support.server import ServerThread
 
@@ -63,11 +64,7 @@ def client(server: ServerThread) -> Iterator[httpx.Client]:
 
 
 def run(client: httpx.Client, code: str, timeout: float = 20) -> dict[str, Any]:
-    body = {"code": textwrap.dedent(code), "timeout": timeout}
-    response = client.post("/execute", json=body, headers={"Accept": "application/json"})
-    assert response.status_code == 200, response.text
-    result: dict[str, Any] = response.json()
-    return result
+    return collected(client, "/execute", {"code": textwrap.dedent(code), "timeout": timeout})
 
 
 def ok(client: httpx.Client, code: str) -> str:

@@ -70,3 +70,18 @@ def execute(
         for name, data in parse_sse(response.iter_bytes()):
             stream.events.append((name, data, time.monotonic()))
     return stream
+
+
+def collected(
+    client: httpx.Client, path: str, body: dict[str, Any], timeout: float | None = None
+) -> dict[str, Any]:
+    """POST a cell to `path` (`/execute` or a session's) asking for the collected JSON
+    document; it must be answered 200."""
+    headers = {"Accept": "application/json"}
+    if timeout is None:
+        response = client.post(path, json=body, headers=headers)
+    else:
+        response = client.post(path, json=body, headers=headers, timeout=timeout)
+    assert response.status_code == 200, response.text
+    document: dict[str, Any] = response.json()
+    return document
