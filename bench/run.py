@@ -36,9 +36,9 @@ from jupyter_client.blocking.client import BlockingKernelClient
 
 from kernel_gateway.client import Client, Display, Done, Stdout
 from kernel_gateway.client.sse import iter_events
-from kernel_gateway.kernels.backends.base import RuntimeDir
 from kernel_gateway.kernels.backends.docker import DockerBackend
 from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.settings import DEFAULT_IMAGE, Settings
 
 try:

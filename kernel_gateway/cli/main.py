@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from kernel_gateway.kernels.backends.base import secure_runtime_root
+    from kernel_gateway.kernels.runtime_dir import secure_runtime_root
     from kernel_gateway.logs import configure
     from kernel_gateway.server.app import create_app
     from kernel_gateway.server.uvicorn_server import GatewayServer

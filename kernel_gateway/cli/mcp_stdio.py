@@ -115,7 +115,7 @@ async def local_gateway(environ: Mapping[str, str]) -> AsyncIterator[tuple[str, 
     """A gateway in this process on a free loopback port; yields its URL and token."""
     import uvicorn
 
-    from kernel_gateway.kernels.backends.base import secure_runtime_root
+    from kernel_gateway.kernels.runtime_dir import secure_runtime_root
     from kernel_gateway.server.app import create_app
     from kernel_gateway.settings import from_env
 

@@ -199,16 +199,6 @@ def error_event(ename: str, evalue: str) -> Event:
     return event("error", {"ename": ename, "evalue": evalue, "traceback": []})
 
 
-def resumed_note(data: JSON) -> str | None:
-    """What a text-only client shows for a `resumed` event (the session came back from
-    hibernation): the names that did not come back, each with why; None when none was lost."""
-    lost = data.get("lost") or []
-    if not isinstance(lost, list) or not lost:
-        return None
-    names = "; ".join(f"{x.get('name')} ({x.get('reason')})" for x in lost if isinstance(x, dict))
-    return f"[the session resumed from hibernation; not kept: {names}]\n"
-
-
 MAX_EVENTS = 10_000
 """Output events one execution may produce (past it, one marker, then nothing)."""
 

@@ -31,6 +31,7 @@ import shlex
 import tarfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from kernel_gateway.errors import UnknownLanguage
 from kernel_gateway.settings import LANGUAGE_NAME
@@ -84,7 +85,7 @@ class Language:
     """The image its kernels run from (docker backend); None: the backend's own."""
     kernelspec: str | None = None
     """Path of its kernel.json inside the image; None for the built-in Python kernel."""
-    interrupt_mode: str = "signal"
+    interrupt_mode: Literal["signal", "message"] = "signal"
     """`signal` (SIGINT reaches the kernel) or `message` (an interrupt_request on control,
     sent by the bridge when the container gets SIGINT)."""
     argv: tuple[str, ...] = field(default=(), compare=False)

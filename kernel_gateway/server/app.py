@@ -16,9 +16,10 @@ from kernel_gateway.errors import BackendUnavailable
 from kernel_gateway.http.errors import exception_handlers
 from kernel_gateway.http.middleware import front_middleware
 from kernel_gateway.kernels.backends import AUTO, load_backend
-from kernel_gateway.kernels.backends.base import Backend, RuntimeDir
+from kernel_gateway.kernels.backends.base import Backend
 from kernel_gateway.kernels.pools.fork import fork_pool
 from kernel_gateway.kernels.pools.warm import WarmPool
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.jupyter.kernels import JupyterKernels

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from kernel_gateway import logs
 from kernel_gateway.errors import KernelUnavailable, SessionClosed, SessionFailed
@@ -406,8 +406,7 @@ class CellRunner:
             execution.emit(error_event("KernelRestarted", message))
             return
         exit_info = kernel.exit_info
-        # One of exited, killed, signal, out_of_memory (`ExitInfo.reason`, typed str there).
-        reason = cast(DiedReason, exit_info.reason) if exit_info else "killed"
+        reason: DiedReason = exit_info.reason if exit_info else "killed"
         describe = exit_info.describe() if exit_info else "the kernel ended"
         execution.emit(error_event("KernelDied", f"{describe}; its state is lost"))
         execution.stop(StopReason.DEATH, reason)

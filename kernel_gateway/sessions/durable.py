@@ -9,8 +9,8 @@ The pieces it drives live with what they act on: a session writes its record and
 restores itself from one (`session.py`; its running kernel is taken over by
 `adoption.py`), a kernel slot lets go of its kernel without stopping it
 (`kernel_slot.py`), the store writes records atomically (`persistence.py`), the backend
-adopts and detaches containers and the runtime folder is taken over
-(`kernels/backends/base.py`), the warm pool lists storage no session claims
+adopts and detaches containers (`kernels/backends/docker_adoption.py`), the runtime
+folder is taken over (`kernels/runtime_dir.py`), the warm pool lists storage no session claims
 (`kernels/pools/warm.py`). The registry only records sessions to the store it is given,
 and offers the few named steps used here.
 
@@ -46,8 +46,9 @@ import asyncio
 import logging
 import time
 
-from kernel_gateway.kernels.backends.base import Backend, KernelProcess, RuntimeDir, SessionStorage
+from kernel_gateway.kernels.backends.base import Backend, KernelProcess, SessionStorage
 from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.sessions.persistence import SessionRecord, SessionStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings

@@ -25,7 +25,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from kernel_gateway.errors import (
     BadRequest,
@@ -43,7 +43,7 @@ from kernel_gateway.errors import (
 from kernel_gateway.kernels.backends.base import Backend, SessionStorage
 from kernel_gateway.kernels.hibernation import Snapshots
 from kernel_gateway.kernels.kernel import Kernel
-from kernel_gateway.kernels.languages import PYTHON, Language, Languages
+from kernel_gateway.kernels.languages import PYTHON, Languages
 from kernel_gateway.kernels.pools.fork import ForkPool
 from kernel_gateway.kernels.pools.lease import Lease
 from kernel_gateway.kernels.pools.warm import KernelLess, WarmPool
@@ -252,7 +252,7 @@ class Registry:
                     "display_name": language.display_name,
                     "version": language.version,
                     "image": language.image,
-                    "interrupt_mode": _interrupt_mode(language),
+                    "interrupt_mode": language.interrupt_mode,
                     "pool": {
                         "warm": warm["warm"] if warm is not None else 0,
                         "starting": warm["starting"] if warm is not None else 0,
@@ -528,11 +528,6 @@ class Registry:
             )
         await session.hibernate()
         return session
-
-
-def _interrupt_mode(language: Language) -> Literal["signal", "message"]:
-    """`Language.interrupt_mode`, typed as the API gives it (it is one of the two)."""
-    return "message" if language.interrupt_mode == "message" else "signal"
 
 
 async def _never_relaunched(storage: SessionStorage) -> Kernel:

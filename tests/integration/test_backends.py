@@ -11,7 +11,8 @@ from typing import get_args
 import pytest
 
 from kernel_gateway.kernels.backends import AUTO, BACKENDS, load_backend
-from kernel_gateway.kernels.backends.base import Backend, RuntimeDir
+from kernel_gateway.kernels.backends.base import Backend
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.settings import BackendName, Settings
 
 # Build the app, run its lifespan on the local backend, and list what got imported.

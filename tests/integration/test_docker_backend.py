@@ -13,8 +13,8 @@ import pytest
 from docker.models.containers import Container
 
 from kernel_gateway.errors import KernelUnavailable
-from kernel_gateway.kernels.backends.base import RuntimeDir
 from kernel_gateway.kernels.backends.docker import DockerBackend
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from tests.support.api import execute
 from tests.support.backends import require_docker, settings_for
 from tests.support.server import ServerFactory, ServerThread

@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from kernel_gateway.errors import KernelUnavailable
-from kernel_gateway.kernels.backends.base import RuntimeDir
 from kernel_gateway.kernels.backends.local import LocalBackend
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.kernels.storage import (
     LoopStorage,
     PlainStorage,

@@ -42,12 +42,12 @@ from kernel_gateway.kernels.backends.base import (
     Backend,
     ExitInfo,
     KernelProcess,
-    RuntimeDir,
     SessionStorage,
     ipc_connection,
 )
 from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language
 from kernel_gateway.kernels.pools.warm import WarmPool
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
 
@@ -233,7 +233,8 @@ class FakeBackend(Backend):
     """Launches `FakeKernelProcess`es; `fail_launches` makes the next N launches fail,
     `launch_delay` makes each launch take that long."""
 
-    name = "fake"
+    # Not one of the API's backends (`Health.backend`): a test double, never behind /health.
+    name = "fake"  # type: ignore[assignment]
 
     def __init__(self) -> None:
         # ipc socket paths must stay under ~100 characters: a short folder of our own.

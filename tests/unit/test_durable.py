@@ -19,8 +19,9 @@ import pytest
 import zmq.asyncio
 
 from kernel_gateway.errors import SessionLost, ShuttingDown
-from kernel_gateway.kernels.backends.base import KernelProcess, RuntimeDir
+from kernel_gateway.kernels.backends.base import KernelProcess
 from kernel_gateway.kernels.pools.warm import WarmPool
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.sessions.durable import DurableSessions
 from kernel_gateway.sessions.persistence import SessionStore
 from kernel_gateway.sessions.registry import Registry

@@ -262,16 +262,15 @@ def test_a_held_idle_is_released_after_the_cap(monkeypatch: pytest.MonkeyPatch) 
 def find_languages(
     tmp_path: Path, images: Mapping[str, list[Language] | None], **settings: Any
 ) -> Languages:
-    from kernel_gateway.kernels.backends.base import RuntimeDir
-    from kernel_gateway.kernels.backends.docker import DockerBackend
-
-    backend = DockerBackend(Settings(runtime_dir=tmp_path, **settings), RuntimeDir(tmp_path))
+    from kernel_gateway.kernels.backends import docker_languages
 
     async def kernelspecs_of(image: str) -> list[Language] | None:
         return images.get(image)
 
-    backend._kernelspecs_of = kernelspecs_of  # type: ignore[method-assign]
-    return asyncio.run(backend._find_languages())
+    found = docker_languages.find_languages(
+        Settings(runtime_dir=tmp_path, **settings), kernelspecs_of
+    )
+    return asyncio.run(found)
 
 
 R = Language("r", "R", "4.5.0", "kernel-gateway-kernel-r:latest", "/k/r/kernel.json")

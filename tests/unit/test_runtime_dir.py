@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_gateway.kernels.backends.base import RuntimeDir, RuntimeDirError
+from kernel_gateway.kernels.runtime_dir import RuntimeDir, RuntimeDirError
 
 OTHER_UID = 12345
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_gateway.kernels.backends.base import RuntimeDir, persisted
+from kernel_gateway.kernels.runtime_dir import RuntimeDir, persisted
 from kernel_gateway.sessions.persistence import RunningCell, SessionRecord, SessionStore
 
 

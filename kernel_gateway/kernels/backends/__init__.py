@@ -18,7 +18,7 @@ from kernel_gateway.errors import BackendUnavailable
 from kernel_gateway.kernels.backends.base import Backend, ExitInfo, KernelProcess
 
 if TYPE_CHECKING:
-    from kernel_gateway.kernels.backends.base import RuntimeDir
+    from kernel_gateway.kernels.runtime_dir import RuntimeDir
     from kernel_gateway.settings import Settings
 
 BackendFactory = Callable[["Settings", "RuntimeDir"], Backend]

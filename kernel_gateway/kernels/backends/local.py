@@ -28,7 +28,6 @@ from kernel_gateway.kernels.backends.base import (
     Backend,
     ExitInfo,
     KernelProcess,
-    RuntimeDir,
     ipc_connection,
     to_the_end,
     wait_for_exit,
@@ -36,6 +35,7 @@ from kernel_gateway.kernels.backends.base import (
     write_startup_file,
 )
 from kernel_gateway.kernels.languages import BUILTIN_PYTHON, PYTHON, Language
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.kernels.storage import (
     PlainStorage,
     SessionStorage,

@@ -30,17 +30,12 @@ import docker.errors
 import docker.types
 
 from kernel_gateway.errors import BackendUnavailable, KernelUnavailable
-from kernel_gateway.kernels.backends.base import Backend, RuntimeDir
-from kernel_gateway.kernels.backends.docker import (
-    LABEL_HOST,
-    LABEL_INSTANCE,
-    LABEL_LOCK,
-    LABEL_MANAGED,
-    LABEL_ROLE,
-    DockerBackend,
-)
+from kernel_gateway.kernels.backends.base import Backend
+from kernel_gateway.kernels.backends.docker import DockerBackend
+from kernel_gateway.kernels.backends.labels import container_labels
 from kernel_gateway.kernels.egress import squid_conf
 from kernel_gateway.kernels.egress.images import egress_image
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -181,13 +176,7 @@ class EgressProxy:
             image=self._image,
             command=["/bin/bash", "-c", command],
             user=self._backend.user,
-            labels={
-                LABEL_MANAGED: "1",
-                LABEL_INSTANCE: runtime.instance,
-                LABEL_HOST: runtime.hostname,
-                LABEL_LOCK: str(runtime.lock_path),
-                LABEL_ROLE: "egress",
-            },
+            labels=container_labels(runtime, "egress"),
             host_config=host_config,
         )
         try:

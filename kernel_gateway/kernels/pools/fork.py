@@ -32,18 +32,13 @@ from typing import Any
 import zmq.asyncio
 
 from kernel_gateway.errors import KernelUnavailable
-from kernel_gateway.kernels.backends.base import (
-    Backend,
-    ExitInfo,
-    ForkServerHost,
-    KernelProcess,
-    RuntimeDir,
-)
+from kernel_gateway.kernels.backends.base import Backend, ExitInfo, ForkServerHost, KernelProcess
 from kernel_gateway.kernels.channels import Channels, StreamChannels
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.pools.light import is_light, roots
 from kernel_gateway.kernels.pools.refill import Refill
 from kernel_gateway.kernels.pools.warm import WarmPool, preload_code
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.kernels.storage import SessionStorage
 from kernel_gateway.kernels.wire import ipc_connection
 from kernel_gateway.metrics import Metrics
@@ -249,7 +244,7 @@ class ForkServer:
             logger.warning(
                 "fork server %s ended unexpectedly (%s); its last output:\n%s",
                 self.id,
-                (self.host.process.poll() or ExitInfo(None, "running")).describe(),
+                (self.host.process.poll() or ExitInfo(None, "exited")).describe(),
                 output[-2000:] or "(none)",
             )
         self.state = State.GONE

@@ -23,13 +23,13 @@ from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.backends.base import (
     Backend,
     KernelProcess,
-    RuntimeDir,
     SessionStorage,
     mounts_under,
 )
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language
 from kernel_gateway.kernels.pools.refill import Refill
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.settings import Settings
 from kernel_gateway.shapes.responses import WarmPoolStats
