@@ -163,8 +163,9 @@ class Transcript:
     ) -> Rendered:
         """The text (output, results, tracebacks, notes, the files written, the session
         handle when given), the images, the files. `base_url` prefixes the files' URLs.
-        Files that come with their bytes are returned: images as images (always), others
-        when the caller returns them beside the text (`inline_files`)."""
+        A file with a URL (a session's) is a link; one without (a stateless cell's) comes
+        with its bytes: an image as an image (always), others when the caller returns them
+        beside the text (`inline_files`)."""
         text: list[str] = []
         images: list[Image] = []
         omitted = 0
@@ -192,7 +193,9 @@ class Transcript:
             text.append("Files written:\n")
         for file in files:
             where = [file.url] if file.url is not None else []
-            if file.data is not None and file.mime in IMAGE_TYPES:
+            if file.url is not None:
+                pass  # a link: a chart saved to a file was shown already by its display
+            elif file.data is not None and file.mime in IMAGE_TYPES:
                 if len(images) < MAX_IMAGES:
                     images.append(Image(file.mime, "".join(file.data.split())))
                     where.append(f"(image {len(images)}, below)")

@@ -102,4 +102,4 @@ def test_an_unknown_log_format_stops_serve(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "kernel_gateway", "serve", "--runtime-dir", str(tmp_path)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert "KG_LOG_FORMAT" in result.stderr and "text or json" in result.stderr
+    assert "KG_LOG_FORMAT" in result.stderr and "text, json" in result.stderr

@@ -97,3 +97,19 @@ def test_a_resumed_session_names_what_it_lost() -> None:
     text = render([("resumed", lost), ("done", {"status": "ok"})]).text
     assert text == "[the session resumed from hibernation; not kept: conn (cannot be pickled)]\n"
     assert render_module.resumed_note({"lost": []}) is None
+
+
+def test_a_sessions_saved_chart_is_a_link_not_a_second_image() -> None:
+    """`plt.savefig` in a session: the chart is shown once (its display), and the file it
+    saved is named with its URL even when its bytes came inline for chat UIs."""
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("display", {"data": {"image/png": PNG}, "metadata": {}, "update": False}),
+        (
+            "file",
+            {"path": "c.png", "size": 12, "mime": "image/png", "url": "/f/c.png", "data": PNG},
+        ),
+        ("done", {"status": "ok", "execution_count": 1, "duration_ms": 1.0, "restarted": False}),
+    ]
+    rendered = render(events, base_url="http://gw")
+    assert len(rendered.images) == 1
+    assert "c.png (12 bytes, image/png): http://gw/f/c.png\n" in rendered.text
