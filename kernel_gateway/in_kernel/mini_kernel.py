@@ -405,7 +405,9 @@ class _MiniKernel:
         while True:
             try:
                 channel, frames = wire.receive()
-            except (EOFError, OSError):
+            except (EOFError, OSError, ValueError):
+                # The stream closed, or is no longer framed right (a `BadMessage`): nothing
+                # after it can be read, so the kernel ends as the gateway's side does.
                 os._exit(0)
             try:
                 msg = self.session.read_request(frames)
