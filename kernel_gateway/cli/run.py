@@ -29,7 +29,7 @@ from kernel_gateway.client import (
     Stderr,
     Stdout,
 )
-from kernel_gateway.client.render import resumed_note
+from kernel_gateway.render import resumed_note
 from kernel_gateway.settings import add_arguments as add_settings_arguments
 from kernel_gateway.settings.client import DEFAULT_URL, ClientSettings, client_settings
 

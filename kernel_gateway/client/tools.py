@@ -24,13 +24,16 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from kernel_gateway.render import (
+    IMAGE_TYPES as IMAGE_TYPES,  # the limits, kept importable from here
+)
+from kernel_gateway.render import MAX_IMAGES as MAX_IMAGES
+from kernel_gateway.render import MAX_TEXT as MAX_TEXT
+from kernel_gateway.render import render
+
 from . import models
 from .errors import ClientError
 from .models import Execution
-from .render import IMAGE_TYPES as IMAGE_TYPES  # the limits, kept importable from here
-from .render import MAX_IMAGES as MAX_IMAGES
-from .render import MAX_TEXT as MAX_TEXT
-from .render import render
 
 TOOL_NAME = "run_python"
 TOOL_DESCRIPTION = (

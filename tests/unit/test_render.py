@@ -1,4 +1,4 @@
-"""The one renderer of a cell for a model (`client/render.py`), as the client's tool helpers
+"""The one renderer of a cell for a model (`render.py`), as the client's tool helpers
 and the MCP tools use it."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from kernel_gateway.client import render as render_module
+from kernel_gateway import render as render_module
 from kernel_gateway.client.models import Execution, event_from
-from kernel_gateway.client.render import MAX_IMAGES, MAX_TEXT, render
 from kernel_gateway.client.tools import summarize
 from kernel_gateway.protocols.mcp import tools as mcp_tools
+from kernel_gateway.render import MAX_IMAGES, MAX_TEXT, render
 from kernel_gateway.types import Event
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\nfake").decode()

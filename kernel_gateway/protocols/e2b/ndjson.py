@@ -22,7 +22,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from kernel_gateway.client.render import resumed_note
+from kernel_gateway.render import resumed_note
 
 FIELDS = {
     "text/plain": "text",

@@ -5,7 +5,7 @@ sandbox has, what persists, and how to keep a sandbox across calls. A cell's
 events become one text block (output, result, traceback: what a person would
 read in a notebook, without terminal colours), one image block per chart, and a
 resource link per file the cell wrote: the text, the images and their limits are
-`kernel_gateway.client.render`'s, the renderer the client's tool helpers use too.
+`kernel_gateway.render`'s, the renderer the client's tool helpers use too.
 
 Sandboxes are gateway sessions; their handle is the session id. Clients on the
 handshake-era protocol (an MCP session) get one sandbox per MCP session without
@@ -26,12 +26,12 @@ import mcp_types as types
 from pydantic import BaseModel, Field, PlainValidator, ValidationInfo
 from pydantic_core import PydanticCustomError
 
-from kernel_gateway.client.render import IMAGE_TYPES as IMAGE_TYPES
-from kernel_gateway.client.render import MAX_IMAGES as MAX_IMAGES
-from kernel_gateway.client.render import MAX_TEXT as MAX_TEXT
-from kernel_gateway.client.render import Transcript
-from kernel_gateway.client.render import clip as clip
 from kernel_gateway.errors import GatewayError
+from kernel_gateway.render import IMAGE_TYPES as IMAGE_TYPES
+from kernel_gateway.render import MAX_IMAGES as MAX_IMAGES
+from kernel_gateway.render import MAX_TEXT as MAX_TEXT
+from kernel_gateway.render import Transcript
+from kernel_gateway.render import clip as clip
 from kernel_gateway.settings import NODE_NAME
 from kernel_gateway.shapes.requests import (
     Code,

@@ -2,8 +2,9 @@
 
 The one renderer of both tool front ends: the client's tool helpers (`client/tools.py`,
 for OpenAI and Anthropic tool calls) and the gateway's MCP tools (`protocols/mcp/tools.py`
-imports it: `client/` sits in the bottom layer, so this module imports nothing but the
-standard library). Events are the API's own, `(name, data)` as they come over the wire.
+imports it). It sits below the client, at the very bottom of the tree, and imports nothing
+but the standard library: the gateway loads it without loading the client (httpx), and the
+client ships it in its wheel. Events are the API's own, `(name, data)` as they come over the wire.
 
 The text is what a person would read in a notebook: output, results, tracebacks in order,
 without terminal colours; `clear_output` drops what came before it, and a display updated
