@@ -14,7 +14,7 @@ from kernel_gateway.logs import ROUTE_TEMPLATE
 from kernel_gateway.protocols.e2b import sandboxes as sandboxes_module
 from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError, Sandboxes
-from kernel_gateway.sessions.persistence import RecordStore
+from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from tests.support.fake_kernel import fake_registry, until
 

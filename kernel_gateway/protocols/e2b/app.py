@@ -40,7 +40,7 @@ from kernel_gateway.protocols.e2b.process import Processes
 from kernel_gateway.protocols.e2b.replies import e2b_error, gone
 from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError, Sandboxes
 from kernel_gateway.protocols.e2b.sandboxes_api import control_routes
-from kernel_gateway.sessions.persistence import RecordStore
+from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
 

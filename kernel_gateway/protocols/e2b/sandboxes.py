@@ -36,7 +36,7 @@ from typing import Any
 from kernel_gateway.errors import GatewayError, SessionLost, SessionNotFound
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import ENV_LANGUAGES, env_code
-from kernel_gateway.sessions.persistence import RecordStore
+from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 
