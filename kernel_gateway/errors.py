@@ -8,11 +8,13 @@
     │   └── NetworkNotAllowed         403 network_not_allowed (a domain beyond --egress-allow)
     ├── NotFound                      404 not_found
     │   ├── SessionNotFound           404 session_not_found
-    │   └── ExecutionNotFound         404 execution_not_found
+    │   ├── ExecutionNotFound         404 execution_not_found
+    │   └── TemplateNotFound          404 template_not_found
     ├── Conflict                      409 conflict
     │   ├── SessionBusy               409 session_busy        (too many queued executions)
     │   ├── SessionClosed             409 session_closed      (deleted while the request waited)
-    │   └── SessionFailed             409 session_failed      (its kernel kept dying: gave up)
+    │   ├── SessionFailed             409 session_failed      (its kernel kept dying: gave up)
+    │   └── TemplateConflict          409 template_conflict   (name taken, build running, in use)
     ├── Gone                          410 gone
     │   ├── ExecutionExpired          410 execution_expired   (its events aged out of retention)
     │   ├── SessionLost               410 session_lost        (its kernel did not survive a restart)
@@ -21,6 +23,7 @@
     ├── UnsupportedMediaType          415 unsupported_media_type (JSON body without its type)
     ├── InvalidRequest                422 invalid_request     (well-formed JSON, wrong fields)
     ├── TooManySessions               429 too_many_sessions   (+ Retry-After)
+    ├── TooManyTemplates              429 too_many_templates  (--max-templates)
     ├── KernelUnavailable             503 kernel_unavailable  (+ Retry-After: no kernel could start)
     │   └── HibernationFailed         503 hibernation_failed  (not saved: the session runs on)
     ├── BadGateway                    502 bad_gateway         (router: a node's answer was broken)
@@ -90,6 +93,10 @@ class ExecutionNotFound(NotFound):
     error_type = "execution_not_found"
 
 
+class TemplateNotFound(NotFound):
+    error_type = "template_not_found"
+
+
 class Gone(GatewayError):
     status_code = 410
     error_type = "gone"
@@ -128,6 +135,10 @@ class SessionFailed(Conflict):
     error_type = "session_failed"
 
 
+class TemplateConflict(Conflict):
+    error_type = "template_conflict"
+
+
 class PayloadTooLarge(GatewayError):
     status_code = 413
     error_type = "payload_too_large"
@@ -146,6 +157,11 @@ class InvalidRequest(GatewayError):
 class TooManySessions(GatewayError):
     status_code = 429
     error_type = "too_many_sessions"
+
+
+class TooManyTemplates(GatewayError):
+    status_code = 429
+    error_type = "too_many_templates"
 
 
 class KernelUnavailable(GatewayError):

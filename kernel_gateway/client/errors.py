@@ -16,7 +16,8 @@
         │   └── NetworkNotAllowedError  403 network_not_allowed (beyond --egress-allow)
         ├── NotFoundError               404 not_found
         │   ├── SessionNotFoundError    404 session_not_found
-        │   └── ExecutionNotFoundError  404 execution_not_found
+        │   ├── ExecutionNotFoundError  404 execution_not_found
+        │   └── TemplateNotFoundError   404 template_not_found
         ├── MethodNotAllowedError       405 method_not_allowed
         ├── GoneError                   410 gone
         │   ├── ExecutionExpiredError   410 execution_expired (past the session's retention)
@@ -25,8 +26,10 @@
         ├── ConflictError               409 conflict
         │   ├── SessionBusyError        409 session_busy     (too many queued executions)
         │   ├── SessionClosedError      409 session_closed   (deleted while the request waited)
-        │   └── SessionFailedError      409 session_failed   (its kernel kept dying: gave up)
+        │   ├── SessionFailedError      409 session_failed   (its kernel kept dying: gave up)
+        │   └── TemplateConflictError   409 template_conflict (name taken, building, in use)
         ├── RateLimitError              429 too_many_sessions (retry_after)
+        │   └── TooManyTemplatesError   429 too_many_templates (--max-templates)
         └── ServerError                 500 internal_error (and any other 5xx)
             ├── BadGatewayError         502 bad_gateway (a cluster router: a node's answer broke)
             └── UnavailableError        503 (retry_after)
@@ -137,6 +140,10 @@ class ExecutionNotFoundError(NotFoundError):
     """404: the session has no execution with this id."""
 
 
+class TemplateNotFoundError(NotFoundError):
+    """404: no template with this name or id (or no such tag of it)."""
+
+
 class GoneError(APIError):
     """410: what was asked for existed but is no longer kept."""
 
@@ -174,8 +181,16 @@ class SessionFailedError(ConflictError):
     """409: the session's kernel kept dying and the gateway gave up on it."""
 
 
+class TemplateConflictError(ConflictError):
+    """409: the template's name is taken, it is building, in use, or has no ready build."""
+
+
 class RateLimitError(APIError):
     """429: too many sessions or stateless executions; retry after `retry_after` seconds."""
+
+
+class TooManyTemplatesError(RateLimitError):
+    """429: the gateway keeps its maximum of templates (`--max-templates`)."""
 
 
 class ServerError(APIError):
@@ -224,6 +239,7 @@ BY_TYPE: dict[str, type[APIError]] = {
     "not_found": NotFoundError,
     "session_not_found": SessionNotFoundError,
     "execution_not_found": ExecutionNotFoundError,
+    "template_not_found": TemplateNotFoundError,
     "gone": GoneError,
     "execution_expired": ExecutionExpiredError,
     "session_lost": SessionLostError,
@@ -233,7 +249,9 @@ BY_TYPE: dict[str, type[APIError]] = {
     "session_busy": SessionBusyError,
     "session_closed": SessionClosedError,
     "session_failed": SessionFailedError,
+    "template_conflict": TemplateConflictError,
     "too_many_sessions": RateLimitError,
+    "too_many_templates": TooManyTemplatesError,
     "internal_error": ServerError,
     "bad_gateway": BadGatewayError,
     "kernel_unavailable": KernelUnavailableError,

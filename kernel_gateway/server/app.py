@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -31,6 +32,7 @@ from kernel_gateway.sessions.durable import DurableSessions
 from kernel_gateway.sessions.gauges import RegistryGauges
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
+from kernel_gateway.templates.service import Templates
 from kernel_gateway.types import JSON
 
 if TYPE_CHECKING:  # its module loads the Docker SDK: imported when egress is on
@@ -41,6 +43,7 @@ logger = logging.getLogger("kernel_gateway")
 
 class State(TypedDict):
     registry: Registry
+    templates: Templates | None
     settings: Settings
     metrics: Metrics
     jupyter: JupyterKernels
@@ -89,6 +92,7 @@ def create_app(settings: Settings) -> Starlette:
         backend: Backend | None = None
         egress: EgressProxy | None = None
         gauges: RegistryGauges | None = None
+        templates: Templates | None = None
         try:
             backend = await select_backend(settings, runtime)
             backend_ready = time.monotonic()
@@ -110,7 +114,10 @@ def create_app(settings: Settings) -> Starlette:
                 from kernel_gateway.kernels.egress.proxy import start_egress
 
                 egress = await start_egress(settings, backend, runtime)
-            registry = Registry(settings, warm, runtime.instance, forks, others, egress)
+            if backend.images is not None:
+                templates = Templates(settings, backend, runtime, context)
+                await asyncio.to_thread(templates.open)
+            registry = Registry(settings, warm, runtime.instance, forks, others, egress, templates)
             await durable.start(backend, runtime, registry)
             registry.start()
             gauges = RegistryGauges(registry)
@@ -127,6 +134,7 @@ def create_app(settings: Settings) -> Starlette:
                 document = functools.cache(functools.partial(build, settings, list(languages)))
                 yield {
                     "registry": registry,
+                    "templates": templates,
                     "settings": settings,
                     "metrics": metrics,
                     "openapi": document,
@@ -136,6 +144,8 @@ def create_app(settings: Settings) -> Starlette:
             if gauges is not None:
                 metrics.unregister(gauges)
             left = await durable.stop()  # kernels left running for the next gateway
+            if templates is not None:
+                await templates.close()  # running builds fail: nothing half-made is named
             if egress is not None:
                 await egress.close()
             if backend is not None:

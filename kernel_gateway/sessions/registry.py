@@ -57,9 +57,12 @@ from kernel_gateway.sessions.persistence import SessionRecord, SessionStore
 from kernel_gateway.sessions.reaper import IdleReaper
 from kernel_gateway.sessions.restart_policy import RestartPolicy
 from kernel_gateway.sessions.session import Session
+from kernel_gateway.sessions.template_pools import TemplatePools
 from kernel_gateway.settings import Settings
 from kernel_gateway.shapes.responses import LanguageInfo, PoolStats, StatelessMode
 from kernel_gateway.tasks import TaskSet
+from kernel_gateway.templates.model import TemplateRef
+from kernel_gateway.templates.service import Templates
 
 if TYPE_CHECKING:  # the proxy's module loads the Docker SDK: only when egress is on
     from kernel_gateway.kernels.egress.proxy import EgressProxy
@@ -78,8 +81,11 @@ class Registry:
         forks: ForkPool | None = None,
         others: Iterable[WarmPool] = (),
         egress: EgressProxy | None = None,
+        templates: Templates | None = None,
     ) -> None:
         self.settings = settings
+        self.template_pools = TemplatePools(templates, warm, settings, self.sessions)
+        """Kernels of templates' builds (see template_pools.py)."""
         self.warm = warm
         """Python's pool (the default language's)."""
         self.pools: dict[str, WarmPool] = {warm.language.name: warm}
@@ -159,6 +165,7 @@ class Registry:
         await asyncio.gather(
             *(pool.close() for pool in self.pools.values()), return_exceptions=True
         )
+        await self.template_pools.close()
 
     # -- the steps of a durable stop and start (sessions/durable.py) ------------------------
 
@@ -193,7 +200,15 @@ class Registry:
     async def add_adopted(self, lease: Lease, record: SessionRecord) -> Session:
         """A session a predecessor persisted, on its adopted kernel, taking up at `record`
         (its network policy too: without the proxy, its kernel reaches nothing)."""
-        session = self._session_on(lease, ephemeral=False, id=record.id, language=record.language)
+        pool, template = self.template_pools.recorded(record)
+        session = self._session_on(
+            lease,
+            ephemeral=False,
+            id=record.id,
+            language=record.language,
+            template=template,
+            pool=pool,
+        )
         carrier = None
         if record.carrier is not None:  # its kernel runs on this disk, carrying the session's
             carrier = SessionStorage(self.warm.workspaces / record.carrier)
@@ -206,9 +221,15 @@ class Registry:
     async def add_hibernated(self, record: SessionRecord, storage: SessionStorage) -> Session:
         """A session a predecessor persisted while it was hibernated: no kernel to adopt; it
         resumes onto `storage` when next called."""
-        pool = self.pools[record.language]
+        template_pool, template = self.template_pools.recorded(record)
+        pool = template_pool or self.pools[record.language]
         session = self._session_on(
-            KernelLess(storage, pool), ephemeral=False, id=record.id, language=record.language
+            KernelLess(storage, pool),
+            ephemeral=False,
+            id=record.id,
+            language=record.language,
+            template=template,
+            pool=pool,
         )
         session.restore(record)
         self._sessions[session.id] = session
@@ -285,11 +306,18 @@ class Registry:
         await network_policy.give(session, allow, self.egress, self.warm.metrics)
 
     async def create_session(
-        self, language: str | None = None, network: list[str] | str | None = None
+        self,
+        language: str | None = None,
+        network: list[str] | str | None = None,
+        template: str | None = None,
     ) -> Session:
         self._refuse_if_draining()
         allow = self.network_policy(network)
-        pool = self.pool(language)
+        ref: TemplateRef | None = None
+        if template is not None:
+            pool, ref = self.template_pools.for_reference(template, language)
+        else:
+            pool = self.pool(language)
         network_policy.check_language(pool.language.name, allow)
         if self._held() + self._reserved >= self.settings.max_sessions:
             raise TooManySessions(
@@ -302,7 +330,9 @@ class Registry:
             lease = await pool.acquire()
         finally:
             self._reserved -= 1
-        session = self._session_on(lease, ephemeral=False, language=pool.language.name)
+        session = self._session_on(
+            lease, ephemeral=False, language=pool.language.name, template=ref, pool=pool
+        )
         if allow:
             try:
                 await self._give_network(session, allow)
@@ -458,11 +488,18 @@ class Registry:
         return f"{node}.{uuid.uuid4().hex}" if node else uuid.uuid4().hex
 
     def _session_on(
-        self, lease: Lease, *, ephemeral: bool, id: str | None = None, language: str = PYTHON
+        self,
+        lease: Lease,
+        *,
+        ephemeral: bool,
+        id: str | None = None,
+        language: str = PYTHON,
+        template: TemplateRef | None = None,
+        pool: WarmPool | None = None,
     ) -> Session:
         session_id = id or self._new_id()
         s = self.settings
-        pool = self.pools.get(language, self.warm)
+        pool = pool or self.pools.get(language, self.warm)
         slot = KernelSlot(
             session_id,
             None if isinstance(lease, KernelLess) else lease.kernel,
@@ -475,7 +512,8 @@ class Registry:
         workspace = Workspace(lease.storage.files, lease.files_owner)
         files = SessionFiles(session_id, workspace, s, inline_all=ephemeral)
         persist = self._save if self.store is not None and not ephemeral else None
-        hibernates = self.hibernator.supports(language, ephemeral=ephemeral)
+        # A template's session would resume onto the language's own image: not yet.
+        hibernates = template is None and self.hibernator.supports(language, ephemeral=ephemeral)
         session = Session(
             session_id,
             slot,
@@ -486,6 +524,7 @@ class Registry:
             metrics=self.warm.metrics,
             language=language,
             hibernator=self.hibernator if hibernates else None,
+            template=template,
         )
 
         def replaced() -> None:

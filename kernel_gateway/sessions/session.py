@@ -45,6 +45,7 @@ from kernel_gateway.sessions.persistence import SessionRecord
 from kernel_gateway.settings import Settings
 from kernel_gateway.shapes import responses
 from kernel_gateway.shapes.events import ResumedData
+from kernel_gateway.templates.model import TemplateRef
 from kernel_gateway.types import SessionStatus
 
 PERSIST_ACTIVITY_EVERY = 5.0  # seconds: how stale a persisted idle clock may get
@@ -64,10 +65,13 @@ class Session:
         metrics: Metrics,
         language: str = PYTHON,
         hibernator: Hibernator | None = None,
+        template: TemplateRef | None = None,
     ) -> None:
         self.id = session_id
         self.language = language
         """The language its kernel runs (a name from `GET /languages`), fixed for its life."""
+        self.template = template
+        """The template build its kernels start from (None: the language's own image)."""
         self.metrics = metrics
         self.ephemeral = ephemeral
         """One execution, then gone: never revived, files sent whole in events."""
@@ -334,6 +338,7 @@ class Session:
             "failed": self.slot.policy.failed,
             "network": {"allow": network.allow} if network is not None else "none",
             "hibernation": self.hibernation.to_json() if self.hibernation is not None else None,
+            "template": self.template.to_json() if self.template is not None else None,
         }
 
     # -- persistence -------------------------------------------------------------------------
@@ -361,6 +366,7 @@ class Session:
             network=self._network.allow if self._network is not None else [],
             hibernated=hibernation.record_state if hibernation is not None else None,
             carrier=carrier.root.name if carrier is not None else None,
+            template=self.template.key if self.template is not None else None,
         )
 
     def restore(self, record: SessionRecord, carrier: SessionStorage | None = None) -> None:

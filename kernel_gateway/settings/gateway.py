@@ -175,6 +175,34 @@ class Settings:
         "`--max-concurrent-starts` (4) kernels at once, on its own",
         check=values.language_pool,
     )
+    # -- templates ---------------------------------------------------------------------
+    max_templates: int = setting(
+        50,
+        "most templates this gateway keeps",
+        doc="templates kept at once (each with its builds); beyond it `POST /templates` "
+        "gets 429 until one is deleted",
+        minimum=0,
+    )
+    template_max_size: str = setting(
+        "8g",
+        "size cap of one template's image, e.g. 4g",
+        doc="a template image over this size fails its build (and is removed)",
+        check=values.parse_size,
+    )
+    template_build_timeout: float = setting(
+        1800.0,
+        "seconds one template build may take, all steps together",
+        doc="time a build may take, its steps and its readiness check together; past it "
+        "the running step is killed and the build fails",
+        positive=True,
+    )
+    template_upload_max: str = setting(
+        "1g",
+        "size cap of one uploaded file archive of a template's COPY step",
+        doc="largest file archive a COPY step may upload (E2B's `copy`, or the files of "
+        "`POST /templates`)",
+        check=values.parse_size,
+    )
     # -- the network -------------------------------------------------------------------
     egress_allow: str = setting(
         "",
@@ -498,6 +526,14 @@ class Settings:
     def memory_limit_bytes(self) -> int:
         """`memory_limit` in bytes (validated at startup, so this never raises)."""
         return values.parse_size(self.memory_limit)
+
+    @property
+    def template_max_size_bytes(self) -> int:
+        return values.parse_size(self.template_max_size)
+
+    @property
+    def template_upload_max_bytes(self) -> int:
+        return values.parse_size(self.template_upload_max)
 
     @property
     def workspace_size_bytes(self) -> int:

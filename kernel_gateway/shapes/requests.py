@@ -237,11 +237,24 @@ def network_asked(policy: Literal["none"] | NetworkAllow | None) -> list[str] | 
     return policy.allow if isinstance(policy, NetworkAllow) else policy
 
 
+TemplateName = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=200,
+        description="A template (`GET /templates`) to start the kernel from: its name "
+        "(`analytics`: its `default` tag, else its newest ready build), `name:tag`, or its "
+        "id. Its kernels are its base's language; `language` may be left out.",
+    ),
+]
+
+
 class NewSession(RequestModel):
     """A new session: send an empty object (or no body) for Python."""
 
     language: LanguageName = None
     network: NetworkPolicy = None
+    template: TemplateName = None
 
 
 class ExecuteRequest(RequestModel):

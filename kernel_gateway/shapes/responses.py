@@ -72,6 +72,14 @@ class NetworkGranted(TypedDict):
 
 
 @closed
+class SessionTemplate(TypedDict):
+    """The template (and its build) a session's kernel runs."""
+
+    id: Annotated[str, field(description="The template's id.")]
+    name: Annotated[str, field(description="The template's name.")]
+    build_id: Annotated[str, field(description="The build whose image the kernel runs.")]
+
+
 class Hibernation(TypedDict):
     """A hibernated session's snapshot: its variables are on disk, its kernel stopped."""
 
@@ -111,6 +119,10 @@ class Session(TypedDict):
             description="While `status` is `hibernated`: its snapshot; else null. Any call "
             "that needs the kernel resumes it."
         ),
+    ]
+    template: Annotated[
+        SessionTemplate | None,
+        field(description="The template its kernel was started from, else null."),
     ]
 
 

@@ -22,6 +22,7 @@ import zmq.asyncio
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.in_kernel import PROGRAMS
 from kernel_gateway.kernels.channels import Channels, ZmqChannels
+from kernel_gateway.kernels.images import ImageBuilder
 from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language, Languages
 from kernel_gateway.kernels.storage import SessionStorage as SessionStorage
 from kernel_gateway.kernels.storage import make_storage_dirs as make_storage_dirs
@@ -168,6 +169,11 @@ class Backend(abc.ABC):
     @property
     def workspace_owner(self) -> tuple[int, int] | None:
         """uid/gid the kernel runs as, for files the gateway writes into a workspace."""
+        return None
+
+    @property
+    def images(self) -> ImageBuilder | None:
+        """How this backend builds template images (see `kernels/images.py`), or None."""
         return None
 
     async def prepare_storage(self, root: Path) -> SessionStorage:

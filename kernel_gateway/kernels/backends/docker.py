@@ -48,6 +48,7 @@ from kernel_gateway.kernels.backends.docker_container import (
     make_fork_server_dir,
 )
 from kernel_gateway.kernels.backends.docker_events import DeathWatcher
+from kernel_gateway.kernels.backends.docker_images import DockerImages
 from kernel_gateway.kernels.backends.docker_kernel import DockerKernel
 from kernel_gateway.kernels.backends.docker_languages import find_languages, kernelspecs_of
 from kernel_gateway.kernels.backends.labels import LABEL_INSTANCE, container_labels
@@ -81,6 +82,7 @@ class DockerBackend(Backend):
         self._kernels: dict[str, DockerKernel] = {}
         """By container name: what the events stream reports deaths to."""
         self._background = TaskSet()
+        self._images = DockerImages(self, settings, runtime)
         self._watcher: DeathWatcher | None = None
         # Chosen in start(): a capped disk per session when it works here.
         self._storage: StorageProvider = PlainStorage(settings.workspace_size_bytes)
@@ -120,6 +122,10 @@ class DockerBackend(Backend):
     @property
     def workspace_owner(self) -> tuple[int, int] | None:
         return self._owner
+
+    @property
+    def images(self) -> DockerImages:
+        return self._images
 
     async def prepare_storage(self, root: Path) -> SessionStorage:
         """Make `root` the session's storage with the provider chosen at startup."""

@@ -19,9 +19,9 @@ LABEL_LOCK = "io.kernel-gateway.lock"  # the owner's instance lock: held while i
 LABEL_ROLE = "io.kernel-gateway.role"
 LABEL_LANGUAGE = "io.kernel-gateway.language"  # what a kernel container runs
 
-Role = Literal["kernel", "fork-server", "probe", "egress"]
+Role = Literal["kernel", "fork-server", "probe", "egress", "build"]
 """A kernel; a fork server (stateless cells); a probe (an image's kernelspecs read at
-startup); the egress proxy."""
+startup); the egress proxy; a template build's step (`docker_images.py`)."""
 
 
 def container_labels(

@@ -128,6 +128,15 @@ class WarmPool:
         # The preloads are Python imports, for the gateway's own Python kernel only.
         self._preload_code = preload_code(settings.preload_list) if language.builtin else ""
 
+    def sibling(self, language: Language) -> WarmPool:
+        """A pool of `language` (a template's) beside this one, keeping no kernel warm
+        until its `size` is raised."""
+        pool = WarmPool(
+            self.settings, self.backend, self._runtime, self._context, self.metrics, language
+        )
+        pool.size = 0
+        return pool
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:

@@ -45,7 +45,9 @@ async def create(request: Request) -> JSONResponse[responses.Session]:
     settings = registry.settings
     body = await read_model(request, NewSession, settings.max_body_bytes, settings, optional=True)
     try:
-        session = await registry.create_session(body.language, network_asked(body.network))
+        session = await registry.create_session(
+            body.language, network_asked(body.network), body.template
+        )
     except (TooManySessions, KernelUnavailable) as exc:
         _metrics(request).session_rejections.labels(_rejection(exc)).inc()
         raise

@@ -1,0 +1,109 @@
+"""Kernels of templates: a warm pool per template build in use, made on first use.
+
+A template's build is a language on another image (`Templates.language_of`), so its
+kernels come from a `WarmPool` like any language's: started on demand, and one kept warm
+once the template is used, while the templates' warm kernels together stay within
+`--pool-size` (the default image's pool is sized apart). Sessions name a template by
+reference (`analytics`, `analytics:v2`, an id); their records keep the build
+(`template_id/build_id`), so a restarted gateway relaunches their kernels from the
+same image.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from kernel_gateway.errors import BackendUnavailable, InvalidRequest
+from kernel_gateway.kernels.pools.warm import WarmPool
+from kernel_gateway.sessions.persistence import SessionRecord
+from kernel_gateway.sessions.session import Session
+from kernel_gateway.settings import Settings
+from kernel_gateway.templates.model import Build, Template, TemplateRef
+from kernel_gateway.templates.service import Templates
+
+logger = logging.getLogger(__name__)
+
+
+class TemplatePools:
+    def __init__(
+        self,
+        templates: Templates | None,
+        warm: WarmPool,
+        settings: Settings,
+        sessions: Callable[[], list[Session]],
+    ) -> None:
+        self.templates = templates
+        self._warm = warm
+        self._settings = settings
+        self._sessions = sessions
+        self._pools: dict[str, WarmPool] = {}
+        """By build id."""
+        if templates is not None:
+            templates.in_use = self.sessions_on
+
+    def for_reference(
+        self, reference: str, language: str | None = None
+    ) -> tuple[WarmPool, TemplateRef]:
+        """The pool of the build `reference` means, or the error for a template that is
+        unknown, not ready, or of another language than `language`."""
+        if self.templates is None:
+            raise BackendUnavailable(
+                f"the {self._warm.backend.name} backend runs no templates (they need Docker)"
+            )
+        template, build = self.templates.resolve(reference)
+        pool = self._pool(build)
+        if language is not None:
+            wanted = self._warm.backend.languages.get_or_raise(language).name
+            if wanted != pool.language.name:
+                raise InvalidRequest(
+                    f"template {template.name!r} runs {pool.language.name}, not {wanted}"
+                )
+        self._keep_warm(pool)
+        template.spawn_count += 1
+        template.last_spawned_at = time.time()
+        self.templates.save(template)
+        return pool, TemplateRef.of(template, build)
+
+    def recorded(self, record: SessionRecord) -> tuple[WarmPool | None, TemplateRef | None]:
+        """The pool and template a recorded session ran on (None: its language's own)."""
+        if record.template is None or self.templates is None:
+            return None, None
+        template_id, _, build_id = record.template.partition("/")
+        template = self.templates.find(template_id)
+        build = template.build(build_id) if template is not None else None
+        if template is None or build is None or build.image is None:
+            logger.warning(
+                "session %s ran on template build %s, which is gone: a kernel that dies is "
+                "replaced from its language's image",
+                record.id,
+                record.template,
+            )
+            return None, None
+        return self._pool(build), TemplateRef.of(template, build)
+
+    def sessions_on(self, template: Template) -> int:
+        return sum(
+            1 for s in self._sessions() if s.template is not None and s.template.id == template.id
+        )
+
+    def _pool(self, build: Build) -> WarmPool:
+        assert self.templates is not None
+        pool = self._pools.get(build.id)
+        if pool is None:
+            pool = self._warm.sibling(self.templates.language_of(build))
+            self._pools[build.id] = pool
+            pool.start()
+        return pool
+
+    def _keep_warm(self, pool: WarmPool) -> None:
+        warm = sum(p.size for p in self._pools.values())
+        if pool.size == 0 and warm < self._settings.pool_size:
+            pool.size = 1
+            pool.start()
+
+    async def close(self) -> None:
+        for pool in self._pools.values():
+            await pool.close()
+        self._pools.clear()

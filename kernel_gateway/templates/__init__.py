@@ -1,0 +1,1 @@
+"""Templates: kernel images the gateway builds from a base and steps (E2B's templates)."""

@@ -1,0 +1,475 @@
+"""The gateway's templates: made, built, found, followed and removed here.
+
+    Templates
+    ├── store      one record per template (`<runtime-dir>/templates/records/`)
+    ├── files      the COPY steps' uploads (`files.py`)
+    ├── logs       each build's log, in memory while it runs, on disk after
+    └── builds     one task per running build (`build.py`), on the backend's images
+
+Records and uploads live in the runtime folder's root, not an instance's, so they
+survive restarts; a build that was running when its gateway stopped is marked failed
+when the next one starts (its half-made images carry no name and are not used).
+A template's kernels run its ready build's image, as a `Language` whose image is that
+(`language_of`): the session layer starts them like any other language's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import zmq.asyncio
+
+from kernel_gateway.errors import (
+    BackendUnavailable,
+    InvalidRequest,
+    KernelUnavailable,
+    TemplateConflict,
+    TemplateNotFound,
+    TooManyTemplates,
+)
+from kernel_gateway.kernels.backends.base import Backend
+from kernel_gateway.kernels.images import ImageBuilder, StepFailed
+from kernel_gateway.kernels.languages import PYTHON, Language
+from kernel_gateway.kernels.pools.warm import WarmPool
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
+from kernel_gateway.kernels.storage import SessionStorage
+from kernel_gateway.records import RecordStore
+from kernel_gateway.settings import Settings
+from kernel_gateway.tasks import TaskSet
+from kernel_gateway.templates.build import (
+    LABEL_TEMPLATE,
+    BuildFailed,
+    Plan,
+    run_build,
+)
+from kernel_gateway.templates.files import FileStore
+from kernel_gateway.templates.model import (
+    DEFAULT_TAG,
+    Build,
+    BuildSpec,
+    BuildState,
+    Template,
+    check_name,
+    check_tag,
+    split_reference,
+)
+
+logger = logging.getLogger(__name__)
+
+REPOSITORY = "kernel-gateway-template"
+PYTHON_BASES = frozenset(
+    {"python", "base", "e2bdev/base", "e2bdev/code-interpreter", "code-interpreter-v1",
+     "code-interpreter"}
+)  # fmt: skip
+"""Names that mean the gateway's Python image (E2B's `from_base_image()` is
+`e2bdev/base`; its `base` and `code-interpreter-v1` templates)."""
+MAX_LOG_ENTRIES = 20_000
+LogEntry = dict[str, Any]
+
+
+class Templates:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        runtime: RuntimeDir,
+        context: zmq.asyncio.Context,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self._runtime = runtime
+        self._context = context
+        root = runtime.root / "templates"
+        self.files = FileStore(root / "files", settings.template_upload_max_bytes)
+        self._logs_dir = root / "logs"
+        self._store: RecordStore[Template] = RecordStore(root / "records", Template.from_json)
+        self._root = root
+        self._by_id: dict[str, Template] = {}
+        self._logs: dict[str, list[LogEntry]] = {}
+        self._log_changed: dict[str, asyncio.Condition] = {}
+        self._tasks = TaskSet()
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self.in_use: Callable[[Template], int] = lambda template: 0
+        """How many sessions run on `template`: set by the session registry."""
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def images(self) -> ImageBuilder | None:
+        return self.backend.images
+
+    def open(self) -> None:
+        self._root.mkdir(mode=0o700, exist_ok=True)
+        self._logs_dir.mkdir(mode=0o700, exist_ok=True)
+        self.files.open()
+        self._store.open()
+        for template in self._store.load():
+            for build in template.builds:
+                if not build.state.finished:
+                    build.state = BuildState.ERROR
+                    build.reason = "the gateway stopped while this build ran"
+                    build.finished_at = time.time()
+                    self._store.save(template)
+            self._by_id[template.id] = template
+
+    async def close(self) -> None:
+        self._tasks.cancel()
+        for task in list(self._running.values()):
+            with contextlib.suppress(BaseException):
+                await task
+        await self._store.close()
+
+    # -- finding ----------------------------------------------------------------------------
+
+    def all(self) -> list[Template]:
+        return sorted(self._by_id.values(), key=lambda t: t.created_at)
+
+    def find(self, name_or_id: str) -> Template | None:
+        found = self._by_id.get(name_or_id)
+        if found is not None:
+            return found
+        return next((t for t in self._by_id.values() if t.name == name_or_id), None)
+
+    def get(self, name_or_id: str) -> Template:
+        found = self.find(name_or_id)
+        if found is None:
+            raise TemplateNotFound(f"no template {name_or_id!r}")
+        return found
+
+    def resolve(self, reference: str) -> tuple[Template, Build]:
+        """`name`, `name:tag` or a template id → the ready build it means."""
+        name, tag = split_reference(reference)
+        template = self.get(name)
+        if tag is None or tag == DEFAULT_TAG and DEFAULT_TAG not in template.tags:
+            build = template.ready
+        else:
+            build_id = template.tags.get(tag)
+            if build_id is None:
+                raise TemplateNotFound(f"template {name!r} has no tag {tag!r}")
+            build = template.build(build_id)
+        if build is None or build.state is not BuildState.READY:
+            running = template.building
+            why = "its first build is still running" if running else "it has no ready build"
+            raise TemplateConflict(f"template {reference!r} cannot start kernels: {why}")
+        return template, build
+
+    def language_of(self, build: Build) -> Language:
+        """The language a build's kernels are: its base's, on its image."""
+        assert build.image is not None and build.spec is not None
+        base_language = self._base_language(build.spec.base)
+        return dataclasses.replace(base_language, image=build.image)
+
+    # -- making and building ----------------------------------------------------------------
+
+    def create(self, name: str, *, exist_ok: bool) -> Template:
+        """A template called `name` (a new one; with `exist_ok`, the existing one)."""
+        check_name(name)
+        found = self.find(name)
+        if found is not None:
+            if exist_ok:
+                return found
+            raise TemplateConflict(
+                f"a template called {name!r} exists; build it again with "
+                f"POST /templates/{name}/builds, or delete it first"
+            )
+        if self.images is None:
+            raise BackendUnavailable(f"the {self.backend.name} backend cannot build templates")
+        if len(self._by_id) >= self.settings.max_templates:
+            raise TooManyTemplates(
+                f"this gateway keeps at most {self.settings.max_templates} templates "
+                "(--max-templates); delete one first"
+            )
+        template = Template.new(name)
+        self._by_id[template.id] = template
+        self._store.save(template)
+        return template
+
+    def new_build(
+        self,
+        template: Template,
+        tags: list[str] | None = None,
+        *,
+        cpu_count: int | None = None,
+        memory_mb: int | None = None,
+    ) -> Build:
+        """A build waiting for its steps (E2B's first call); `tags` are given to it once
+        it is ready (none: `default`)."""
+        for tag in tags or []:
+            check_tag(tag)
+        running = template.building
+        if running is not None and running.state is BuildState.BUILDING:
+            raise TemplateConflict(
+                f"template {template.name!r} is building already (build {running.id})"
+            )
+        if running is not None:  # asked for and never started: superseded
+            self._fail(template, running, "superseded by a newer build", None)
+        build = Build.new(cpu_count=cpu_count, memory_mb=memory_mb)
+        build.tags_when_ready = list(tags or [DEFAULT_TAG])
+        template.builds.append(build)
+        template.updated_at = time.time()
+        self._store.save(template)
+        self._logs[build.id] = []
+        return build
+
+    def start(self, template: Template, build: Build, spec: BuildSpec) -> None:
+        """Run `build` of `spec` in the background (logs and state as it goes)."""
+        if build.state is not BuildState.WAITING:
+            raise TemplateConflict(f"build {build.id} was started already ({build.state})")
+        self._resolve_base(spec.base)  # an unknown base is the request's error, now
+        build.spec = spec
+        build.state = BuildState.BUILDING
+        build.started_at = time.time()
+        self._store.save(template)
+        task = self._tasks.spawn(self._build(template, build, spec), name=f"build {build.id}")
+        self._running[build.id] = task
+        task.add_done_callback(lambda _: self._running.pop(build.id, None))
+
+    async def _build(self, template: Template, build: Build, spec: BuildSpec) -> None:
+        images = self.images
+        assert images is not None
+        base, kernel_base = self._resolve_base(spec.base)
+        try:
+            base_info = await images.inspect(base)
+            kernel_info = await images.inspect(kernel_base)
+            if base_info is None or kernel_info is None:
+                raise BuildFailed(f"the base image {base} is not on this gateway", 0)
+            plan = Plan(
+                template_id=template.id,
+                build_id=build.id,
+                base=base_info,
+                kernel_base=kernel_base,
+                steps=spec.steps,
+                time_limit=self.settings.template_build_timeout,
+                max_size=self.settings.template_max_size_bytes,
+                force=spec.force,
+                labels={LABEL_TEMPLATE: template.id},
+            )
+            log = self._logger(build)
+            final = await run_build(plan, images, self.files, log, self._checker(spec))
+            ref = f"{REPOSITORY}:{template.id}-{build.id[:8]}"
+            await images.tag(final.id, ref)
+        except BuildFailed as exc:
+            self._fail(template, build, exc.message, exc.step)
+            return
+        except StepFailed as exc:
+            self._fail(template, build, exc.message, None)
+            return
+        except asyncio.CancelledError:
+            self._fail(template, build, "the build was cancelled", None)
+            raise
+        except Exception as exc:
+            logger.exception("template build %s failed", build.id)
+            self._fail(template, build, f"internal error: {exc}", None)
+            return
+        build.image = ref
+        build.size = final.size
+        build.state = BuildState.READY
+        build.finished_at = time.time()
+        template.assign(build.tags_when_ready, build.id)
+        self._log(build, "info", f"Build finished: {ref} ({final.size / 2**20:.0f} MiB)", None)
+        self._store.save(template)
+        await self._persist_log(build)
+
+    def _fail(self, template: Template, build: Build, message: str, step: int | None) -> None:
+        build.state = BuildState.ERROR
+        build.reason = message
+        build.failed_step = step
+        build.finished_at = time.time()
+        self._log(build, "error", f"Build failed: {message}", step)
+        self._store.save(template)
+        self._tasks.spawn(self._persist_log(build))
+
+    def _checker(self, spec: BuildSpec) -> Callable[[str, Callable[[str], None]], Any]:
+        base_language = self._base_language(spec.base)
+
+        async def check(image: str, log: Callable[[str], None]) -> None:
+            language = dataclasses.replace(base_language, image=image)
+            pool = WarmPool(
+                self.settings, self.backend, self._runtime, self._context, language=language
+            )
+            pool.size = 0
+            root = self._runtime.new_workspace()
+            storage = SessionStorage(root)
+            try:
+                storage = await self.backend.prepare_storage(root)
+                kernel = await pool.launch(storage)
+                try:
+                    log(f"The kernel answered ({language.name})")
+                    await self._start_commands(kernel.process, spec, log)
+                finally:
+                    await kernel.close()
+            except KernelUnavailable as exc:
+                raise StepFailed(exc.message) from exc
+            finally:
+                await pool.remove_storage(storage)
+
+        return check
+
+    async def _start_commands(
+        self, process: Any, spec: BuildSpec, log: Callable[[str], None]
+    ) -> None:
+        if spec.start_cmd:
+            log(f"Start command: {spec.start_cmd}")
+            await _run(process, spec.start_cmd, detach=True)
+        if spec.ready_cmd:
+            log(f"Waiting for the ready command: {spec.ready_cmd}")
+            deadline = time.monotonic() + self.settings.kernel_start_timeout * 4
+            while True:
+                code, _ = await _run(process, spec.ready_cmd)
+                if code == 0:
+                    return
+                if time.monotonic() > deadline:
+                    raise StepFailed(f"the ready command {spec.ready_cmd!r} never succeeded")
+                await asyncio.sleep(0.5)
+
+    # -- bases ------------------------------------------------------------------------------
+
+    def _resolve_base(self, base: str) -> tuple[str, str]:
+        """(image to build on, image whose kernel files the result keeps); InvalidRequest
+        for a base that is not the gateway's."""
+        kind, _, name = base.partition(":")
+        if kind == "template":
+            parent, build = self.resolve(name)
+            assert build.image is not None and build.spec is not None
+            return build.image, self._resolve_base(build.spec.base)[1]
+        language = self._base_language(base)
+        image = language.image or self.settings.image
+        return image, image
+
+    def _base_language(self, base: str) -> Language:
+        kind, _, name = base.partition(":")
+        if kind == "template":
+            _, build = self.resolve(name)
+            assert build.spec is not None
+            return self._base_language(build.spec.base)
+        image = name.removesuffix(":latest")
+        languages = self.backend.languages
+        if image in PYTHON_BASES:
+            return languages[PYTHON]
+        if image in languages:
+            return languages[image]
+        raise InvalidRequest(
+            f"base image {name!r} is not one of this gateway's: templates build FROM "
+            "`python` (E2B's `e2bdev/base`), a language ("
+            + ", ".join(sorted(languages))
+            + ") or another template; a public registry image cannot be used"
+        )
+
+    # -- removing ---------------------------------------------------------------------------
+
+    async def delete(self, template: Template) -> None:
+        running = template.building
+        if running is not None and running.state is BuildState.BUILDING:
+            raise TemplateConflict(
+                f"template {template.name!r} is building (build {running.id}); delete it once "
+                "the build ends"
+            )
+        sessions = self.in_use(template)
+        if sessions:
+            raise TemplateConflict(
+                f"template {template.name!r} is in use by {sessions} session(s); delete them first"
+            )
+        self._by_id.pop(template.id, None)
+        self._store.delete(template.id)
+        images = self.images
+        for build in template.builds:
+            if build.image and images is not None:
+                await images.remove(build.image)
+            self._logs.pop(build.id, None)
+            (self._logs_dir / f"{build.id}.jsonl").unlink(missing_ok=True)
+
+    def save(self, template: Template) -> None:
+        self._store.save(template)
+
+    # -- logs -------------------------------------------------------------------------------
+
+    def _logger(
+        self, build: Build
+    ) -> Callable[[Literal["debug", "info", "warn", "error"], str, int | None], None]:
+        def log(
+            level: Literal["debug", "info", "warn", "error"], message: str, step: int | None
+        ) -> None:
+            self._log(build, level, message, step)
+
+        return log
+
+    def _log(self, build: Build, level: str, message: str, step: int | None) -> None:
+        entries = self._logs.setdefault(build.id, [])
+        if len(entries) >= MAX_LOG_ENTRIES:
+            return
+        entry: LogEntry = {"timestamp": _now(), "level": level, "message": message}
+        if step is not None:
+            entry["step"] = str(step)
+        entries.append(entry)
+        condition = self._log_changed.get(build.id)
+        if condition is not None:
+            self._tasks.spawn(_notify(condition))
+
+    async def _persist_log(self, build: Build) -> None:
+        entries = list(self._logs.get(build.id, []))
+        path = self._logs_dir / f"{build.id}.jsonl"
+        text = "".join(json.dumps(e) + "\n" for e in entries)
+        await asyncio.to_thread(_write_atomically, path, text)
+
+    def logs(self, build: Build, offset: int = 0, limit: int = 100) -> list[LogEntry]:
+        entries = self._logs.get(build.id)
+        if entries is None:
+            entries = _read_log(self._logs_dir / f"{build.id}.jsonl")
+            self._logs[build.id] = entries
+        return entries[max(offset, 0) : max(offset, 0) + limit]
+
+    async def follow(self, build: Build, offset: int = 0) -> AsyncIterator[LogEntry]:
+        """Each log entry from `offset` on, as it comes, until the build finished."""
+        condition = self._log_changed.setdefault(build.id, asyncio.Condition())
+        while True:
+            batch = self.logs(build, offset, 1000)
+            for entry in batch:
+                yield entry
+            offset += len(batch)
+            if batch:
+                continue
+            if build.state.finished:
+                return
+            async with condition:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(condition.wait(), 1.0)
+
+
+async def _notify(condition: asyncio.Condition) -> None:
+    async with condition:
+        condition.notify_all()
+
+
+async def _run(process: Any, command: str, *, detach: bool = False) -> tuple[int, str]:
+    argv = ["/bin/bash", "-c", f"({command}) >/dev/null 2>&1 &" if detach else command]
+    handle = await process.run_command(argv, {}, None, False)
+    output = b""
+    async for _, chunk in handle.output():
+        output += chunk
+    return await handle.wait(), output.decode(errors="replace")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
+def _read_log(path: Path) -> list[LogEntry]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
+    except (OSError, ValueError):
+        return []
