@@ -131,9 +131,9 @@ _ERROR_REASONS = {
     403: "The file path is or passes through a symlink, or cannot be accessed; or the "
     "network policy asks for domains beyond the gateway's `--egress-allow` "
     "(`network_not_allowed`).",
-    404: "No such session, execution, file or route.",
+    404: "No such session, execution, file, template (`template_not_found`) or route.",
     409: "The session is busy (too many queued executions), deleted, or failed; or the file "
-    "path names a folder.",
+    "path names a folder; or the template has no ready build (`template_conflict`).",
     410: "The execution's events are past the session's retention (`execution_expired`), or "
     "the session was persisted but its kernel did not survive the gateway's restart "
     "(`session_lost`).",
@@ -142,7 +142,8 @@ _ERROR_REASONS = {
     422: "Well-formed JSON with wrong or unknown fields, or a bad value.",
     429: "Too many sessions or stateless executions at once; retry after `Retry-After`.",
     503: "No kernel could be started in time (`kernel_unavailable`), or the gateway is "
-    "draining for a restart and did nothing (`shutting_down`); retry after `Retry-After`.",
+    "draining for a restart and did nothing (`shutting_down`); retry after `Retry-After`; or "
+    "the backend runs no templates (`backend_unavailable`).",
 }
 _RETRY_AFTER = {
     "description": "Seconds to wait before retrying.",

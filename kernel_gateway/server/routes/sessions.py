@@ -188,7 +188,7 @@ OPERATIONS = (
         tags=("stateless",),
         body=Body(StatelessExecuteRequest),
         replies=(Reply(200, _EVENTS, content=STREAM, headers=EXECUTION_ID),),
-        errors=(*JSON_BODY, 403, 429, *KERNEL_START),
+        errors=(*JSON_BODY, 403, 404, 409, 429, *KERNEL_START),
     ),
     Operation(
         "post",
@@ -203,7 +203,7 @@ OPERATIONS = (
                 201, "The new session.", responses.Session, headers=LOCATION, links=SESSION_LINKS
             ),
         ),
-        errors=(*JSON_BODY, 403, 429, *KERNEL_START),
+        errors=(*JSON_BODY, 403, 404, 409, 429, *KERNEL_START),
     ),
     Operation(
         "get",
