@@ -132,6 +132,11 @@ class Registry:
     def languages(self) -> Languages:
         return self.backend.languages
 
+    @property
+    def templates(self) -> Templates | None:
+        """The gateway's templates (None where the backend cannot build images)."""
+        return self.template_pools.templates
+
     def pool(self, language: str | None) -> WarmPool:
         """The pool of `language` (None: Python), or `UnknownLanguage` (400) naming those
         there are."""
