@@ -54,12 +54,13 @@ RESPONSES = tuple(
             responses.Error,
             *(reply.shape for op in OPERATIONS for reply in op.replies if reply.shape),
             responses.CollectedExecution,
+            responses.BuildLog,
             *events.EVENT_DATA.values(),
         ]
     )
 )
-"""The response bodies the operations name, the error body, the collected execution and
-the events' `data`, as the gateway sends them."""
+"""The response bodies the operations name, the error body, the collected execution, a
+build's log page and the events' `data`, as the gateway sends them."""
 
 
 def _ref(name: str) -> JSON:

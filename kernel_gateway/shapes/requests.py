@@ -422,3 +422,76 @@ def _unwrap(annotation: Any) -> Any:
             annotation = options[0]
         else:
             return annotation
+
+
+# -- templates ------------------------------------------------------------------------------
+
+TemplateNameField = Annotated[
+    str,
+    Field(
+        pattern=r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$",
+        description="1 to 64 lowercase letters, digits, `.`, `_` or `-`, starting and ending "
+        "with a letter or digit.",
+    ),
+]
+
+
+class TemplateStep(RequestModel):
+    """One build step: E2B's step types (see docs/templates.md)."""
+
+    type: Annotated[
+        Literal["RUN", "COPY", "ENV", "WORKDIR", "USER"],
+        Field(
+            description="`RUN [command, user?]`, `COPY [src, dest, user?, mode?]`, "
+            "`ENV [key, value, ...]`, `WORKDIR [path]`, `USER [name]`."
+        ),
+    ]
+    args: Annotated[list[Annotated[str, Field(max_length=65536)]], Field(max_length=256)] = []
+    files_hash: Annotated[
+        str | None,
+        Field(
+            pattern=r"^[0-9a-f]{64}$",
+            description="COPY: the SHA-256 of files uploaded with `PUT /templates/files/{hash}` "
+            "(default: the request's `context`).",
+        ),
+    ] = None
+    force: Annotated[bool, Field(description="Run it (and every step after) uncached.")] = False
+
+
+class TemplateBuildRequest(RequestModel):
+    """A build: a base and steps, or a Dockerfile; files for COPY in `context`."""
+
+    base: Annotated[
+        str | None,
+        Field(
+            max_length=200,
+            description="What to build on: `python` (the default image; E2B's `e2bdev/base`), "
+            "a language of `GET /languages`, or `template:NAME[:TAG]`. Default python.",
+        ),
+    ] = None
+    steps: Annotated[list[TemplateStep] | None, Field(max_length=100)] = None
+    dockerfile: Annotated[
+        str | None,
+        Field(
+            max_length=1 << 20,
+            description="Instead of `base` and `steps`: a Dockerfile whose FROM names a base "
+            "as `base` does (one stage; COPY sources come from `context`).",
+        ),
+    ] = None
+    context: Annotated[
+        Base64 | None,
+        Field(description="A tar (or tar.gz) of the files COPY steps copy, base64."),
+    ] = None
+    start_cmd: Annotated[str | None, Field(max_length=65536)] = None
+    ready_cmd: Annotated[str | None, Field(max_length=65536)] = None
+    tags: Annotated[
+        list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")]] | None,
+        Field(max_length=32, description="Tags the build takes once ready (default: `default`)."),
+    ] = None
+    force: Annotated[bool, Field(description="Build every step uncached.")] = False
+
+
+class NewTemplate(TemplateBuildRequest):
+    """A new template and its first build."""
+
+    name: TemplateNameField

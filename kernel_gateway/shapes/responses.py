@@ -148,6 +148,82 @@ class SessionList(TypedDict):
     sessions: list[Session]
 
 
+BuildState = Literal["waiting", "building", "ready", "error"]
+
+
+class TemplateBuild(TypedDict):
+    """One build of a template: its steps run into an image, or stopped with a reason."""
+
+    id: str
+    template_id: str
+    template: Annotated[str, field(description="The template's name.")]
+    state: Annotated[
+        BuildState,
+        field(description="`waiting` (not started), `building`, then `ready` or `error`."),
+    ]
+    reason: Annotated[str | None, field(description="Why it failed (state `error`), else null.")]
+    failed_step: Annotated[
+        int | None,
+        field(ge=1, description="The step that failed, numbered from 1 as the logs number them."),
+    ]
+    base: Annotated[str | None, field(description="What it builds on.")]
+    steps: Count
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+    image: Annotated[str | None, field(description="The image it made, once ready.")]
+    size_bytes: Count
+    tags: Annotated[list[str], field(description="The template's tags that point at it.")]
+
+
+class TemplateInfo(TypedDict):
+    """A template: kernels started from its ready build run its image."""
+
+    id: str
+    name: str
+    language: Annotated[str | None, field(description="Its kernels' language (its base's).")]
+    state: Annotated[BuildState, field(description="Its newest build's state.")]
+    ready_build: Annotated[
+        str | None, field(description="The build its name starts (tag `default`, else newest).")
+    ]
+    tags: Annotated[dict[str, str], field(description="Tag → build id.")]
+    created_at: Timestamp
+    updated_at: Timestamp
+    sessions: Annotated[Count, field(description="Sessions running on it now.")]
+    spawn_count: Count
+    last_spawned_at: Timestamp | None
+    builds: list[TemplateBuild]
+
+
+class TemplateList(TypedDict):
+    templates: list[TemplateInfo]
+
+
+class BuildLogEntry(TypedDict):
+    """One line of a build's log."""
+
+    timestamp: Timestamp
+    level: Literal["debug", "info", "warn", "error"]
+    message: str
+    step: NotRequired[Annotated[str, field(description="The step it belongs to (from 1).")]]
+
+
+class BuildLog(TypedDict):
+    """A build's log from `offset` (`Accept: application/json`)."""
+
+    logs: list[BuildLogEntry]
+    next_offset: Count
+    build: TemplateBuild
+
+
+class TemplateFiles(TypedDict):
+    """Uploaded files for COPY steps, by their SHA-256."""
+
+    hash: str
+    present: bool
+    size_bytes: Count
+
+
 @closed
 class ExecutionSummary(TypedDict):
     id: str

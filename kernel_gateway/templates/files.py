@@ -13,15 +13,18 @@ destination ending in `/`, make the destination a folder.
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import os
 import posixpath
 import tarfile
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from kernel_gateway.errors import PayloadTooLarge
 from kernel_gateway.templates.steps import FILES_HASH
 
 
@@ -54,6 +57,36 @@ class FileStore:
         """Where an upload is written before `commit` names it (so a cut upload is never
         taken for the files)."""
         return self.path(files_hash).with_suffix(".part")
+
+    async def receive(self, files_hash: str, chunks: AsyncIterator[bytes], limit: int) -> int:
+        """Write an upload of `files_hash` as it comes, then `commit` it: its size.
+
+        `PayloadTooLarge` past `limit` bytes and `CopyError` for what is not a tar, with
+        nothing kept either way."""
+        partial = self.partial(files_hash)
+        size = 0
+        handle = await asyncio.to_thread(partial.open, "wb")
+        try:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(
+                        f"the files are over the {limit}-byte limit (--template-upload-max)"
+                    )
+                await asyncio.to_thread(handle.write, chunk)
+        except BaseException:
+            await asyncio.to_thread(handle.close)
+            partial.unlink(missing_ok=True)
+            raise
+        await asyncio.to_thread(handle.close)
+        await asyncio.to_thread(self.commit, files_hash)
+        return size
+
+    def size(self, files_hash: str) -> int:
+        try:
+            return self.path(files_hash).stat().st_size
+        except OSError:
+            return 0
 
     def commit(self, files_hash: str) -> None:
         partial = self.partial(files_hash)

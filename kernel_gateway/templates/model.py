@@ -95,6 +95,8 @@ class Build:
     memory_mb: int | None = None
     tags_when_ready: list[str] = field(default_factory=lambda: [DEFAULT_TAG])
     """The tags this build takes once ready (E2B's `name:tag` and `tags`)."""
+    language: str | None = None
+    """Its kernels' language (its base's), fixed when it starts."""
 
     @classmethod
     def new(cls, *, cpu_count: int | None = None, memory_mb: int | None = None) -> Build:
@@ -115,6 +117,7 @@ class Build:
             "cpu_count": self.cpu_count,
             "memory_mb": self.memory_mb,
             "tags_when_ready": self.tags_when_ready,
+            "language": self.language,
         }
 
     @classmethod
@@ -134,6 +137,7 @@ class Build:
             cpu_count=data.get("cpu_count"),
             memory_mb=data.get("memory_mb"),
             tags_when_ready=list(data.get("tags_when_ready", [DEFAULT_TAG])),
+            language=data.get("language"),
         )
 
 

@@ -164,9 +164,9 @@ class Templates:
 
     def language_of(self, build: Build) -> Language:
         """The language a build's kernels are: its base's, on its image."""
-        assert build.image is not None and build.spec is not None
-        base_language = self._base_language(build.spec.base)
-        return dataclasses.replace(base_language, image=build.image)
+        assert build.image is not None and build.language is not None
+        language = self.backend.languages.get_or_raise(build.language)
+        return dataclasses.replace(language, image=build.image)
 
     # -- making and building ----------------------------------------------------------------
 
@@ -220,11 +220,19 @@ class Templates:
         self._logs[build.id] = []
         return build
 
+    def discard(self, template: Template, build: Build) -> None:
+        """Forget a build that never started (its request was refused)."""
+        if build.state is BuildState.WAITING and build in template.builds:
+            template.builds.remove(build)
+            self._logs.pop(build.id, None)
+            self._store.save(template)
+
     def start(self, template: Template, build: Build, spec: BuildSpec) -> None:
         """Run `build` of `spec` in the background (logs and state as it goes)."""
         if build.state is not BuildState.WAITING:
             raise TemplateConflict(f"build {build.id} was started already ({build.state})")
         self._resolve_base(spec.base)  # an unknown base is the request's error, now
+        build.language = self._base_language(spec.base).name
         build.spec = spec
         build.state = BuildState.BUILDING
         build.started_at = time.time()

@@ -13,7 +13,15 @@ from kernel_gateway.http.operations import routes as routing_table
 from kernel_gateway.protocols.e2b import routes as e2b
 from kernel_gateway.protocols.jupyter import routes as jupyter
 from kernel_gateway.protocols.mcp import routes as mcp
-from kernel_gateway.server.routes import files, health, metrics, openapi, sessions, web
+from kernel_gateway.server.routes import (
+    files,
+    health,
+    metrics,
+    openapi,
+    sessions,
+    templates,
+    web,
+)
 
 OPERATIONS: tuple[Operation, ...] = (
     *web.OPERATIONS,
@@ -22,6 +30,7 @@ OPERATIONS: tuple[Operation, ...] = (
     *metrics.OPERATIONS,
     *sessions.OPERATIONS,
     *files.OPERATIONS,
+    *templates.OPERATIONS,
 )
 SURFACES: tuple[Surface, ...] = (web.SURFACE, mcp.SURFACE, e2b.SURFACE, jupyter.SURFACE)
 

@@ -1,0 +1,213 @@
+"""`/templates` on a real gateway (Docker, gVisor): build with files, an environment
+variable and a command; a session on the template sees all three; logs live as SSE;
+the errors a user meets; delete."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import tarfile
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.api import execute, parse_sse
+from tests.support.server import ServerFactory, ServerThread
+
+
+@pytest.fixture(scope="module")
+def server(servers: ServerFactory) -> ServerThread:
+    return servers("gvisor", pool_size=0, token="tok")
+
+
+@pytest.fixture
+def client(server: ServerThread) -> Iterator[httpx.Client]:
+    headers = {"Authorization": "Bearer tok"}
+    with httpx.Client(base_url=server.url, timeout=120, headers=headers) as c:
+        yield c
+
+
+def tar_of(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def name() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+def follow(client: httpx.Client, build: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The build's log lines, live, and the build as the `end` event gives it."""
+    lines: list[str] = []
+    path = f"/templates/{build['template']}/builds/{build['id']}/logs"
+    with client.stream("GET", path) as response:
+        assert response.status_code == 200
+        for event, data in parse_sse(response.iter_bytes()):
+            if event == "log":
+                lines.append(data["message"])
+            elif event == "end":
+                return lines, data
+    raise AssertionError(f"no end event after {lines}")
+
+
+def test_a_session_on_a_template_has_its_files_env_and_command_output(
+    client: httpx.Client,
+) -> None:
+    template = name()
+    context = tar_of({"data/table.csv": b"a,b\n1,2\n"})
+    response = client.post(
+        "/templates",
+        json={
+            "name": template,
+            "steps": [
+                {"type": "COPY", "args": ["data", "/opt/data/"]},
+                {"type": "ENV", "args": ["DATASET", "/opt/data/table.csv"]},
+                {"type": "RUN", "args": ["echo built > /opt/built.txt && echo step-ran", "root"]},
+            ],
+            "context": base64.b64encode(context).decode(),
+            "tags": ["v1"],
+        },
+    )
+    assert response.status_code == 202, response.text
+    started = response.json()
+    assert response.headers["location"] == f"/templates/{template}/builds/{started['id']}"
+    assert started["state"] == "building"
+    lines, build = follow(client, started)
+    assert build["state"] == "ready", (build, lines)
+    assert "step-ran" in lines and any(line.startswith("Step 3/3") for line in lines)
+    assert build["tags"] == ["v1"] and build["image"]
+
+    response = client.post("/sessions", json={"template": f"{template}:v1"})
+    assert response.status_code == 201, response.text
+    session = response.json()
+    assert session["template"] == {
+        "id": build["template_id"],
+        "name": template,
+        "build_id": build["id"],
+    }
+    try:
+        code = (
+            "import os\n"
+            "print(open(os.environ['DATASET']).read().strip().replace(chr(10), '|'))\n"
+            "print(open('/opt/built.txt').read().strip())\n"
+            "print(os.getuid())"
+        )
+        stream = execute(client, session["id"], code)
+        assert stream.stdout.split() == ["a,b|1,2", "built", "1000"]
+        listed = client.get(f"/templates/{template}").json()
+        assert listed["sessions"] == 1 and listed["ready_build"] == build["id"]
+        assert listed["language"] == "python"
+        refused = client.delete(f"/templates/{template}")
+        assert refused.status_code == 409
+        assert refused.json()["error"]["type"] == "template_conflict"
+    finally:
+        client.delete(f"/sessions/{session['id']}")
+    assert client.delete(f"/templates/{template}").status_code == 204
+    gone = client.get(f"/templates/{template}")
+    assert gone.status_code == 404 and gone.json()["error"]["type"] == "template_not_found"
+
+
+def test_a_dockerfile_and_files_uploaded_by_hash(client: httpx.Client) -> None:
+    context = tar_of({"app.py": b"ANSWER = 42\n"})
+    files_hash = hashlib.sha256(context).hexdigest()
+    assert client.get(f"/templates/files/{files_hash}").json()["present"] is False
+    uploaded = client.put(f"/templates/files/{files_hash}", content=context)
+    assert uploaded.status_code == 201, uploaded.text
+    assert uploaded.json() == {"hash": files_hash, "present": True, "size_bytes": len(context)}
+    template = name()
+    dockerfile = "FROM python\nARG V=7\nENV APP_VERSION=$V\nRUN mkdir -p /opt/app\n"
+    response = client.post(
+        "/templates",
+        json={
+            "name": template,
+            "dockerfile": dockerfile,
+            "context": base64.b64encode(context).decode(),
+        },
+    )
+    assert response.status_code == 202, response.text
+    _, build = follow(client, response.json())
+    assert build["state"] == "ready", build
+    session = client.post("/sessions", json={"template": template}).json()
+    try:
+        stream = execute(client, session["id"], "import os; print(os.environ['APP_VERSION'])")
+        assert stream.stdout.strip() == "7"
+    finally:
+        client.delete(f"/sessions/{session['id']}")
+        client.delete(f"/templates/{template}")
+
+
+def test_a_failed_build_names_its_step_and_output(client: httpx.Client) -> None:
+    template = name()
+    response = client.post(
+        "/templates",
+        json={
+            "name": template,
+            "steps": [
+                {"type": "RUN", "args": ["true"]},
+                {"type": "RUN", "args": ["echo no such package >&2; exit 100"]},
+            ],
+        },
+    )
+    assert response.status_code == 202, response.text
+    lines, build = follow(client, response.json())
+    assert build["state"] == "error" and build["failed_step"] == 2
+    assert "exited with code 100" in build["reason"] and "no such package" in build["reason"]
+    assert any(line.startswith("Build failed") for line in lines)
+    page = client.get(
+        f"/templates/{template}/builds/{build['id']}/logs?offset=1",
+        headers={"Accept": "application/json"},
+    ).json()
+    assert page["build"]["state"] == "error" and page["next_offset"] == 1 + len(page["logs"])
+    refused = client.post("/sessions", json={"template": template})
+    assert refused.status_code == 409, refused.text
+    assert "no ready build" in refused.json()["error"]["message"]
+    assert client.delete(f"/templates/{template}").status_code == 204
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"steps": [{"type": "FROB", "args": []}]}, 422, "type"),
+        ({"steps": [{"type": "COPY", "args": ["x", "/x"]}]}, 422, "COPY needs files"),
+        ({"steps": [{"type": "COPY", "args": ["../x", "/x"]}], "context": "AAAA"}, 422, "context"),
+        ({"base": "ubuntu:22.04"}, 422, "not one of this gateway's"),
+        ({"base": "template:no-such-template"}, 404, "no-such-template"),
+        ({"dockerfile": "RUN true"}, 422, "FROM"),
+        ({"dockerfile": "FROM python\nFROM python"}, 422, "line 2"),
+    ],
+)
+def test_bad_requests_get_clear_errors_and_leave_no_template(
+    client: httpx.Client, body: dict[str, Any], status: int, words: str
+) -> None:
+    template = name()
+    response = client.post("/templates", json={"name": template, **body})
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]["message"]
+    assert client.get(f"/templates/{template}").status_code == 404
+
+
+def test_names_and_references_that_do_not_exist(client: httpx.Client) -> None:
+    assert client.post("/templates", json={"name": "Bad Name"}).status_code == 422
+    missing = client.post("/sessions", json={"template": "no-such-template"})
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "template_not_found"
+    template = name()
+    first = client.post("/templates", json={"name": template})
+    assert first.status_code == 202
+    again = client.post("/templates", json={"name": template})
+    assert again.status_code == 409 and "/builds" in again.json()["error"]["message"]
+    _, build = follow(client, first.json())
+    assert build["state"] == "ready"
+    assert client.post("/sessions", json={"template": f"{template}:nope"}).status_code == 404
+    not_tar = client.put(f"/templates/files/{'0' * 64}", content=b"not a tar")
+    assert not_tar.status_code == 400
+    assert client.get(f"/templates/files/{'0' * 64}").json()["present"] is False
+    assert client.delete(f"/templates/{template}").status_code == 204
