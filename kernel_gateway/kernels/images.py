@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,12 @@ class ImageBuilder(abc.ABC):
     @abc.abstractmethod
     async def read_file(self, image: str, path: str, limit: int = 1 << 20) -> bytes | None:
         """The file `path` of `image` (at most `limit` bytes), or None if it has none."""
+
+    @abc.abstractmethod
+    async def archive(self, image: str, path: str, dest: Path, limit: int) -> int:
+        """Write the folder `path` of `image` to `dest` as a tar (its entries under the
+        folder's name); how many entries it holds (0: no such folder). `StepFailed` past
+        `limit` bytes (`dest` is removed)."""
 
     @abc.abstractmethod
     async def find(self, labels: Mapping[str, str]) -> str | None:

@@ -31,6 +31,7 @@ import shlex
 import tarfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from kernel_gateway.errors import UnknownLanguage
@@ -89,6 +90,9 @@ class Language:
     """`signal` (SIGINT reaches the kernel) or `message` (an interrupt_request on control,
     sent by the bridge when the container gets SIGINT)."""
     argv: tuple[str, ...] = field(default=(), compare=False)
+    seed: Path | None = field(default=None, compare=False)
+    """A tar of files every new session of it starts with in its working directory (a
+    template's `/workspace`, see `templates/`), or None."""
 
     @property
     def builtin(self) -> bool:

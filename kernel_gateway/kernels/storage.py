@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import subprocess
+import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,27 @@ def make_storage_dirs(storage: SessionStorage, owner: tuple[int, int] | None) ->
         if owner is not None:
             os.chown(path, *owner)
         os.chmod(path, mode)
+
+
+def unpack_seed(seed: Path, folder: Path, owner: tuple[int, int] | None) -> None:
+    """Unpack `seed` (a tar of a template image's working directory, its entries under
+    `workspace/`) into a new session's `folder`, owned by the kernel's user.
+
+    The tar is made from an image a user built, so it is read with tarfile's `data` filter:
+    no absolute paths, nothing outside `folder`, no devices, no links leaving it, no setuid."""
+    with tarfile.open(seed) as tar:
+        members = []
+        for member in tar.getmembers():
+            name = member.name.split("/", 1)[1] if "/" in member.name else ""
+            if not name:
+                continue
+            member.name = name
+            members.append(member)
+        tar.extractall(folder, members=members, filter="data")
+    if owner is not None:
+        for root, dirs, files in os.walk(folder):
+            for name in (*dirs, *files):
+                os.lchown(os.path.join(root, name), *owner)
 
 
 CARRIED = ("files", "tmp", "home")

@@ -97,6 +97,9 @@ class Build:
     """The tags this build takes once ready (E2B's `name:tag` and `tags`)."""
     language: str | None = None
     """Its kernels' language (its base's), fixed when it starts."""
+    seeded: bool = False
+    """Whether its image has files in its working directory, which each new session of it
+    gets (kept beside the records as a tar: sessions' folders hide the image's)."""
 
     @classmethod
     def new(cls, *, cpu_count: int | None = None, memory_mb: int | None = None) -> Build:
@@ -118,6 +121,7 @@ class Build:
             "memory_mb": self.memory_mb,
             "tags_when_ready": self.tags_when_ready,
             "language": self.language,
+            "seeded": self.seeded,
         }
 
     @classmethod
@@ -138,6 +142,7 @@ class Build:
             memory_mb=data.get("memory_mb"),
             tags_when_ready=list(data.get("tags_when_ready", [DEFAULT_TAG])),
             language=data.get("language"),
+            seeded=bool(data.get("seeded", False)),
         )
 
 

@@ -91,6 +91,7 @@ class Templates:
         root = runtime.root / "templates"
         self.files = FileStore(root / "files", settings.template_upload_max_bytes)
         self._logs_dir = root / "logs"
+        self._seeds_dir = root / "seeds"
         self._store: RecordStore[Template] = RecordStore(root / "records", Template.from_json)
         self._root = root
         self._by_id: dict[str, Template] = {}
@@ -110,6 +111,7 @@ class Templates:
     def open(self) -> None:
         self._root.mkdir(mode=0o700, exist_ok=True)
         self._logs_dir.mkdir(mode=0o700, exist_ok=True)
+        self._seeds_dir.mkdir(mode=0o700, exist_ok=True)
         self.files.open()
         self._store.open()
         for template in self._store.load():
@@ -166,7 +168,11 @@ class Templates:
         """The language a build's kernels are: its base's, on its image."""
         assert build.image is not None and build.language is not None
         language = self.backend.languages.get_or_raise(build.language)
-        return dataclasses.replace(language, image=build.image)
+        seed = self._seed_path(build) if build.seeded else None
+        return dataclasses.replace(language, image=build.image, seed=seed)
+
+    def _seed_path(self, build: Build) -> Path:
+        return self._seeds_dir / f"{build.id}.tar"
 
     # -- making and building ----------------------------------------------------------------
 
@@ -264,6 +270,7 @@ class Templates:
             log = self._logger(build)
             final = await run_build(plan, images, self.files, log, self._checker(spec))
             ref = f"{REPOSITORY}:{template.id}-{build.id[:8]}"
+            build.seeded = await self._keep_seed(images, final.id, build)
             await images.tag(final.id, ref)
         except BuildFailed as exc:
             self._fail(template, build, exc.message, exc.step)
@@ -286,6 +293,20 @@ class Templates:
         self._log(build, "info", f"Build finished: {ref} ({final.size / 2**20:.0f} MiB)", None)
         self._store.save(template)
         await self._persist_log(build)
+
+    async def _keep_seed(self, images: ImageBuilder, image: str, build: Build) -> bool:
+        """Keep the image's working directory (what COPY and RUN put in /home/user) for new
+        sessions, which get a folder of their own there: True if it holds any file."""
+        seed = self._seed_path(build)
+        limit = self.settings.workspace_size_bytes
+        kernel = await images.inspect(image)
+        folder = kernel.workdir if kernel is not None else "/workspace"
+        count = await images.archive(image, folder, seed, limit)
+        if count <= 1:  # nothing, or the folder alone
+            seed.unlink(missing_ok=True)
+            return False
+        self._log(build, "info", f"{count - 1} files in {folder} kept for new sessions", None)
+        return True
 
     def _fail(self, template: Template, build: Build, message: str, step: int | None) -> None:
         build.state = BuildState.ERROR
@@ -394,6 +415,7 @@ class Templates:
                 await images.remove(build.image)
             self._logs.pop(build.id, None)
             (self._logs_dir / f"{build.id}.jsonl").unlink(missing_ok=True)
+            self._seed_path(build).unlink(missing_ok=True)
 
     def save(self, template: Template) -> None:
         self._store.save(template)

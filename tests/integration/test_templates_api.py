@@ -211,3 +211,42 @@ def test_names_and_references_that_do_not_exist(client: httpx.Client) -> None:
     assert not_tar.status_code == 400
     assert client.get(f"/templates/files/{'0' * 64}").json()["present"] is False
     assert client.delete(f"/templates/{template}").status_code == 204
+
+
+def test_files_a_template_puts_in_the_working_directory_reach_each_new_session(
+    client: httpx.Client,
+) -> None:
+    template = name()
+    context = tar_of({"notes/readme.txt": b"read me\n"})
+    response = client.post(
+        "/templates",
+        json={
+            "name": template,
+            "steps": [
+                {"type": "COPY", "args": ["notes", "/home/user/notes/"]},
+                {"type": "RUN", "args": ["echo made > /home/user/made.txt"]},
+            ],
+            "context": base64.b64encode(context).decode(),
+        },
+    )
+    assert response.status_code == 202, response.text
+    lines, build = follow(client, response.json())
+    assert build["state"] == "ready", (build, lines)
+    assert any("3 files in /workspace kept for new sessions" in line for line in lines), lines
+    sessions = [client.post("/sessions", json={"template": template}).json() for _ in range(2)]
+    try:
+        first, second = (s["id"] for s in sessions)
+        listed = {f["path"] for f in client.get(f"/sessions/{first}/files").json()["files"]}
+        assert {"notes/readme.txt", "made.txt"} <= listed
+        code = (
+            "import os; print(open('notes/readme.txt').read().strip(), os.stat('made.txt').st_uid)"
+        )
+        assert execute(client, first, code).stdout.split() == ["read", "me", "1000"]
+        # Each session has its own copy: a change in one is not seen by the other.
+        execute(client, first, "os.remove('made.txt')")
+        check = "import os; print(os.path.exists('made.txt'))"
+        assert execute(client, second, check).stdout.strip() == "True"
+    finally:
+        for session in sessions:
+            client.delete(f"/sessions/{session['id']}")
+        client.delete(f"/templates/{template}")

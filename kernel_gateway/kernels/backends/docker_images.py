@@ -19,6 +19,7 @@ import logging
 import tarfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import docker
@@ -284,6 +285,36 @@ class DockerImages(ImageBuilder):
 
             result: bytes | None = await self._call(f"could not read {path}", read)
             return result
+        finally:
+            await self._remove_container(container)
+
+    async def archive(self, image: str, path: str, dest: Path, limit: int) -> int:
+        container = await self._create(
+            image, command=["true"], host_config=self._host_config(run=False)
+        )
+        try:
+
+            def write() -> int:
+                try:
+                    stream, _ = self._api.get_archive(container, path)
+                except docker.errors.NotFound:
+                    return 0
+                size = 0
+                try:
+                    with dest.open("wb") as out:
+                        for chunk in stream:
+                            size += len(chunk)
+                            if size > limit:
+                                raise StepFailed(f"{path} holds more than {limit} bytes")
+                            out.write(chunk)
+                    with tarfile.open(dest) as tar:
+                        return len(tar.getmembers())
+                except BaseException:
+                    dest.unlink(missing_ok=True)
+                    raise
+
+            count: int = await self._call(f"could not read {path}", write)
+            return count
         finally:
             await self._remove_container(container)
 

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import shutil
+import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language
 from kernel_gateway.kernels.pools.refill import Refill
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
+from kernel_gateway.kernels.storage import unpack_seed
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.settings import Settings
 from kernel_gateway.shapes.responses import WarmPoolStats
@@ -259,6 +261,8 @@ class WarmPool:
             root = self._runtime.new_workspace()
             storage = SessionStorage(root)
             storage = await self.backend.prepare_storage(root)
+            if self.language.seed is not None:
+                await self._seed(storage, self.language.seed)
             kernel = await self.launch(storage)
         except BaseException:
             if storage is not None:
@@ -269,6 +273,15 @@ class WarmPool:
             await self.discard(warm)
             return None
         return warm
+
+    async def _seed(self, storage: SessionStorage, seed: Path) -> None:
+        """A template's files, into a new session's working directory."""
+        try:
+            await asyncio.to_thread(unpack_seed, seed, storage.files, self.backend.workspace_owner)
+        except (OSError, tarfile.TarError) as exc:
+            raise KernelUnavailable(
+                f"could not put the template's files in the session's folder: {exc}"
+            ) from exc
 
     def _watch_ready(self, warm: WarmKernel) -> None:
         warm.kernel.exited.add_done_callback(lambda _: self._on_warm_exit(warm))
