@@ -389,7 +389,8 @@ class Registry:
         (a restarted gateway adopts the owner only). Counts towards `--max-sessions`."""
         self._refuse_if_draining()
         owner = self.get(owner_id)
-        pool = self.pool(language)
+        # A context of a session on a template runs on the template too (its language's).
+        pool = self.template_pools.for_session(owner, language) or self.pool(language)
         if self._held() + self._reserved >= self.settings.max_sessions:
             raise TooManySessions(
                 f"the gateway holds its maximum of {self.settings.max_sessions} sessions "
@@ -404,7 +405,9 @@ class Registry:
         if self._sessions.get(owner_id) is not owner:  # deleted while the kernel started
             await lease.kernel.close()
             raise self._missing(owner_id)
-        session = self._session_on(lease, ephemeral=False, language=pool.language.name)
+        session = self._session_on(
+            lease, ephemeral=False, language=pool.language.name, template=owner.template, pool=pool
+        )
         self._companions.setdefault(owner_id, []).append(session)
         return session
 
@@ -434,17 +437,22 @@ class Registry:
         files: list[tuple[str, bytes]],
         language: str | None = None,
         network: list[str] | str | None = None,
+        template: str | None = None,
     ) -> tuple[Session, Execution]:
         """Run one cell in a fresh kernel that is destroyed once the cell ends.
 
         Python's come from the fork servers when there are some (unless the cell may reach
         some domains: a forked kernel shares its server's container, so it gets a kernel
-        of its own); other languages' from their warm pool (a kernel started on demand when
-        it has none ready).
+        of its own); other languages' and templates' from their warm pool (a kernel started
+        on demand when it has none ready).
         """
         self._refuse_if_draining()
         allow = self.network_policy(network)
-        pool = self.pool(language)
+        ref: TemplateRef | None = None
+        if template is not None:
+            pool, ref = self.template_pools.for_reference(template, language)
+        else:
+            pool = self.pool(language)
         network_policy.check_language(pool.language.name, allow)
         forks = self.forks if pool is self.warm and not allow else None
         # A forked request waiting for a fork server holds nothing; one that gets a
@@ -461,7 +469,9 @@ class Registry:
             lease: Lease = await (forks.acquire(forks.is_light(code)) if forks else pool.acquire())
         finally:
             self._reserved_stateless -= 1
-        session = self._session_on(lease, ephemeral=True, language=pool.language.name)
+        session = self._session_on(
+            lease, ephemeral=True, language=pool.language.name, template=ref, pool=pool
+        )
         self._ephemeral.add(session)
         try:
             if allow:

@@ -83,6 +83,22 @@ class TemplatePools:
             return None, None
         return self._pool(build), TemplateRef.of(template, build)
 
+    def for_session(self, owner: Session, language: str | None) -> WarmPool | None:
+        """The pool of `owner`'s template for another kernel of its (E2B's contexts), when
+        it runs on one and `language` is its template's (or None); else None."""
+        if owner.template is None or self.templates is None:
+            return None
+        template = self.templates.find(owner.template.id)
+        build = template.build(owner.template.build_id) if template is not None else None
+        if build is None or build.image is None:
+            return None
+        pool = self._pool(build)
+        if language is not None:
+            wanted = self._warm.backend.languages.get_or_raise(language).name
+            if wanted != pool.language.name:
+                return None
+        return pool
+
     def sessions_on(self, template: Template) -> int:
         return sum(
             1 for s in self._sessions() if s.template is not None and s.template.id == template.id

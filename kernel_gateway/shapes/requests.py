@@ -280,6 +280,7 @@ class StatelessExecuteRequest(RequestModel):
     """Files put in the working directory before the code runs."""
     language: LanguageName = None
     network: NetworkPolicy = None
+    template: TemplateName = None
 
 
 class StartKernelRequest(RequestModel):

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.api import execute, parse_sse
+from tests.support.api import collected, execute, parse_sse
 from tests.support.server import ServerFactory, ServerThread
 
 
@@ -103,6 +103,12 @@ def test_a_session_on_a_template_has_its_files_env_and_command_output(
         )
         stream = execute(client, session["id"], code)
         assert stream.stdout.split() == ["a,b|1,2", "built", "1000"]
+        # A stateless cell on the template: a kernel of its own, gone afterwards.
+        document = collected(
+            client, "/execute", {"code": code, "template": f"{template}:v1"}, timeout=120
+        )
+        printed = "".join(e["data"]["text"] for e in document["events"] if e["event"] == "stdout")
+        assert printed.split() == ["a,b|1,2", "built", "1000"]
         listed = client.get(f"/templates/{template}").json()
         assert listed["sessions"] == 1 and listed["ready_build"] == build["id"]
         assert listed["language"] == "python"

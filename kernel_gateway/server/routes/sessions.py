@@ -155,7 +155,12 @@ async def execute_stateless(request: Request) -> Response:
     metrics.stateless_requests.inc()
     try:
         session, execution = await registry.run_stateless(
-            body.code, body.timeout, files, body.language, network_asked(body.network)
+            body.code,
+            body.timeout,
+            files,
+            body.language,
+            network_asked(body.network),
+            body.template,
         )
     except (TooManySessions, KernelUnavailable) as exc:
         metrics.stateless_rejections.labels(_rejection(exc)).inc()
