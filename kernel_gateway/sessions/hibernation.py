@@ -184,6 +184,9 @@ class Hibernator:
         self.flush: Callable[[], Awaitable[None]] = _nothing_to_flush
         """Waits until the session records written so far are on disk (the registry's, when
         sessions are persisted)."""
+        self.pool_of: Callable[[Sleeper], WarmPool] = lambda session: self.pool
+        """The pool a session's kernels come from (a template's own, for one on a template:
+        set by the registry); `pool` for the others."""
 
     @staticmethod
     def supports(language: str, *, ephemeral: bool) -> bool:
@@ -357,7 +360,7 @@ class Hibernator:
                 logger.warning("warm kernels cannot take up hibernated sessions' disks here")
         await self._undo_wake(h)
         self._refuse_if_closed(session)
-        kernel = await self.pool.launch(session.slot.storage)
+        kernel = await self.pool_of(session).launch(session.slot.storage)
         await self._install(session, kernel)
         try:
             await self.snapshots.load(kernel, session.id)
@@ -391,11 +394,12 @@ class Hibernator:
         it must see), else a new one started on it (None)."""
         session = h.session
         storage = session.slot.storage
+        pool = self.pool_of(session)
         self._refuse_if_closed(session)
         if self._carry:
-            warm = await self.pool.acquire()
+            warm = await pool.acquire()
             try:
-                devices = await self.pool.backend.carry(warm.storage, storage)
+                devices = await pool.backend.carry(warm.storage, storage)
             except BaseException as exc:
                 logger.warning("a warm kernel could not take up a session's disk: %s", exc)
                 await asyncio.shield(self._discard_warm(warm))
@@ -405,11 +409,11 @@ class Hibernator:
                 h.carrier = warm.storage
                 return warm.kernel, devices
         self._refuse_if_closed(session)
-        return await self.pool.launch(storage), None
+        return await pool.launch(storage), None
 
     async def _discard_warm(self, warm: WarmKernel) -> None:
-        await self.pool.backend.uncarry(warm.storage)
-        await self.pool.discard(warm)
+        await warm.pool.backend.uncarry(warm.storage)
+        await warm.pool.discard(warm)
 
     # -- the end of a session ----------------------------------------------------------------
 

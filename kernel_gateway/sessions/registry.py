@@ -121,6 +121,7 @@ class Registry:
         """Hibernates and resumes Python sessions (on demand, and idle ones with
         `--hibernate-after`)."""
         self.hibernator.flush = self._flush
+        self.hibernator.pool_of = self._pool_of
         self.reaper = IdleReaper(self, settings)
         """Hibernates or removes idle sessions."""
 
@@ -527,8 +528,7 @@ class Registry:
         workspace = Workspace(lease.storage.files, lease.files_owner)
         files = SessionFiles(session_id, workspace, s, inline_all=ephemeral)
         persist = self._save if self.store is not None and not ephemeral else None
-        # A template's session would resume onto the language's own image: not yet.
-        hibernates = template is None and self.hibernator.supports(language, ephemeral=ephemeral)
+        hibernates = self.hibernator.supports(language, ephemeral=ephemeral)
         session = Session(
             session_id,
             slot,
@@ -550,6 +550,16 @@ class Registry:
         slot.on_replace = replaced
         self._leases[session] = lease
         return session
+
+    def _pool_of(self, sleeper: object) -> WarmPool:
+        """The pool a session's kernels come from: its template's, or its language's."""
+        session = self._sessions.get(getattr(sleeper, "id", ""))
+        if session is not None:
+            pool = self.template_pools.for_session(session, None)
+            if pool is not None:
+                return pool
+            return self.pools.get(session.language, self.warm)
+        return self.warm
 
     async def _flush(self) -> None:
         if self.store is not None:

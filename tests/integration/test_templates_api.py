@@ -256,3 +256,30 @@ def test_files_a_template_puts_in_the_working_directory_reach_each_new_session(
         for session in sessions:
             client.delete(f"/sessions/{session['id']}")
         client.delete(f"/templates/{template}")
+
+
+def test_a_session_on_a_template_hibernates_and_resumes_on_its_template(
+    client: httpx.Client,
+) -> None:
+    template = name()
+    response = client.post(
+        "/templates",
+        json={
+            "name": template,
+            "steps": [{"type": "RUN", "args": ["echo tpl > /opt/mark", "root"]}],
+        },
+    )
+    _, build = follow(client, response.json())
+    assert build["state"] == "ready", build
+    session = client.post("/sessions", json={"template": template}).json()
+    try:
+        execute(client, session["id"], "x = 41")
+        hibernated = client.post(f"/sessions/{session['id']}/hibernate")
+        assert hibernated.status_code == 200, hibernated.text
+        assert hibernated.json()["status"] == "hibernated"
+        code = "print(x + 1, open('/opt/mark').read().strip())"
+        assert execute(client, session["id"], code).stdout.split() == ["42", "tpl"]
+        assert client.get(f"/sessions/{session['id']}").json()["template"]["name"] == template
+    finally:
+        client.delete(f"/sessions/{session['id']}")
+        client.delete(f"/templates/{template}")
