@@ -47,6 +47,8 @@ EXTERNAL_FLAGS = {
     "--upgrade",  # pip-compile --upgrade (make lock ARGS=--upgrade)
     "--require-hashes",  # pip install --require-hashes
     "--no-index",  # pip install --no-index
+    "--find-links",  # pip install --find-links
+    "--from",  # Dockerfile COPY --from (docs/templates.md)
     "--no-cache-dir",  # pip install --no-cache-dir
     "--generate-hashes",  # pip-compile --generate-hashes
     "--no-install-recommends",  # apt-get install
