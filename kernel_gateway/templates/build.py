@@ -19,6 +19,7 @@ step (numbered from 1 after the base, as the logs number them) and its last outp
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -93,15 +94,29 @@ async def run_build(
     state.cached = not plan.force
     total = len(plan.steps)
     log("info", f"Building from {plan.base.id[:19]} ({total} steps)", None)
-    for index, step in enumerate(plan.steps, start=1):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise BuildFailed(f"the build ran out of time ({plan.time_limit:.0f} s)", index)
-        log("info", f"Step {index}/{total} : {step.describe()}", index)
-        try:
-            await _step(plan, step, index, state, images, files, log, left)
-        except (StepFailed, CopyError) as exc:
-            raise BuildFailed(_failure(step, exc), index) from exc
+    try:
+        for index, step in enumerate(plan.steps, start=1):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BuildFailed(f"the build ran out of time ({plan.time_limit:.0f} s)", index)
+            log("info", f"Step {index}/{total} : {step.describe()}", index)
+            try:
+                await _step(plan, step, index, state, images, files, log, left)
+            except (StepFailed, CopyError) as exc:
+                raise BuildFailed(_failure(step, exc), index) from exc
+        return await _close(plan, state, images, log, check)
+    except BaseException:
+        # Its layers go with it: removing the last removes those before that nothing
+        # else uses (a layer another image builds on stays, as the engine keeps it).
+        if state.image.id != plan.base.id:
+            await asyncio.shield(images.remove(state.image.id))
+        raise
+
+
+async def _close(
+    plan: Plan, state: _State, images: ImageBuilder, log: Log, check: Check
+) -> ImageInfo:
+    """The gateway's closing step, the size check and the readiness check."""
     log("info", "Restoring the gateway's kernel files and settings", None)
     closing = _key(state.image.id, {"close": plan.kernel_base})
     try:

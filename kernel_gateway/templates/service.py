@@ -270,8 +270,12 @@ class Templates:
             log = self._logger(build)
             final = await run_build(plan, images, self.files, log, self._checker(spec))
             ref = f"{REPOSITORY}:{template.id}-{build.id[:8]}"
-            build.seeded = await self._keep_seed(images, final.id, build)
-            await images.tag(final.id, ref)
+            try:
+                build.seeded = await self._keep_seed(images, final.id, build)
+                await images.tag(final.id, ref)
+            except BaseException:
+                await asyncio.shield(images.remove(final.id))
+                raise
         except BuildFailed as exc:
             self._fail(template, build, exc.message, exc.step)
             return

@@ -143,6 +143,13 @@ async def test_a_failed_step_is_named_with_its_output_and_leaves_no_image(
     assert "RUN echo about to fail; exit 3: exited with code 3" in failed.reason
     assert "about to fail" in failed.reason
     assert failed.image is None and template.ready is None
+    # Nothing the build made is left behind.
+    client = docker.from_env()
+    try:
+        filters = {"label": f"io.kernel-gateway.template={template.id}"}
+        assert client.api.images(filters=filters, all=True, quiet=True) == []
+    finally:
+        client.close()
     with pytest.raises(TemplateConflict, match="no ready build"):
         templates.resolve(template.name)
 

@@ -283,3 +283,60 @@ def test_a_session_on_a_template_hibernates_and_resumes_on_its_template(
     finally:
         client.delete(f"/sessions/{session['id']}")
         client.delete(f"/templates/{template}")
+
+
+def test_a_template_cannot_change_how_its_kernels_run(client: httpx.Client) -> None:
+    """Its USER, WORKDIR and a removed launcher do not reach the kernels: they run as uid
+    1000, on a read-only root, with no network, from the gateway's own launcher."""
+    template = name()
+    response = client.post(
+        "/templates",
+        json={
+            "name": template,
+            "steps": [
+                {"type": "RUN", "args": ["rm -rf /opt/kernel", "root"]},
+                {"type": "USER", "args": ["root"]},
+                {"type": "WORKDIR", "args": ["/root"]},
+            ],
+        },
+    )
+    lines, build = follow(client, response.json())
+    assert build["state"] == "ready", (build, lines)
+    session = client.post("/sessions", json={"template": template}).json()
+    try:
+        code = (
+            "import os, pathlib\n"
+            "print(os.getuid(), os.getcwd())\n"
+            "try:\n"
+            "    pathlib.Path('/opt/x').write_text('x')\n"
+            "except OSError as e:\n"
+            "    print('read-only', e.errno)\n"
+            "print(sorted(os.listdir('/sys/class/net')))"
+        )
+        out = execute(client, session["id"], code).stdout.splitlines()
+        assert out[0] == "1000 /workspace"
+        assert out[1].startswith("read-only")
+        assert out[2] == "['lo']"
+    finally:
+        client.delete(f"/sessions/{session['id']}")
+        client.delete(f"/templates/{template}")
+
+
+def test_a_template_that_breaks_the_kernel_fails_its_readiness_check(
+    client: httpx.Client,
+) -> None:
+    template = name()
+    response = client.post(
+        "/templates",
+        json={
+            "name": template,
+            "steps": [{"type": "RUN", "args": ["rm -f /usr/bin/python3*", "root"]}],
+        },
+    )
+    lines, build = follow(client, response.json())
+    assert build["state"] == "error", lines
+    assert build["failed_step"] is None
+    assert "the kernel did not start from the image" in build["reason"]
+    assert build["image"] is None
+    assert client.post("/sessions", json={"template": template}).status_code == 409
+    client.delete(f"/templates/{template}")
