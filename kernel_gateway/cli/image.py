@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from kernel_gateway.kernels.egress.images import egress_image
 from kernel_gateway.kernels.languages import FAMILIES, PYTHON, family_image, family_of
+from kernel_gateway.kernels.wheels import wheel_target
 
 if TYPE_CHECKING:
     import docker
@@ -48,8 +49,6 @@ WHEELS = "wheels"
 STAMP = ".complete"  # in wheels/: what the last complete download was for
 LAYOUT = b"wheels/ for the lock, wheels/extra/ for the extras"  # part of the stamp
 # Docker's architecture names -> the machine names in wheel tags.
-ARCHES = {"amd64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}
-NEWEST_GLIBC_MINOR = 41  # Debian trixie's glibc 2.41: wheels up to manylinux_2_41 run
 
 Printer = Callable[[str], None]
 
@@ -134,15 +133,10 @@ def has_requirements(path: Path) -> bool:
 
 def platform_args(arch: str, python: str) -> list[str]:
     """pip download's target: CPython `python` on glibc Linux of the engine's `arch`."""
-    machine = ARCHES.get(arch)
-    if machine is None:
-        raise SystemExit(f"no wheels for the Docker engine's architecture {arch!r}")
-    nodot = python.replace(".", "")
-    args = ["--python-version", python, "--implementation", "cp"]
-    args += ["--abi", f"cp{nodot}", "--abi", "abi3", "--abi", "none"]
-    for minor in range(NEWEST_GLIBC_MINOR, 16, -1):
-        args += ["--platform", f"manylinux_2_{minor}_{machine}"]
-    return [*args, "--platform", f"manylinux2014_{machine}"]
+    try:
+        return wheel_target(arch, python)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def fetch_wheels(context: Path, arch: str, out: Printer = print_line) -> None:

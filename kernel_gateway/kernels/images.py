@@ -29,6 +29,7 @@ class ImageInfo:
     entrypoint: tuple[str, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     size: int = 0
+    arch: str = "amd64"
 
 
 class StepFailed(Exception):
@@ -59,9 +60,11 @@ class ImageBuilder(abc.ABC):
         time_limit: float,
         on_output: Callable[[str], None],
         labels: Mapping[str, str],
+        mounts: Mapping[str, str] | None = None,
     ) -> str:
         """Run `/bin/bash -c command` in a container of `parent` as `user` in `workdir`,
         passing each line of its output to `on_output`; commit it: the new image's id.
+        `mounts`: host folders bound read-only (host path → path inside), not committed.
         `StepFailed` with the exit code when the command fails, or when `time_limit` passed
         (the container is killed)."""
 

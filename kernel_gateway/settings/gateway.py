@@ -196,6 +196,14 @@ class Settings:
         "the running step is killed and the build fails",
         positive=True,
     )
+    template_pip: str = setting(
+        "host",
+        "where a template's `pip install` steps fetch wheels: host or container",
+        doc="`host`: the gateway's host downloads the wheels (`pip download`, for the image's "
+        "Python) and the step installs them with no index, for when containers cannot reach "
+        "the index; `container`: the step runs as written",
+        choices=("host", "container"),
+    )
     template_upload_max: str = setting(
         "1g",
         "size cap of one uploaded file archive of a template's COPY step",

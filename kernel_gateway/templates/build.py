@@ -24,14 +24,17 @@ import hashlib
 import json
 import logging
 import posixpath
+import shutil
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from kernel_gateway.kernels.images import ImageBuilder, ImageInfo, StepFailed
 from kernel_gateway.templates.files import CopyError, FileStore, Owner, copy_archive
+from kernel_gateway.templates.pip import MOUNT, download, parse_pip_install
 from kernel_gateway.templates.steps import Step
 
 logger = logging.getLogger(__name__)
@@ -83,6 +86,16 @@ class Plan:
     max_size: int
     force: bool = False
     labels: dict[str, str] = field(default_factory=dict)
+    pip: PipThroughHost | None = None
+    """How `pip install` steps fetch their wheels (None: they run as written)."""
+
+
+@dataclass(frozen=True)
+class PipThroughHost:
+    target: list[str]
+    """`pip download`'s target options for the image (its Python, its architecture)."""
+    folder: Callable[[], Path]
+    """A new empty folder on the host that the engine can bind into a container."""
 
 
 async def run_build(
@@ -190,20 +203,33 @@ async def _step(
             tail.append(line)
             log("info", line, index)
 
+        ends = time.monotonic() + time_left
+        pip = parse_pip_install(step.args[0]) if plan.pip is not None else None
+        folder = plan.pip.folder() if plan.pip is not None and pip is not None else None
         try:
+            command, mounts = step.args[0], None
+            if pip is not None and folder is not None and plan.pip is not None:
+                await download(pip, folder, plan.pip.target, time_left, output)
+                await asyncio.to_thread(_readable, folder)
+                command, mounts = pip.command(), {str(folder): MOUNT}
+                output(f"$ {command}")
             image_id = await images.run(
                 state.image.id,
-                step.args[0],
+                command,
                 user=_user_spec(state, user),
                 workdir=state.workdir,
-                time_limit=time_left,
+                time_limit=max(ends - time.monotonic(), 1.0),
                 on_output=output,
                 labels=labels,
+                mounts=mounts,
             )
         except StepFailed as exc:
             if tail:
                 exc.message += ":\n" + "\n".join(tail)
             raise
+        finally:
+            if folder is not None:
+                await asyncio.to_thread(shutil.rmtree, folder, True)
     else:  # COPY
         assert step.files_hash is not None
         if not files.has(step.files_hash):
@@ -299,6 +325,13 @@ async def _passwd(images: ImageBuilder, image: str) -> dict[str, tuple[int, int]
         if len(fields) >= 4 and fields[2].isdigit() and fields[3].isdigit():
             users.setdefault(fields[0], (int(fields[2]), int(fields[3])))
     return users
+
+
+def _readable(folder: Path) -> None:
+    """The wheels, readable by whoever the step runs as (`pip install --user` as uid 1000)."""
+    folder.chmod(0o755)
+    for path in folder.iterdir():
+        path.chmod(0o644)
 
 
 def _closing_changes(kernel: ImageInfo) -> list[str]:

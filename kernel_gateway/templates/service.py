@@ -37,17 +37,19 @@ from kernel_gateway.errors import (
     TooManyTemplates,
 )
 from kernel_gateway.kernels.backends.base import Backend
-from kernel_gateway.kernels.images import ImageBuilder, StepFailed
+from kernel_gateway.kernels.images import ImageBuilder, ImageInfo, StepFailed
 from kernel_gateway.kernels.languages import PYTHON, Language
 from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.kernels.storage import SessionStorage
+from kernel_gateway.kernels.wheels import wheel_target
 from kernel_gateway.records import RecordStore
 from kernel_gateway.settings import Settings
 from kernel_gateway.tasks import TaskSet
 from kernel_gateway.templates.build import (
     LABEL_TEMPLATE,
     BuildFailed,
+    PipThroughHost,
     Plan,
     run_build,
 )
@@ -266,6 +268,7 @@ class Templates:
                 max_size=self.settings.template_max_size_bytes,
                 force=spec.force,
                 labels={LABEL_TEMPLATE: template.id},
+                pip=self._pip_through_host(base_info),
             )
             log = self._logger(build)
             final = await run_build(plan, images, self.files, log, self._checker(spec))
@@ -311,6 +314,22 @@ class Templates:
             return False
         self._log(build, "info", f"{count - 1} files in {folder} kept for new sessions", None)
         return True
+
+    def _pip_through_host(self, base: ImageInfo) -> PipThroughHost | None:
+        """How `pip install` steps get wheels: through the host (the default), or None."""
+        if self.settings.template_pip != "host":
+            return None
+        version = self.backend.languages[PYTHON].version
+        python = ".".join(version.split(".")[:2]) or "3"
+        try:
+            target = wheel_target(base.arch, python)
+        except ValueError:
+            return None
+
+        def folder() -> Path:
+            return self._runtime.new_kernel_dir()[1]
+
+        return PipThroughHost(target, folder)
 
     def _fail(self, template: Template, build: Build, message: str, step: int | None) -> None:
         build.state = BuildState.ERROR

@@ -82,6 +82,7 @@ class DockerImages(ImageBuilder):
             entrypoint=tuple(config.get("Entrypoint") or ()),
             labels=dict(config.get("Labels") or {}),
             size=int(data.get("Size") or 0),
+            arch=str(data.get("Architecture") or "amd64"),
         )
 
     def _host_config(self, *, run: bool) -> dict[str, Any]:
@@ -142,14 +143,18 @@ class DockerImages(ImageBuilder):
         time_limit: float,
         on_output: Callable[[str], None],
         labels: Mapping[str, str],
+        mounts: Mapping[str, str] | None = None,
     ) -> str:
+        host_config = self._host_config(run=True)
+        if mounts:
+            host_config["Binds"] = [f"{host}:{inside}:ro" for host, inside in mounts.items()]
         container = await self._create(
             parent,
             command=["/bin/bash", "-c", command],
             entrypoint=[],
             user=user,
             working_dir=workdir,
-            host_config=self._host_config(run=True),
+            host_config=host_config,
         )
         try:
             try:
