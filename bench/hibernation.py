@@ -258,8 +258,8 @@ def main() -> int:
     parser.add_argument("--image", default=DEFAULT_IMAGE, help="the kernel image")
     parser.add_argument("--json", type=Path, default=ROOT / "results" / "hibernation.json")
     args = parser.parse_args()
-    n = 4 if args.smoke else args.cycles
-    sessions = 4 if args.smoke else args.sessions
+    n = 2 if args.smoke else args.cycles
+    sessions = 2 if args.smoke else args.sessions
     results: dict[str, Any] = {"machine": machine(), "mode": "smoke" if args.smoke else "full"}
     runtime = Path(tempfile.mkdtemp(prefix="kg-bench-hibernation-"))
     port = free_port()

@@ -162,8 +162,8 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, default=ROOT / "results" / "languages.json")
     args = parser.parse_args()
-    n = 5 if args.smoke else args.iterations
-    small = 3 if args.smoke else max(5, n // 10)
+    n = 3 if args.smoke else args.iterations
+    small = 2 if args.smoke else max(5, n // 10)
     languages = [name.strip() for name in args.languages.split(",") if name.strip()]
     pool = 1
     results: dict[str, Any] = {

@@ -38,9 +38,14 @@ class FileStore:
         self.max_bytes = max_bytes
 
     def open(self) -> None:
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        """Make the folder; remove what uploads cut short left."""
+        self._make_folder()
         for leftover in self.folder.glob("*.part"):
             leftover.unlink(missing_ok=True)
+
+    def _make_folder(self) -> None:
+        self.folder.parent.mkdir(mode=0o700, exist_ok=True)
+        self.folder.mkdir(mode=0o700, exist_ok=True)
 
     def path(self, files_hash: str) -> Path:
         if not FILES_HASH.match(files_hash):
@@ -56,6 +61,7 @@ class FileStore:
     def partial(self, files_hash: str) -> Path:
         """Where an upload is written before `commit` names it (so a cut upload is never
         taken for the files)."""
+        self._make_folder()  # the first upload makes it
         return self.path(files_hash).with_suffix(".part")
 
     async def receive(self, files_hash: str, chunks: AsyncIterator[bytes], limit: int) -> int:

@@ -111,11 +111,12 @@ class Templates:
         return self.backend.images
 
     def open(self) -> None:
-        self._root.mkdir(mode=0o700, exist_ok=True)
-        self._logs_dir.mkdir(mode=0o700, exist_ok=True)
-        self._seeds_dir.mkdir(mode=0o700, exist_ok=True)
-        self.files.open()
-        self._store.open()
+        """Load the templates an earlier gateway kept (none: the folder is made only once
+        there is something to keep)."""
+        if not self._root.exists():
+            return
+        self._make_folders()
+        self.files.open()  # uploads a stopped gateway cut short: removed
         for template in self._store.load():
             for build in template.builds:
                 if not build.state.finished:
@@ -124,6 +125,12 @@ class Templates:
                     build.finished_at = time.time()
                     self._store.save(template)
             self._by_id[template.id] = template
+
+    def _make_folders(self) -> None:
+        self._root.mkdir(mode=0o700, exist_ok=True)
+        self._logs_dir.mkdir(mode=0o700, exist_ok=True)
+        self._seeds_dir.mkdir(mode=0o700, exist_ok=True)
+        self._store.open()
 
     async def close(self) -> None:
         self._tasks.cancel()
@@ -196,6 +203,7 @@ class Templates:
                 f"this gateway keeps at most {self.settings.max_templates} templates "
                 "(--max-templates); delete one first"
             )
+        self._make_folders()
         template = Template.new(name)
         self._by_id[template.id] = template
         self._store.save(template)

@@ -124,5 +124,9 @@ def test_typed_errors(secured: ServerThread) -> None:
 
 
 def test_unreachable_gateway_is_a_transport_error() -> None:
-    with Client("http://127.0.0.1:9", timeout=2) as client, pytest.raises(TransportError):
+    # Refused connections are retried for `reconnect_seconds` (a restarting gateway): 1 here.
+    with (
+        Client("http://127.0.0.1:9", timeout=2, reconnect_seconds=1) as client,
+        pytest.raises(TransportError),
+    ):
         client.health()

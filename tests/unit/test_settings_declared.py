@@ -48,6 +48,9 @@ EXTERNAL_FLAGS = {
     "--require-hashes",  # pip install --require-hashes
     "--no-index",  # pip install --no-index
     "--find-links",  # pip install --find-links
+    "--index-url",  # pip install --index-url (docs/templates.md)
+    "--extra-index-url",  # pip install --extra-index-url
+    "--trusted-host",  # pip install --trusted-host
     "--from",  # Dockerfile COPY --from (docs/templates.md)
     "--no-cache-dir",  # pip install --no-cache-dir
     "--generate-hashes",  # pip-compile --generate-hashes
