@@ -11,6 +11,7 @@ same image.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.sessions.persistence import SessionRecord
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
+from kernel_gateway.tasks import TaskSet
 from kernel_gateway.templates.model import Build, Template, TemplateRef
 from kernel_gateway.templates.service import Templates
 
@@ -40,8 +42,12 @@ class TemplatePools:
         self._sessions = sessions
         self._pools: dict[str, WarmPool] = {}
         """By build id."""
+        self._used: dict[str, float] = {}
+        """When each build's pool was last asked for a kernel (monotonic)."""
+        self._tasks = TaskSet()
         if templates is not None:
             templates.in_use = self.sessions_on
+            templates.before_delete = self._forget
 
     def for_reference(
         self, reference: str, language: str | None = None
@@ -60,6 +66,7 @@ class TemplatePools:
                 raise InvalidRequest(
                     f"template {template.name!r} runs {pool.language.name}, not {wanted}"
                 )
+        self._used[build.id] = time.monotonic()
         self._keep_warm(pool)
         template.spawn_count += 1
         template.last_spawned_at = time.time()
@@ -118,8 +125,32 @@ class TemplatePools:
         if pool.size == 0 and warm < self._settings.pool_size:
             pool.size = 1
             pool.start()
+        if not self._tasks:
+            self._tasks.spawn(self._cool_down(), name="template pools")
+
+    async def _cool_down(self) -> None:
+        """Stop the warm kernel of each template unused for --template-pool-idle."""
+        idle = self._settings.template_pool_idle
+        while any(p.size for p in self._pools.values()):
+            await asyncio.sleep(min(idle / 4, 30.0))
+            now = time.monotonic()
+            for build_id, pool in list(self._pools.items()):
+                if pool.size and now - self._used.get(build_id, now) >= idle:
+                    logger.info(
+                        "template build %s unused for %.0f s: no warm kernel", build_id, idle
+                    )
+                    await pool.resize(0)
+
+    async def _forget(self, template: Template) -> None:
+        """A template is deleted: its builds' pools go (no session runs on it)."""
+        for build in template.builds:
+            pool = self._pools.pop(build.id, None)
+            self._used.pop(build.id, None)
+            if pool is not None:
+                await pool.close()
 
     async def close(self) -> None:
+        self._tasks.cancel()
         for pool in self._pools.values():
             await pool.close()
         self._pools.clear()

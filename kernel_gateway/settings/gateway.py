@@ -196,6 +196,13 @@ class Settings:
         "the running step is killed and the build fails",
         positive=True,
     )
+    template_pool_idle: float = setting(
+        600.0,
+        "seconds a template may go unused before its warm kernel is stopped",
+        doc="a template in use keeps one kernel warm (within `--pool-size` for all "
+        "templates); unused this long, it keeps none",
+        positive=True,
+    )
     template_pip: str = setting(
         "host",
         "where a template's `pip install` steps fetch wheels: host or container",

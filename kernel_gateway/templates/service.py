@@ -22,7 +22,7 @@ import datetime
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -103,6 +103,8 @@ class Templates:
         self._running: dict[str, asyncio.Task[None]] = {}
         self.in_use: Callable[[Template], int] = lambda template: 0
         """How many sessions run on `template`: set by the session registry."""
+        self.before_delete: Callable[[Template], Awaitable[None]] = _nothing
+        """Stops what runs from `template`'s images (its warm kernels): set by the registry."""
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -438,6 +440,7 @@ class Templates:
             raise TemplateConflict(
                 f"template {template.name!r} is in use by {sessions} session(s); delete them first"
             )
+        await self.before_delete(template)
         self._by_id.pop(template.id, None)
         self._store.delete(template.id)
         images = self.images
@@ -503,6 +506,10 @@ class Templates:
             async with condition:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(condition.wait(), 1.0)
+
+
+async def _nothing(template: Template) -> None:
+    pass
 
 
 async def _notify(condition: asyncio.Condition) -> None:

@@ -10,11 +10,13 @@ import http.server
 import io
 import tarfile
 import threading
+import time
 import uuid
 import zipfile
 from collections.abc import Iterator
 from typing import Any
 
+import docker
 import httpx
 import pytest
 
@@ -439,3 +441,36 @@ def test_pip_install_steps_fetch_wheels_through_the_host(
     _, failed = follow(client, failing.json())
     assert failed["state"] == "error" and failed["failed_step"] == 1
     client.delete(f"/templates/{template}")
+
+
+def test_a_template_keeps_one_kernel_warm_while_used_and_none_once_idle(
+    servers: ServerFactory,
+) -> None:
+    server = servers("gvisor", pool_size=1, template_pool_idle=3.0)
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        template = name()
+        _, build = follow(client, client.post("/templates", json={"name": template}).json())
+        assert build["state"] == "ready", build
+        engine = docker.from_env()
+        try:
+
+            def kernels() -> int:
+                return len(engine.containers.list(filters={"ancestor": build["image"]}))
+
+            assert kernels() == 0  # none before it is used
+            session = client.post("/sessions", json={"template": template}).json()
+            deadline = time.monotonic() + 60
+            while kernels() < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert kernels() == 2  # the session's, and one warm for the next
+            second = client.post("/sessions", json={"template": template}).json()
+            assert second["template"]["build_id"] == build["id"]
+            for s in (session, second):
+                client.delete(f"/sessions/{s['id']}")
+            deadline = time.monotonic() + 60
+            while kernels() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert kernels() == 0  # idle for 3 s: its warm kernel is stopped
+        finally:
+            engine.close()
+        assert client.delete(f"/templates/{template}").status_code == 204

@@ -149,6 +149,15 @@ class WarmPool:
         warm = await self._refill.close()
         await asyncio.gather(*(self.discard(w) for w in warm), return_exceptions=True)
 
+    async def resize(self, size: int) -> None:
+        """Keep `size` kernels warm from now on; warm ones beyond it are removed."""
+        self.size = size
+        extra = []
+        while len(self._refill.ready) > size:
+            extra.append(self._refill.ready.pop())
+        await asyncio.gather(*(self.discard(w) for w in extra), return_exceptions=True)
+        self._refill.fill()
+
     def stats(self) -> WarmPoolStats:
         return {
             "warm": len(self._refill.ready),
