@@ -7,8 +7,9 @@ the same base URL with `E2b-Sandbox-Id` and `E2b-Sandbox-Port`; so requests are 
 apart by those headers, not by path (see design/e2b-wire.md). This module dispatches;
 each router is a module of its own:
 
-    no E2b-Sandbox-Id, or a      the control plane (X-API-KEY)        sandboxes_api.py
-    control path (`paths.py`)
+    no E2b-Sandbox-Id, or a      the control plane (X-API-KEY)        templates_api.py,
+    control path (`paths.py`)    (a template's file upload: the       sandboxes_api.py
+                                 token its URL carries)
     E2b-Sandbox-Port: 49999      the code interpreter (sandbox token) interpreter.py:
                                                                       /execute, /contexts
     any other port               envd (sandbox token)                 envd_api.py: /health,
@@ -40,6 +41,8 @@ from kernel_gateway.protocols.e2b.process import Processes
 from kernel_gateway.protocols.e2b.replies import e2b_error, gone
 from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError, Sandboxes
 from kernel_gateway.protocols.e2b.sandboxes_api import control_routes
+from kernel_gateway.protocols.e2b.template_files import Uploads
+from kernel_gateway.protocols.e2b.templates_api import template_routes
 from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
@@ -63,7 +66,9 @@ class E2BService:
         self._key_digest = (
             hashlib.sha256(settings.token.encode()).digest() if settings.token else None
         )
-        self._control = Router(routes=control_routes(self))
+        self.uploads = Uploads(settings.token)
+        """Signs the URLs templates' COPY files are uploaded to (template_files.py)."""
+        self._control = Router(routes=[*template_routes(self), *control_routes(self)])
         self._interpreter = Router(routes=interpreter_routes(self))
         self._envd = Router(routes=envd_routes(self))
         self._envds: dict[str, Envd] = {}

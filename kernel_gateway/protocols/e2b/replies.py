@@ -7,18 +7,22 @@ answers a sandbox that is not there with a 502 the SDKs read as "not running".
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from kernel_gateway.errors import GatewayError, InvalidRequest
 from kernel_gateway.http.bodies import read_json
-from kernel_gateway.protocols.e2b.sandboxes import SandboxError
+from kernel_gateway.protocols.e2b.sandboxes import SandboxError, status_for
+
+if TYPE_CHECKING:
+    from kernel_gateway.protocols.e2b.app import E2BService
 
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
 MAX_BODY_BYTES = 2 * 2**20
 Handler = Callable[[Request], Awaitable[Response]]
+ControlHandler = Callable[[Request, "E2BService"], Awaitable[Response]]
 
 
 def e2b_error(status: int, message: str) -> JSONResponse:
@@ -43,3 +47,31 @@ async def json_body(request: Request) -> dict[str, Any]:
         # E2B's API answers a body that is JSON but not an object with 400, not 422.
         status = 400 if isinstance(exc, InvalidRequest) else exc.status_code
         raise SandboxError(status, exc.message) from None
+
+
+def answered(service: E2BService, handler: ControlHandler) -> Handler:
+    """`handler` as an endpoint whose failures are E2B's error documents: a `SandboxError`
+    as it says, a `GatewayError` from the layers below (sessions, templates) at the status
+    E2B's SDKs read best (`status_for`)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request, service)
+        except SandboxError as exc:
+            return e2b_error(exc.status, exc.message)
+        except GatewayError as exc:
+            return e2b_error(status_for(exc), exc.message)
+
+    return endpoint
+
+
+def guarded(service: E2BService, handler: ControlHandler) -> Handler:
+    """`answered`, behind the control plane's `X-API-KEY` (`E2BService.api_key_ok`)."""
+    inner = answered(service, handler)
+
+    async def endpoint(request: Request) -> Response:
+        if not service.api_key_ok(request):
+            return e2b_error(401, "invalid API key: it is the gateway's token")
+        return await inner(request)
+
+    return endpoint

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kernel_gateway.errors import GatewayError, SessionLost, SessionNotFound
+from kernel_gateway.errors import GatewayError, SessionLost, SessionNotFound, TemplateNotFound
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import ENV_LANGUAGES, env_code
 from kernel_gateway.records import RecordStore
@@ -93,6 +93,8 @@ class Context:
 class Sandbox:
     id: str
     template: str
+    """Its `templateID`: a built-in name (`base`), or the id of the gateway template it
+    runs."""
     token: str
     started_at: datetime
     end_at: float
@@ -107,10 +109,14 @@ class Sandbox:
     auto_resume: bool = False
     """`autoResume`: a data-plane call to it while paused resumes it."""
     contexts: dict[str, Context] = field(default_factory=dict)
-    """By id; the first is the sandbox's own Python kernel (its session's)."""
+    """By id; the first is the sandbox's own kernel (its session's)."""
     defaults: dict[str, str] = field(default_factory=dict)
     """Language -> the id of the context `/execute` uses for it when given no context."""
     context_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    alias: str | None = None
+    """The name of the gateway template it runs (None: `template` is a built-in name)."""
+    language: str = "python"
+    """Its own context's language (its template's)."""
 
     @property
     def state(self) -> str:
@@ -132,6 +138,8 @@ class Sandbox:
             "lifetime": self.lifetime,
             "auto_pause": self.auto_pause,
             "auto_resume": self.auto_resume,
+            "alias": self.alias,
+            "language": self.language,
         }
 
     @classmethod
@@ -150,11 +158,17 @@ class Sandbox:
             lifetime=int(data.get("lifetime", DEFAULT_TIMEOUT)),
             auto_pause=bool(data.get("auto_pause", False)),
             auto_resume=bool(data.get("auto_resume", False)),
+            alias=data.get("alias"),
+            language=str(data.get("language") or "python"),
         )
-        main = Context(sandbox.id, "python", HOME)
-        sandbox.contexts[main.id] = main
-        sandbox.defaults["python"] = main.id
+        sandbox.add_main_context()
         return sandbox
+
+    def add_main_context(self) -> None:
+        """Its own context: its session's kernel, the default one for its language."""
+        main = Context(self.id, self.language, HOME)
+        self.contexts[main.id] = main
+        self.defaults[self.language] = main.id
 
     def accepts(self, token: str | None) -> bool:
         return token is not None and hmac.compare_digest(token.encode(), self.token.encode())
@@ -190,7 +204,7 @@ class Sandboxes:
                     continue
                 self._by_id[sandbox.id] = sandbox
                 session = self._session(sandbox.id)
-                code = setup_code("python", sandbox.env, HOME)
+                code = setup_code(sandbox.language, sandbox.env, HOME)
                 if session is not None and code is not None:
                     _prepare_new_kernels(session, code)  # the adopted kernel has them already
         self._reaper = asyncio.ensure_future(self._reap())
@@ -224,23 +238,19 @@ class Sandboxes:
         auto_resume: bool = False,
         network: list[str] | str | None = None,
     ) -> Sandbox:
-        """`network`: the domains it may reach (as `POST /sessions` takes them: None for
-        the gateway's default, "none", or patterns)."""
-        if template not in TEMPLATES:
-            raise SandboxError(
-                400,
-                f"template {template!r} is not available here: this gateway runs its kernel "
-                f"image for the templates {', '.join(sorted(TEMPLATES))}",
-            )
+        """`template`: a built-in name (`TEMPLATES`: the gateway's kernel image), or a
+        gateway template (`name`, `name:tag` or its id). `network`: the domains it may reach
+        (as `POST /sessions` takes them: None for the gateway's default, "none", or
+        patterns)."""
         seconds = _timeout(lifetime)
         check_env(env, "'envVars'")
-        try:
-            session = await self.registry.create_session(network=network)
-        except GatewayError as exc:
-            raise SandboxError(_status(exc), exc.message) from exc
+        session = await self._new_session(template, network)
+        ref = session.template
         sandbox = Sandbox(
             id=session.id,
-            template=template,
+            template=ref.id if ref is not None else template,
+            alias=ref.name if ref is not None else None,
+            language=session.language,
             token=secrets.token_urlsafe(32),
             started_at=datetime.now(UTC),
             end_at=time.time() + seconds,
@@ -250,9 +260,7 @@ class Sandboxes:
             auto_pause=auto_pause,
             auto_resume=auto_resume,
         )
-        main = Context(session.id, "python", HOME)
-        sandbox.contexts[main.id] = main
-        sandbox.defaults["python"] = main.id
+        sandbox.add_main_context()
         self._by_id[sandbox.id] = sandbox
         self._save(sandbox)
         if self._store is not None:
@@ -264,6 +272,26 @@ class Sandboxes:
             raise
         return sandbox
 
+    async def _new_session(self, template: str, network: list[str] | str | None) -> Session:
+        """The session of a new sandbox on `template`: the kernel image for a built-in
+        name, else the gateway template's ready build (E2B's 404 for one not there)."""
+        builtin = template in TEMPLATES
+        if not builtin and self.registry.templates is None:
+            raise SandboxError(
+                400,
+                f"template {template!r} is not available here: this gateway runs its kernel "
+                f"image for the templates {', '.join(sorted(TEMPLATES))} (its backend builds "
+                "no templates of its own)",
+            )
+        try:
+            if builtin:
+                return await self.registry.create_session(network=network)
+            return await self.registry.create_session(network=network, template=template)
+        except TemplateNotFound as exc:
+            raise SandboxError(404, f"template {template!r} not found ({exc.message})") from None
+        except GatewayError as exc:
+            raise SandboxError(status_for(exc), exc.message) from exc
+
     # -- contexts -------------------------------------------------------------------------
 
     async def create_context(self, sandbox: Sandbox, language: str, cwd: str | None) -> Context:
@@ -272,7 +300,7 @@ class Sandboxes:
         try:
             session = await self.registry.create_companion(sandbox.id, language)
         except GatewayError as exc:
-            raise SandboxError(_status(exc), exc.message) from exc
+            raise SandboxError(status_for(exc), exc.message) from exc
         try:
             await self.equip(session, sandbox.env, cwd)
         except BaseException:
@@ -498,8 +526,8 @@ def _timeout(timeout: int | None) -> int:
     return seconds
 
 
-def _status(exc: GatewayError) -> int:
+def status_for(exc: GatewayError) -> int:
     """The gateway's refusal as a status E2B's SDKs map well (429 and 503 are retried)."""
     if exc.status_code == 422:  # the gateway's invalid_request: E2B's SDKs know 400
         return 400
-    return exc.status_code if exc.status_code in (400, 403, 404, 409, 429, 503) else 500
+    return exc.status_code if exc.status_code in (400, 403, 404, 409, 413, 429, 503) else 500

@@ -4,14 +4,20 @@ paused, resumed and killed, answered in E2B's shapes (`{"code", "message"}` erro
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kernel_gateway.protocols.e2b.replies import ALL_METHODS, Handler, e2b_error, json_body
+from kernel_gateway.protocols.e2b.replies import (
+    ALL_METHODS,
+    ControlHandler,
+    Handler,
+    e2b_error,
+    guarded,
+    json_body,
+)
 from kernel_gateway.protocols.e2b.sandboxes import ENVD_VERSION, Sandbox, SandboxError
 from kernel_gateway.settings import Settings
 
@@ -20,31 +26,26 @@ if TYPE_CHECKING:
 
 
 def control_routes(service: E2BService) -> list[Route]:
-    def guarded(handler: Callable[[Request, E2BService], Awaitable[Response]]) -> Handler:
-        async def endpoint(request: Request) -> Response:
-            if not service.api_key_ok(request):
-                return e2b_error(401, "invalid API key: it is the gateway's token")
-            try:
-                return await handler(request, service)
-            except SandboxError as exc:
-                return e2b_error(exc.status, exc.message)
+    """The sandboxes' routes, then a 501 for every other control-plane call (so the
+    templates' routes, `templates_api.py`, go before these)."""
 
-        return endpoint
+    def guard(handler: ControlHandler) -> Handler:
+        return guarded(service, handler)
 
     return [
-        Route("/sandboxes", guarded(create), methods=["POST"]),
-        Route("/v2/sandboxes", guarded(create), methods=["POST"]),
-        Route("/sandboxes", guarded(list_sandboxes), methods=["GET"]),
-        Route("/v2/sandboxes", guarded(list_sandboxes), methods=["GET"]),
-        Route("/sandboxes/{id}", guarded(get_sandbox), methods=["GET"]),
-        Route("/sandboxes/{id}", guarded(kill), methods=["DELETE"]),
-        Route("/sandboxes/{id}/timeout", guarded(set_timeout), methods=["POST"]),
-        Route("/sandboxes/{id}/connect", guarded(connect), methods=["POST"]),
-        Route("/v2/sandboxes/{id}/connect", guarded(connect), methods=["POST"]),
-        Route("/sandboxes/{id}/resume", guarded(connect), methods=["POST"]),
-        Route("/sandboxes/{id}/pause", guarded(pause), methods=["POST"]),
-        Route("/sandboxes/{id}/metrics", guarded(metrics), methods=["GET"]),
-        Route("/{rest:path}", guarded(unsupported), methods=ALL_METHODS),
+        Route("/sandboxes", guard(create), methods=["POST"]),
+        Route("/v2/sandboxes", guard(create), methods=["POST"]),
+        Route("/sandboxes", guard(list_sandboxes), methods=["GET"]),
+        Route("/v2/sandboxes", guard(list_sandboxes), methods=["GET"]),
+        Route("/sandboxes/{id}", guard(get_sandbox), methods=["GET"]),
+        Route("/sandboxes/{id}", guard(kill), methods=["DELETE"]),
+        Route("/sandboxes/{id}/timeout", guard(set_timeout), methods=["POST"]),
+        Route("/sandboxes/{id}/connect", guard(connect), methods=["POST"]),
+        Route("/v2/sandboxes/{id}/connect", guard(connect), methods=["POST"]),
+        Route("/sandboxes/{id}/resume", guard(connect), methods=["POST"]),
+        Route("/sandboxes/{id}/pause", guard(pause), methods=["POST"]),
+        Route("/sandboxes/{id}/metrics", guard(metrics), methods=["GET"]),
+        Route("/{rest:path}", guard(unsupported), methods=ALL_METHODS),
     ]
 
 
@@ -71,7 +72,7 @@ def sandbox_json(sandbox: Sandbox) -> dict[str, Any]:
     return {
         "sandboxID": sandbox.id,
         "templateID": sandbox.template,
-        "alias": sandbox.template,
+        "alias": sandbox.alias or sandbox.template,
         "clientID": "kernel-gateway",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": sandbox.token,
@@ -90,7 +91,7 @@ def detail_json(sandbox: Sandbox, settings: Settings) -> dict[str, Any]:
     return {
         "sandboxID": sandbox.id,
         "templateID": sandbox.template,
-        "alias": sandbox.template,
+        "alias": sandbox.alias or sandbox.template,
         "clientID": "kernel-gateway",
         "startedAt": rfc3339(sandbox.started_at),
         "endAt": rfc3339(datetime.fromtimestamp(sandbox.end_at, UTC)),
