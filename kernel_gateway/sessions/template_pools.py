@@ -47,6 +47,7 @@ class TemplatePools:
         self._tasks = TaskSet()
         if templates is not None:
             templates.in_use = self.sessions_on
+            templates.warm = self.warm_kernels
             templates.before_delete = self._forget
 
     def for_reference(
@@ -70,7 +71,7 @@ class TemplatePools:
         self._keep_warm(pool)
         template.spawn_count += 1
         template.last_spawned_at = time.time()
-        self.templates.save(template)
+        self.templates.save_later(template)
         return pool, TemplateRef.of(template, build)
 
     def recorded(self, record: SessionRecord) -> tuple[WarmPool | None, TemplateRef | None]:
@@ -105,6 +106,11 @@ class TemplatePools:
             if wanted != pool.language.name:
                 return None
         return pool
+
+    def warm_kernels(self, template: Template) -> int:
+        return sum(
+            pool.ready for b in template.builds if (pool := self._pools.get(b.id)) is not None
+        )
 
     def sessions_on(self, template: Template) -> int:
         return sum(

@@ -190,6 +190,7 @@ class TemplateInfo(TypedDict):
     created_at: Timestamp
     updated_at: Timestamp
     sessions: Annotated[Count, field(description="Sessions running on it now.")]
+    warm: Annotated[Count, field(description="Its kernels started and ready for the next session.")]
     spawn_count: Count
     last_spawned_at: Timestamp | None
     builds: list[TemplateBuild]

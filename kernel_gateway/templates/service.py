@@ -75,6 +75,8 @@ PYTHON_BASES = frozenset(
 """Names that mean the gateway's Python image (E2B's `from_base_image()` is
 `e2bdev/base`; its `base` and `code-interpreter-v1` templates)."""
 MAX_LOG_ENTRIES = 20_000
+SAVE_DELAY = 5.0
+"""Seconds a template's use counts may wait before they are written."""
 LogEntry = dict[str, Any]
 
 
@@ -101,8 +103,11 @@ class Templates:
         self._log_changed: dict[str, asyncio.Condition] = {}
         self._tasks = TaskSet()
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._unsaved: set[str] = set()
         self.in_use: Callable[[Template], int] = lambda template: 0
         """How many sessions run on `template`: set by the session registry."""
+        self.warm: Callable[[Template], int] = lambda template: 0
+        """How many of `template`'s kernels are warm (ready for a session): the registry's."""
         self.before_delete: Callable[[Template], Awaitable[None]] = _nothing
         """Stops what runs from `template`'s images (its warm kernels): set by the registry."""
 
@@ -135,6 +140,9 @@ class Templates:
         self._store.open()
 
     async def close(self) -> None:
+        for template_id in list(self._unsaved):
+            if (template := self._by_id.get(template_id)) is not None:
+                self._save_now(template)
         self._tasks.cancel()
         for task in list(self._running.values()):
             with contextlib.suppress(BaseException):
@@ -453,6 +461,18 @@ class Templates:
 
     def save(self, template: Template) -> None:
         self._store.save(template)
+
+    def save_later(self, template: Template) -> None:
+        """Save `template` within a few seconds (its use counts: not on every session)."""
+        if template.id in self._unsaved:
+            return
+        self._unsaved.add(template.id)
+        asyncio.get_running_loop().call_later(SAVE_DELAY, self._save_now, template)
+
+    def _save_now(self, template: Template) -> None:
+        self._unsaved.discard(template.id)
+        if self._by_id.get(template.id) is template:
+            self._store.save(template)
 
     # -- logs -------------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ def template_json(templates: Templates, template: Template) -> responses.Templat
         "created_at": timestamp(template.created_at),
         "updated_at": timestamp(template.updated_at),
         "sessions": templates.in_use(template),
+        "warm": templates.warm(template),
         "spawn_count": template.spawn_count,
         "last_spawned_at": optional_timestamp(template.last_spawned_at),
         "builds": [build_json(template, b) for b in template.builds],

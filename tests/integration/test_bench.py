@@ -161,3 +161,15 @@ def run_bench(module: str, out: Path, timeout: float = 600) -> subprocess.Comple
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result
+
+
+def test_bench_templates_measures_a_template_beside_the_default_image(tmp_path: Path) -> None:
+    require_docker()
+    out = tmp_path / "templates.json"
+    result = run_bench("bench.templates", out)
+    figures = json.loads(out.read_text())
+    assert figures["build_s"]["uncached"] > 0 and figures["build_s"]["cached"] > 0
+    for image in ("default", "template"):
+        assert figures["create_first_result"][image]["n"] == 2, image
+    assert figures["template_over_default_p50"] > 0
+    assert "| create → first result p50 |" in result.stdout

@@ -158,6 +158,11 @@ class WarmPool:
         await asyncio.gather(*(self.discard(w) for w in extra), return_exceptions=True)
         self._refill.fill()
 
+    @property
+    def ready(self) -> int:
+        """Warm kernels ready to be handed out now."""
+        return len(self._refill.ready)
+
     def stats(self) -> WarmPoolStats:
         return {
             "warm": len(self._refill.ready),
