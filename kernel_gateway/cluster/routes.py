@@ -83,7 +83,7 @@ async def _offer(
             node.creating -= creating
         if creating and upstream.status_code == 201:
             node.placed += 1  # until the node's next answer counts it
-        if upstream.status_code in (429, 503):
+        if upstream.status_code in (429, 503) or await _template_elsewhere(upstream):
             router_metrics.placement(kind, node.name, "refused")
             await upstream.aread()
             await upstream.aclose()
@@ -92,6 +92,19 @@ async def _offer(
         router_metrics.placement(kind, node.name, "placed")
         return node, upstream
     return refused
+
+
+async def _template_elsewhere(upstream: httpx.Response) -> bool:
+    """Whether the node refused because it lacks the template asked for (not built there
+    yet, or not ready): another node may have it (cluster/templates.py)."""
+    if upstream.status_code not in (404, 409):
+        return False
+    await upstream.aread()
+    try:
+        kind = json.loads(upstream.content)["error"]["type"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return kind in ("template_not_found", "template_conflict")
 
 
 async def create_session(request: Request) -> Response:

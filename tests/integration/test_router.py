@@ -26,6 +26,7 @@ from kernel_gateway.kernels.storage import reclaim
 from kernel_gateway.settings import Settings
 from kernel_gateway.settings import from_env as serve_settings
 from tests.support.api import execute
+from tests.support.backends import require_docker
 from tests.support.processes import Gateway, gateway, router
 
 TOKEN = "router-test-token"
@@ -412,3 +413,79 @@ def test_e2bs_sdk_through_a_router(tmp_path: Path) -> None:
             first.kill()
             second.kill()
         assert sdk.Sandbox.kill(first.sandbox_id, **options) is False
+
+
+def test_templates_are_built_on_every_node_and_sessions_placed_where_they_are_ready(
+    tmp_path: Path,
+) -> None:
+    """Two docker node gateways (one engine, two runtime folders) behind a router."""
+    require_docker()
+    with contextlib.ExitStack() as stack:
+        gws = []
+        for name in ("n1", "n2"):
+            folder = tmp_path / name
+            folder.mkdir()
+            gws.append(
+                stack.enter_context(
+                    gateway(
+                        folder, "--backend", "docker", "--runtime", "runsc", "--node-name", name,
+                        "--pool-size", "0", "--max-sessions", "4", token=TOKEN,
+                    )
+                )
+            )  # fmt: skip
+        r = stack.enter_context(
+            router(tmp_path, [g.url.removeprefix("http://") for g in gws], *FAST, token=TOKEN)
+        )
+        c = stack.enter_context(r.client())
+        _wait_up(r, 2)
+        steps = [{"type": "RUN", "args": ["echo here > /opt/mark", "root"]}]
+        # Built on n2 alone (through its own address): sessions go there, though n1 is free.
+        with gws[1].client() as n2:
+            started = n2.post("/templates", json={"name": "only-n2", "steps": steps})
+            assert started.status_code == 202, started.text
+            wait_ready(n2, "only-n2")
+        placed = [c.post("/sessions", json={"template": "only-n2"}) for _ in range(2)]
+        assert [p.status_code for p in placed] == [201, 201], [p.text for p in placed]
+        assert {_node_of(p.json()["id"]) for p in placed} == {"n2"}
+        missing = c.post("/sessions", json={"template": "nowhere"})
+        assert (
+            missing.status_code == 404 and missing.json()["error"]["type"] == "template_not_found"
+        )
+        for p in placed:
+            c.delete(f"/sessions/{p.json()['id']}")
+        # Built through the router: on both nodes; listed once; found; removed from both.
+        started = c.post("/templates", json={"name": "everywhere", "steps": steps})
+        assert started.status_code == 202, started.text
+        for gw in gws:
+            with gw.client() as node:
+                wait_ready(node, "everywhere")
+        names = [t["name"] for t in c.get("/templates").json()["templates"]]
+        assert sorted(names) == ["everywhere", "only-n2"]
+        assert c.get("/templates/everywhere").json()["ready_build"]
+        build = started.json()
+        logs = c.get(
+            f"/templates/everywhere/builds/{build['id']}/logs",
+            headers={"Accept": "application/json"},
+        )
+        assert logs.status_code == 200 and logs.json()["build"]["state"] == "ready"
+        sessions = [c.post("/sessions", json={"template": "everywhere"}).json() for _ in range(2)]
+        assert {_node_of(s["id"]) for s in sessions} == {"n1", "n2"}  # spread, as any session
+        for s in sessions:
+            assert execute(c, s["id"], "print(open('/opt/mark').read().strip())").stdout == "here\n"
+            c.delete(f"/sessions/{s['id']}")
+        assert c.delete("/templates/everywhere").status_code == 204
+        assert c.get("/templates/everywhere").status_code == 404
+        assert c.delete("/templates/only-n2").status_code == 204  # from n2; n1 never had it
+        with gws[1].client() as n2:
+            assert n2.get("/templates/only-n2").status_code == 404
+
+
+def wait_ready(client: httpx.Client, name: str) -> None:
+    deadline = time.monotonic() + 180
+    while True:
+        state = client.get(f"/templates/{name}").json()["state"]
+        if state in ("ready", "error"):
+            assert state == "ready"
+            return
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
