@@ -90,6 +90,9 @@ class Language:
     """`signal` (SIGINT reaches the kernel) or `message` (an interrupt_request on control,
     sent by the bridge when the container gets SIGINT)."""
     argv: tuple[str, ...] = field(default=(), compare=False)
+    start_cmd: str | None = field(default=None, compare=False)
+    ready_cmd: str | None = field(default=None, compare=False)
+    """A template's commands, run beside each of its kernels before it is handed out."""
     seed: Path | None = field(default=None, compare=False)
     """A tar of files every new session of it starts with in its working directory (a
     template's `/workspace`, see `templates/`), or None."""

@@ -39,6 +39,7 @@ from kernel_gateway.errors import (
 from kernel_gateway.kernels.backends.base import Backend
 from kernel_gateway.kernels.images import ImageBuilder, ImageInfo, StepFailed
 from kernel_gateway.kernels.languages import PYTHON, Language
+from kernel_gateway.kernels.pools.start_commands import run_start_commands
 from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.kernels.storage import SessionStorage
@@ -188,7 +189,14 @@ class Templates:
         assert build.image is not None and build.language is not None
         language = self.backend.languages.get_or_raise(build.language)
         seed = self._seed_path(build) if build.seeded else None
-        return dataclasses.replace(language, image=build.image, seed=seed)
+        spec = build.spec
+        return dataclasses.replace(
+            language,
+            image=build.image,
+            seed=seed,
+            start_cmd=spec.start_cmd if spec is not None else None,
+            ready_cmd=spec.ready_cmd if spec is not None else None,
+        )
 
     def _seed_path(self, build: Build) -> Path:
         return self._seeds_dir / f"{build.id}.tar"
@@ -362,7 +370,7 @@ class Templates:
         base_language = self._base_language(spec.base)
 
         async def check(image: str, log: Callable[[str], None]) -> None:
-            language = dataclasses.replace(base_language, image=image)
+            language = dataclasses.replace(base_language, image=image)  # no commands: below
             pool = WarmPool(
                 self.settings, self.backend, self._runtime, self._context, language=language
             )
@@ -374,7 +382,13 @@ class Templates:
                 kernel = await pool.launch(storage)
                 try:
                     log(f"The kernel answered ({language.name})")
-                    await self._start_commands(kernel.process, spec, log)
+                    await run_start_commands(
+                        kernel.process,
+                        spec.start_cmd,
+                        spec.ready_cmd,
+                        self.settings.kernel_start_timeout,
+                        log,
+                    )
                 finally:
                     await kernel.close()
             except KernelUnavailable as exc:
@@ -383,23 +397,6 @@ class Templates:
                 await pool.remove_storage(storage)
 
         return check
-
-    async def _start_commands(
-        self, process: Any, spec: BuildSpec, log: Callable[[str], None]
-    ) -> None:
-        if spec.start_cmd:
-            log(f"Start command: {spec.start_cmd}")
-            await _run(process, spec.start_cmd, detach=True)
-        if spec.ready_cmd:
-            log(f"Waiting for the ready command: {spec.ready_cmd}")
-            deadline = time.monotonic() + self.settings.kernel_start_timeout * 4
-            while True:
-                code, _ = await _run(process, spec.ready_cmd)
-                if code == 0:
-                    return
-                if time.monotonic() > deadline:
-                    raise StepFailed(f"the ready command {spec.ready_cmd!r} never succeeded")
-                await asyncio.sleep(0.5)
 
     # -- bases ------------------------------------------------------------------------------
 
@@ -535,15 +532,6 @@ async def _nothing(template: Template) -> None:
 async def _notify(condition: asyncio.Condition) -> None:
     async with condition:
         condition.notify_all()
-
-
-async def _run(process: Any, command: str, *, detach: bool = False) -> tuple[int, str]:
-    argv = ["/bin/bash", "-c", f"({command}) >/dev/null 2>&1 &" if detach else command]
-    handle = await process.run_command(argv, {}, None, False)
-    output = b""
-    async for _, chunk in handle.output():
-        output += chunk
-    return await handle.wait(), output.decode(errors="replace")
 
 
 def _now() -> str:

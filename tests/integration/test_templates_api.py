@@ -474,3 +474,43 @@ def test_a_template_keeps_one_kernel_warm_while_used_and_none_once_idle(
         finally:
             engine.close()
         assert client.delete(f"/templates/{template}").status_code == 204
+
+
+def test_start_and_ready_commands_run_before_each_kernel_is_handed_out(
+    client: httpx.Client,
+) -> None:
+    template = name()
+    response = client.post(
+        "/templates",
+        json={
+            "name": template,
+            "steps": [
+                {"type": "RUN", "args": ["mkdir -p /opt/site && echo up > /opt/site/mark", "root"]}
+            ],
+            "start_cmd": "sleep 1; python3 -m http.server 8765 --directory /opt/site",
+            "ready_cmd": "curl -sf http://127.0.0.1:8765/mark",
+        },
+    )
+    lines, build = follow(client, response.json())
+    assert build["state"] == "ready", (build, lines)
+    assert any(line.startswith("Waiting for the ready command") for line in lines)
+    session = client.post("/sessions", json={"template": template}).json()
+    try:
+        code = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8765/mark').read().decode().strip())"
+        # The server the start command started is up when the session is handed out.
+        assert execute(client, session["id"], code).stdout.strip() == "up"
+    finally:
+        client.delete(f"/sessions/{session['id']}")
+    client.delete(f"/templates/{template}")
+
+
+def test_a_ready_command_that_never_succeeds_fails_the_build(servers: ServerFactory) -> None:
+    # It is given --kernel-start-timeout (8 s here) beside the kernel the check starts.
+    server = servers("gvisor", pool_size=0, kernel_start_timeout=8.0)
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        template = name()
+        response = client.post("/templates", json={"name": template, "ready_cmd": "exit 1"})
+        _, failed = follow(client, response.json())
+        assert failed["state"] == "error", failed
+        assert "ready command 'exit 1' did not succeed within 8 s" in failed["reason"]
+        client.delete(f"/templates/{template}")

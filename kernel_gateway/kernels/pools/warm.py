@@ -30,6 +30,7 @@ from kernel_gateway.kernels.backends.base import (
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language
 from kernel_gateway.kernels.pools.refill import Refill
+from kernel_gateway.kernels.pools.start_commands import run_start_commands
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.kernels.storage import unpack_seed
 from kernel_gateway.metrics import Metrics
@@ -256,6 +257,13 @@ class WarmPool:
             raise
         try:
             await kernel.wait_ready(self.settings.kernel_start_timeout)
+            if self.language.start_cmd or self.language.ready_cmd:
+                await run_start_commands(
+                    process,
+                    self.language.start_cmd,
+                    self.language.ready_cmd,
+                    self.settings.kernel_start_timeout,
+                )
             if self._preload_code and not await kernel.run_silent(
                 self._preload_code, self.settings.kernel_start_timeout
             ):
