@@ -1,6 +1,6 @@
-"""`/templates` on a real gateway (Docker, gVisor): build with files, an environment
-variable and a command; a session on the template sees all three; logs live as SSE;
-the errors a user meets; delete."""
+"""`/templates` on a real gateway (Docker, runc: builds under gVisor are test_templates.py's):
+build with files, an environment variable and a command; a session on the template sees
+all three; logs live as SSE; the errors a user meets; delete."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from tests.support.server import ServerFactory, ServerThread
 
 @pytest.fixture(scope="module")
 def server(servers: ServerFactory) -> ServerThread:
-    return servers("gvisor", pool_size=0, token="tok")
+    return servers("docker", pool_size=0, token="tok")
 
 
 @pytest.fixture
@@ -446,7 +446,7 @@ def test_pip_install_steps_fetch_wheels_through_the_host(
 def test_a_template_keeps_one_kernel_warm_while_used_and_none_once_idle(
     servers: ServerFactory,
 ) -> None:
-    server = servers("gvisor", pool_size=1, template_pool_idle=3.0)
+    server = servers("docker", pool_size=1, template_pool_idle=3.0)
     with httpx.Client(base_url=server.url, timeout=120) as client:
         template = name()
         _, build = follow(client, client.post("/templates", json={"name": template}).json())
@@ -506,7 +506,7 @@ def test_start_and_ready_commands_run_before_each_kernel_is_handed_out(
 
 def test_a_ready_command_that_never_succeeds_fails_the_build(servers: ServerFactory) -> None:
     # It is given --kernel-start-timeout (8 s here) beside the kernel the check starts.
-    server = servers("gvisor", pool_size=0, kernel_start_timeout=8.0)
+    server = servers("docker", pool_size=0, kernel_start_timeout=8.0)
     with httpx.Client(base_url=server.url, timeout=120) as client:
         template = name()
         response = client.post("/templates", json={"name": template, "ready_cmd": "exit 1"})
