@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.backends import backend_settings, require_backend
 from tests.support.server import ServerFactory, ServerThread
+from tests.support.wheels import package_index  # noqa: F401 - a fixture for every test
 
 # Gateways the tests start as processes (CLI, persistence and fuzzing tests) keep one fork
 # server rather than the default four: each is a preloaded container, and a 2-core CI
