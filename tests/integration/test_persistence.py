@@ -505,3 +505,36 @@ def test_sigkill_at_random_moments_loses_no_session_silently(gw: Gateway) -> Non
         assert response.status_code in (200, 404, 410)
     gw.stop()
     assert leftovers(gw) == ([], [], [], [])
+
+
+def test_a_session_on_a_template_survives_a_restart_and_relaunches_from_it(gw: Gateway) -> None:
+    """Adopted with its variables; a kernel that dies afterwards comes back from the
+    template's image, not the default one."""
+    gw.start()
+    started = httpx.post(
+        gw.url + "/templates",
+        json={
+            "name": "durable",
+            "steps": [{"type": "RUN", "args": ["echo kept > /opt/mark", "root"]}],
+        },
+        timeout=60,
+    )
+    assert started.status_code == 202, started.text
+    deadline = time.monotonic() + 180
+    while (state := httpx.get(gw.url + "/templates/durable").json()["state"]) == "building":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    assert state == "ready"
+    sid = httpx.post(gw.url + "/sessions", json={"template": "durable"}, timeout=120).json()["id"]
+    events, _ = run(gw.url, sid, "x = 41")
+    assert done(events)["status"] == "ok"
+    gw.restart()
+    info = httpx.get(f"{gw.url}/sessions/{sid}").json()
+    assert info["template"]["name"] == "durable", info
+    events, _ = run(gw.url, sid, "print(x + 1, open('/opt/mark').read().strip())")
+    assert stdout(events).split() == ["42", "kept"], events
+    events, _ = run(gw.url, sid, "import os; os._exit(1)")
+    events, _ = run(gw.url, sid, "print(open('/opt/mark').read().strip())")
+    assert stdout(events).strip() == "kept", events
+    assert httpx.delete(f"{gw.url}/sessions/{sid}").status_code == 204
+    assert httpx.delete(gw.url + "/templates/durable", timeout=60).status_code == 204
