@@ -10,7 +10,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: serve test test-fast lint docs docs-config image setup clean bench lock e2b-sdks
+.PHONY: serve test test-fast lint docs docs-config image setup clean bench lock lock-py311 e2b-sdks e2b-suite
 
 setup: $(VENV)/.installed
 
@@ -39,7 +39,7 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: image lint docs e2b-sdks
+test: image lint docs e2b-sdks e2b-suite
 	$(BIN)/python -m pytest $(ARGS)
 
 test-fast: setup
@@ -65,6 +65,17 @@ $(E2B_JS)/node_modules/.installed: $(E2B_JS)/package.json $(E2B_JS)/package-lock
 		echo "no npm: skipping E2B's JavaScript SDK (its test will be skipped)"; \
 	fi
 
+# E2B's own template tests (tests/e2b_suite/, vendored unchanged) need the SDK they were written
+# for: tests/integration/test_e2b_suite.py runs them with this venv's Python.
+E2B_SUITE := build/e2b-sdks/python-suite
+
+e2b-suite: $(E2B_SUITE)/.installed
+
+$(E2B_SUITE)/.installed: tests/e2b_suite/requirements.txt
+	$(PYTHON) -m venv $(E2B_SUITE)
+	$(E2B_SUITE)/bin/python -m pip install --quiet -r tests/e2b_suite/requirements.txt
+	touch $@
+
 # The reference in docs/, built with MkDocs (Material); --strict fails on a broken link.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
@@ -89,5 +100,18 @@ lock:
 		--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links --quiet \
 		$(ARGS) -o requirements.lock requirements.in
 
+# Re-resolves kernel-image/requirements-py311.lock, the Python 3.11 image's (build-image
+# --languages python3.11): requirements.lock's pins, moved only where one does not install on
+# Debian 12's Python 3.11.2 (its /usr/bin/python3.11, needed here: the exact version matters).
+LOCK311_PYTHON ?= /usr/bin/python3.11
+lock-py311:
+	$(LOCK311_PYTHON) -m venv .lock-venv-py311
+	.lock-venv-py311/bin/python -m pip install --quiet pip-tools
+	cd kernel-image && cp requirements.lock requirements-py311.lock && \
+		env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u PIP_INDEX_URL \
+		PIP_CONFIG_FILE=/dev/null ../.lock-venv-py311/bin/pip-compile --generate-hashes \
+		--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links --quiet \
+		$(ARGS) -o requirements-py311.lock requirements.in
+
 clean:
-	rm -rf $(VENV) .lock-venv .mypy_cache .ruff_cache .pytest_cache test-output
+	rm -rf $(VENV) .lock-venv .lock-venv-py311 .mypy_cache .ruff_cache .pytest_cache test-output

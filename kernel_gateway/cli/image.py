@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from kernel_gateway.kernels.egress.images import egress_image
 from kernel_gateway.kernels.languages import FAMILIES, PYTHON, family_image, family_of
 from kernel_gateway.kernels.wheels import wheel_target
+from kernel_gateway.templates.builtin import PYTHON311
 
 if TYPE_CHECKING:
     import docker
@@ -307,7 +308,9 @@ def build_image(
     languages: list[str] | None = None,
 ) -> None:
     """Build `kernel-image/` as `tag`, then an image per language family asked for
-    (`languages`, default all: see `language_families`), printing each step to `out`."""
+    (`languages`, default all: see `language_families`), and the Python 3.11 image when
+    `languages` names `python3.11` (see python_image.py), printing each step to `out`."""
+    python311 = languages is not None and PYTHON311 in languages
     families = language_families(languages)
     started = time.monotonic()
     source = context or default_context()
@@ -322,25 +325,37 @@ def build_image(
     except docker.errors.DockerException as exc:
         raise SystemExit(f"no Docker engine answers: {exc}") from exc
     try:
-        if download:
-            fetch_wheels(stage, str(client.version().get("Arch", "amd64")), out)
-        else:
-            for old in (stage / WHEELS).glob("*.whl"):
-                old.unlink()
-            (stage / WHEELS / STAMP).unlink(missing_ok=True)
-            out("wheels: not fetched (--no-download): the build installs from the index")
+        arch = str(client.version().get("Arch", "amd64"))
+        stage_wheels(stage, arch, out, download=download)
         ensure_base_image(client, base_image(stage / "Dockerfile"), out)
         docker_build(client, stage, tag, out)
         size = client.images.get(tag).attrs.get("Size", 0) / 1e6
         out(f"built {tag} ({size:.0f} MB) in {time.monotonic() - started:.1f} s")
-        arch = str(client.version().get("Arch", "amd64"))
         for family in families:
             build_language_image(
                 client, family, tag, source, cache_dir, out, arch=arch, download=download
             )
         build_egress_image(client, tag, source, cache_dir, out)
+        if python311:
+            from kernel_gateway.cli.python_image import build_python311_image
+
+            build_python311_image(
+                client, tag, source, cache_dir, out, arch=arch, download=download,
+                requirements=requirements,
+            )  # fmt: skip
     finally:
         client.close()
+
+
+def stage_wheels(stage: Path, arch: str, out: Printer, *, download: bool) -> None:
+    """`fetch_wheels` into the staged context, or (`--no-download`) empty its wheels/."""
+    if download:
+        fetch_wheels(stage, arch, out)
+        return
+    for old in (stage / WHEELS).glob("*.whl"):
+        old.unlink()
+    (stage / WHEELS / STAMP).unlink(missing_ok=True)
+    out("wheels: not fetched (--no-download): the build installs from the index")
 
 
 def build_egress_image(
@@ -370,17 +385,18 @@ def language_families(languages: list[str] | None) -> list[str]:
     """The language images to build for `languages` (None: every one), in a fixed order.
 
     Python is always built (the others are made on top of it); `javascript` and
-    `typescript` are one image (Deno runs both).
+    `typescript` are one image (Deno runs both). `python3.11` is an image apart, built
+    only when named (`build_image`).
     """
     if languages is None:
         return list(FAMILIES)
     wanted = set()
     for name in languages:
-        if name == PYTHON:
+        if name in (PYTHON, PYTHON311):
             continue
         family = family_of(name)
         if family is None:
-            known = [PYTHON, *(lang for langs in FAMILIES.values() for lang in langs)]
+            known = [PYTHON, PYTHON311, *(lang for langs in FAMILIES.values() for lang in langs)]
             raise SystemExit(f"--languages: no image for {name!r}; known: {', '.join(known)}")
         wanted.add(family)
     return [family for family in FAMILIES if family in wanted]

@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--languages",
         help="languages to build images for, comma-separated: python (always), javascript "
-        "and typescript (one Deno image), r, bash, java (default: all of them)",
+        "and typescript (one Deno image), r, bash, java (default: all of them); python3.11 "
+        "(the classic stack's base on Debian 12: only when named)",
     )
     build.add_argument(
         "--no-download",

@@ -32,6 +32,7 @@ from kernel_gateway.sessions.durable import DurableSessions
 from kernel_gateway.sessions.gauges import RegistryGauges
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
+from kernel_gateway.templates.builtin import start_builtin
 from kernel_gateway.templates.service import Templates
 from kernel_gateway.types import JSON
 
@@ -117,6 +118,7 @@ def create_app(settings: Settings) -> Starlette:
             if backend.images is not None:
                 templates = Templates(settings, backend, runtime, context)
                 await asyncio.to_thread(templates.open)
+            start_builtin(templates, settings.builtin_template_list, backend.name)
             registry = Registry(settings, warm, runtime.instance, forks, others, egress, templates)
             await durable.start(backend, runtime, registry)
             registry.start()

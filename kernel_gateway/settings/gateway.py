@@ -218,6 +218,15 @@ class Settings:
         "`POST /templates`)",
         check=values.parse_size,
     )
+    builtin_templates: str = setting(
+        "",
+        "shipped templates to build at startup, comma-separated, e.g. python-classic",
+        doc="shipped templates to build at startup, in the background, comma-separated "
+        "(`python-classic`: pandas 1.5, NumPy 1.26 on Python 3.11); one built already is "
+        "kept, one whose base image is missing is logged and skipped "
+        "([Templates](templates.md#classic-stack)). Docker backend",
+        check=values.items,
+    )
     # -- the network -------------------------------------------------------------------
     egress_allow: str = setting(
         "",
@@ -577,6 +586,10 @@ class Settings:
     def language_list(self) -> list[str] | None:
         """The languages asked for by name, or None for `auto` (every one found)."""
         return values.language_names(self.languages)
+
+    @property
+    def builtin_template_list(self) -> list[str]:
+        return values.items(self.builtin_templates)
 
     @property
     def language_image_list(self) -> list[str]:

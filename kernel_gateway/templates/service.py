@@ -21,8 +21,9 @@ import dataclasses
 import datetime
 import json
 import logging
+import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,6 +55,7 @@ from kernel_gateway.templates.build import (
     Plan,
     run_build,
 )
+from kernel_gateway.templates.builtin import PYTHON311_BASES, python311
 from kernel_gateway.templates.files import FileStore
 from kernel_gateway.templates.model import (
     DEFAULT_TAG,
@@ -294,7 +296,7 @@ class Templates:
                 max_size=self.settings.template_max_size_bytes,
                 force=spec.force,
                 labels={LABEL_TEMPLATE: template.id},
-                pip=self._pip_through_host(base_info),
+                pip=self._pip_through_host(base_info, self._base_language(spec.base)),
             )
             log = self._logger(build)
             final = await run_build(plan, images, self.files, log, self._checker(spec))
@@ -341,12 +343,14 @@ class Templates:
         self._log(build, "info", f"{count - 1} files in {folder} kept for new sessions", None)
         return True
 
-    def _pip_through_host(self, base: ImageInfo) -> PipThroughHost | None:
-        """How `pip install` steps get wheels: through the host (the default), or None."""
+    def _pip_through_host(self, base: ImageInfo, language: Language) -> PipThroughHost | None:
+        """How `pip install` steps get wheels (for the Python of a base of `language`):
+        through the host (the default), or None."""
         if self.settings.template_pip != "host":
             return None
-        version = self.backend.languages[PYTHON].version
-        python = ".".join(version.split(".")[:2]) or "3"
+        if language.name != PYTHON:  # the other languages' images are built FROM Python's
+            language = self.backend.languages[PYTHON]
+        python = ".".join(language.version.split(".")[:2]) or "3"
         try:
             target = wheel_target(base.arch, python)
         except ValueError:
@@ -400,6 +404,10 @@ class Templates:
 
     # -- bases ------------------------------------------------------------------------------
 
+    def base_image(self, base: str) -> str:
+        """The image a build on `base` starts from (InvalidRequest: not a base of ours)."""
+        return self._resolve_base(base)[0]
+
     def _resolve_base(self, base: str) -> tuple[str, str]:
         """(image to build on, image whose kernel files the result keeps); InvalidRequest
         for a base that is not the gateway's."""
@@ -422,11 +430,13 @@ class Templates:
         languages = self.backend.languages
         if image in PYTHON_BASES:
             return languages[PYTHON]
+        if image in PYTHON311_BASES:  # the built-in kernel on the 3.11 image (builtin.py)
+            return python311(languages[PYTHON], self.settings.image)
         if image in languages:
             return languages[image]
         raise InvalidRequest(
             f"base image {name!r} is not one of this gateway's: templates build FROM "
-            "`python` (E2B's `e2bdev/base`), a language ("
+            "`python` (E2B's `e2bdev/base`), `python3.11`, a language ("
             + ", ".join(sorted(languages))
             + ") or another template; a public registry image cannot be used"
         )
@@ -455,6 +465,19 @@ class Templates:
             self._logs.pop(build.id, None)
             (self._logs_dir / f"{build.id}.jsonl").unlink(missing_ok=True)
             self._seed_path(build).unlink(missing_ok=True)
+        if not self._by_id:
+            await self._store.flush()
+            await asyncio.to_thread(self._remove_folders)
+
+    def _remove_folders(self) -> None:
+        """No template left: nothing kept (uploaded files go too, unless one is arriving)."""
+        if any(self.files.folder.glob("*.part")):
+            return
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    def spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run `work` in the background until `close` (the shipped templates' builds)."""
+        self._tasks.spawn(work, name=name)
 
     def save(self, template: Template) -> None:
         self._store.save(template)
