@@ -18,14 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime
-import json
 import logging
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import zmq.asyncio
 
@@ -55,6 +53,7 @@ from kernel_gateway.templates.build import (
     Plan,
     run_build,
 )
+from kernel_gateway.templates.build_logs import BuildLogs, Level, LogEntry
 from kernel_gateway.templates.builtin import PYTHON311_BASES, python311
 from kernel_gateway.templates.files import FileStore
 from kernel_gateway.templates.model import (
@@ -77,10 +76,8 @@ PYTHON_BASES = frozenset(
 )  # fmt: skip
 """Names that mean the gateway's Python image (E2B's `from_base_image()` is
 `e2bdev/base`; its `base` and `code-interpreter-v1` templates)."""
-MAX_LOG_ENTRIES = 20_000
 SAVE_DELAY = 5.0
 """Seconds a template's use counts may wait before they are written."""
-LogEntry = dict[str, Any]
 
 
 class Templates:
@@ -102,8 +99,7 @@ class Templates:
         self._store: RecordStore[Template] = RecordStore(root / "records", Template.from_json)
         self._root = root
         self._by_id: dict[str, Template] = {}
-        self._logs: dict[str, list[LogEntry]] = {}
-        self._log_changed: dict[str, asyncio.Condition] = {}
+        self.build_logs = BuildLogs(self._logs_dir)
         self._tasks = TaskSet()
         self._running: dict[str, asyncio.Task[None]] = {}
         self._unsaved: set[str] = set()
@@ -253,14 +249,14 @@ class Templates:
         template.builds.append(build)
         template.updated_at = time.time()
         self._store.save(template)
-        self._logs[build.id] = []
+        self.build_logs.start(build.id)
         return build
 
     def discard(self, template: Template, build: Build) -> None:
         """Forget a build that never started (its request was refused)."""
         if build.state is BuildState.WAITING and build in template.builds:
             template.builds.remove(build)
-            self._logs.pop(build.id, None)
+            self.build_logs.forget(build.id)
             self._store.save(template)
 
     def start(self, template: Template, build: Build, spec: BuildSpec) -> None:
@@ -298,7 +294,7 @@ class Templates:
                 labels={LABEL_TEMPLATE: template.id},
                 pip=self._pip_through_host(base_info, self._base_language(spec.base)),
             )
-            log = self._logger(build)
+            log = self.build_logs.logger(build.id)
             final = await run_build(plan, images, self.files, log, self._checker(spec))
             ref = f"{REPOSITORY}:{template.id}-{build.id[:8]}"
             try:
@@ -327,7 +323,7 @@ class Templates:
         template.assign(build.tags_when_ready, build.id)
         self._log(build, "info", f"Build finished: {ref} ({final.size / 2**20:.0f} MiB)", None)
         self._store.save(template)
-        await self._persist_log(build)
+        await self.build_logs.persist(build.id)
 
     async def _keep_seed(self, images: ImageBuilder, image: str, build: Build) -> bool:
         """Keep the image's working directory (what COPY and RUN put in /home/user) for new
@@ -368,7 +364,7 @@ class Templates:
         build.finished_at = time.time()
         self._log(build, "error", f"Build failed: {message}", step)
         self._store.save(template)
-        self._tasks.spawn(self._persist_log(build))
+        self._tasks.spawn(self.build_logs.persist(build.id))
 
     def _checker(self, spec: BuildSpec) -> Callable[[str, Callable[[str], None]], Any]:
         base_language = self._base_language(spec.base)
@@ -462,8 +458,7 @@ class Templates:
         for build in template.builds:
             if build.image and images is not None:
                 await images.remove(build.image)
-            self._logs.pop(build.id, None)
-            (self._logs_dir / f"{build.id}.jsonl").unlink(missing_ok=True)
+            self.build_logs.forget(build.id)
             self._seed_path(build).unlink(missing_ok=True)
         if not self._by_id:
             await self._store.flush()
@@ -496,79 +491,16 @@ class Templates:
 
     # -- logs -------------------------------------------------------------------------------
 
-    def _logger(
-        self, build: Build
-    ) -> Callable[[Literal["debug", "info", "warn", "error"], str, int | None], None]:
-        def log(
-            level: Literal["debug", "info", "warn", "error"], message: str, step: int | None
-        ) -> None:
-            self._log(build, level, message, step)
-
-        return log
-
-    def _log(self, build: Build, level: str, message: str, step: int | None) -> None:
-        entries = self._logs.setdefault(build.id, [])
-        if len(entries) >= MAX_LOG_ENTRIES:
-            return
-        entry: LogEntry = {"timestamp": _now(), "level": level, "message": message}
-        if step is not None:
-            entry["step"] = str(step)
-        entries.append(entry)
-        condition = self._log_changed.get(build.id)
-        if condition is not None:
-            self._tasks.spawn(_notify(condition))
-
-    async def _persist_log(self, build: Build) -> None:
-        entries = list(self._logs.get(build.id, []))
-        path = self._logs_dir / f"{build.id}.jsonl"
-        text = "".join(json.dumps(e) + "\n" for e in entries)
-        await asyncio.to_thread(_write_atomically, path, text)
+    def _log(self, build: Build, level: Level, message: str, step: int | None) -> None:
+        self.build_logs.add(build.id, level, message, step)
 
     def logs(self, build: Build, offset: int = 0, limit: int = 100) -> list[LogEntry]:
-        entries = self._logs.get(build.id)
-        if entries is None:
-            entries = _read_log(self._logs_dir / f"{build.id}.jsonl")
-            self._logs[build.id] = entries
-        return entries[max(offset, 0) : max(offset, 0) + limit]
+        return self.build_logs.read(build.id, offset, limit)
 
-    async def follow(self, build: Build, offset: int = 0) -> AsyncIterator[LogEntry]:
+    def follow(self, build: Build, offset: int = 0) -> AsyncIterator[LogEntry]:
         """Each log entry from `offset` on, as it comes, until the build finished."""
-        condition = self._log_changed.setdefault(build.id, asyncio.Condition())
-        while True:
-            batch = self.logs(build, offset, 1000)
-            for entry in batch:
-                yield entry
-            offset += len(batch)
-            if batch:
-                continue
-            if build.state.finished:
-                return
-            async with condition:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(condition.wait(), 1.0)
+        return self.build_logs.follow(build.id, lambda: build.state.finished, offset)
 
 
 async def _nothing(template: Template) -> None:
     pass
-
-
-async def _notify(condition: asyncio.Condition) -> None:
-    async with condition:
-        condition.notify_all()
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(text)
-    temporary.replace(path)
-
-
-def _read_log(path: Path) -> list[LogEntry]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line]
-    except (OSError, ValueError):
-        return []

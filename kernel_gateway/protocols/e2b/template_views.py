@@ -30,8 +30,10 @@ from starlette.datastructures import QueryParams
 from kernel_gateway.errors import InvalidRequest
 from kernel_gateway.protocols.e2b.sandboxes import ENVD_VERSION, TEMPLATES, SandboxError
 from kernel_gateway.settings import Settings
+from kernel_gateway.templates.build_logs import MAX_ENTRIES as MAX_LOG_ENTRIES
+from kernel_gateway.templates.build_logs import LogEntry
 from kernel_gateway.templates.model import Build, Template, check_tag, split_reference
-from kernel_gateway.templates.service import MAX_LOG_ENTRIES, LogEntry, Templates
+from kernel_gateway.templates.service import Templates
 
 if TYPE_CHECKING:
     from kernel_gateway.protocols.e2b.app import E2BService
