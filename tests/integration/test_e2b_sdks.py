@@ -1,6 +1,7 @@
 """E2B's other SDKs against a real gateway on the docker backend: the oldest Python SDK that
 honours E2B_SANDBOX_URL (the same suite as the newest, `e2b_sdk/test_python_sdk.py`, in a venv
-of its own) and the JavaScript SDK (`e2b_sdk/js/sdk.test.mjs`, under Node's test runner).
+of its own) and the JavaScript SDK (`e2b_sdk/js/sdk.test.mjs`, and `template.test.mjs`: a
+template built with `Template.build`, under Node's test runner).
 
 `make e2b-sdks` (part of `make test`) installs both; without them these tests are skipped,
 unless KG_REQUIRE_E2B_SDKS=1 (CI) makes that a failure.
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "tests" / "integration" / "e2b_sdk"
 OLDEST = ROOT / "build" / "e2b-sdks" / "python-oldest" / "bin" / "python"
 JS = HERE / "js"
+JS_TESTS = ("sdk.test.mjs", "template.test.mjs")
 # e2b 2.26.0 to 2.45.1 refuse, before sending anything, an API key that is not "e2b_" and hex
 # characters: a gateway token of that shape serves every version (the README says so).
 TOKEN = "e2b_" + secrets.token_hex(20)
@@ -103,7 +105,7 @@ def test_the_javascript_sdk_passes_its_suite(e2b_env: dict[str, str]) -> None:
     done = run(
         # --test-force-exit: a failed runCode leaves the SDK's request timer (60 s) running
         # (@e2b/code-interpreter 2.8.0 clears it only on success), which holds Node open.
-        [node, "--test", "--test-force-exit", "--test-reporter=spec", "sdk.test.mjs"],
+        [node, "--test", "--test-force-exit", "--test-reporter=spec", *JS_TESTS],
         e2b_env,
         JS,
     )
