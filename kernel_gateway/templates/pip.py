@@ -34,7 +34,9 @@ INSTALL_FLAGS = {
 """Flags of the install itself, kept on the install in the container."""
 BOTH = {"--pre", "--no-deps"}
 """Flags both the download and the install need."""
-SHELL = set("&|;<>()$`\\\n")
+SHELL = set("$`\\\n")
+"""Expansions and escapes: such a line is left to the shell."""
+OPERATORS = set("&|;<>()")
 MOUNT = "/tmp/kg-wheels"
 
 
@@ -55,9 +57,13 @@ def parse_pip_install(command: str) -> PipInstall | None:
     if any(c in SHELL for c in command):
         return None
     try:
-        words = shlex.split(command)
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
     except ValueError:
         return None
+    if any(word and all(c in OPERATORS for c in word) for word in words):
+        return None  # `&&`, `;`, a pipe, a redirect: a shell line, not one pip install
     program = next((p for p in PIPS if tuple(words[: len(p)]) == p), None)
     if program is None:
         if words[:1] and words[0].endswith(("/pip", "/pip3")):
