@@ -9,6 +9,10 @@
             print(result.stdout)                     # "42\\n"
         print(client.run("1 + 1").text)             # stateless: a fresh kernel, "2"
 
+Templates: `client.templates.create("name", steps=[Step.run(...)], wait=True)` builds an
+image (a failed build raises `TemplateBuildError`), and `client.session(template="name")`
+starts a session on it (see `kernel_gateway.client.templates`).
+
 Streaming: `session.stream(code)` yields typed events as they arrive, and
 `session.run(code, on_stdout=print)` calls back while still collecting.
 Errors from the API raise `APIError` subclasses chosen by the API's error type
@@ -17,15 +21,16 @@ Errors from the API raise `APIError` subclasses chosen by the API's error type
 
 Layout (as httpx's): `_base` holds everything the two clients share (calls, bodies,
 error mapping, event decoding, collection); `_sync` and `_async` only do I/O;
-`models` the typed events and `Execution`; `sse` the one server-sent-events decoder.
+`models` the typed events and `Execution`; `templates` the typed templates, their steps and
+the calls of `/templates`; `sse` the one server-sent-events decoder.
 This package needs only httpx: it installs without the server's libraries.
 """
 
 from __future__ import annotations
 
-from kernel_gateway.client._async import AsyncClient, AsyncSession
+from kernel_gateway.client._async import AsyncBuildLogs, AsyncClient, AsyncSession, AsyncTemplates
 from kernel_gateway.client._base import DEFAULT_URL
-from kernel_gateway.client._sync import Client, Session
+from kernel_gateway.client._sync import BuildLogs, Client, Session, Templates
 from kernel_gateway.client.errors import (
     APIError,
     AuthenticationError,
@@ -58,6 +63,7 @@ from kernel_gateway.client.errors import (
     SessionNotFoundError,
     ShuttingDownError,
     StreamEnded,
+    TemplateBuildError,
     TemplateConflictError,
     TemplateNotFoundError,
     TooManyTemplatesError,
@@ -83,16 +89,28 @@ from kernel_gateway.client.models import (
     event_from,
 )
 from kernel_gateway.client.sse import ServerSentEvent, SSEDecoder
+from kernel_gateway.client.templates import (
+    BuildLogEntry,
+    BuildOptions,
+    Step,
+    TemplateBuild,
+    TemplateInfo,
+)
 
 __all__ = [
     "DEFAULT_URL",
     "APIError",
+    "AsyncBuildLogs",
     "AsyncClient",
     "AsyncSession",
+    "AsyncTemplates",
     "AuthenticationError",
     "BackendUnavailableError",
     "BadGatewayError",
     "BadRequestError",
+    "BuildLogEntry",
+    "BuildLogs",
+    "BuildOptions",
     "Callbacks",
     "Clear",
     "Client",
@@ -132,6 +150,11 @@ __all__ = [
     "SessionBusyError",
     "SessionClosedError",
     "SessionFailedError",
+    "Step",
+    "TemplateBuild",
+    "TemplateBuildError",
+    "TemplateInfo",
+    "Templates",
     "TemplateConflictError",
     "TemplateNotFoundError",
     "TooManyTemplatesError",

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator, Sequence
+import builtins
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import httpx
 
@@ -30,6 +31,16 @@ from kernel_gateway.client.errors import (
     map_exceptions,
 )
 from kernel_gateway.client.models import Event, Execution
+from kernel_gateway.client.templates import (
+    BuildLogEntry,
+    BuildOptions,
+    LogReader,
+    TemplateBuild,
+    TemplateCalls,
+    TemplateInfo,
+    build_body,
+    outcome,
+)
 
 T = TypeVar("T")
 
@@ -57,6 +68,8 @@ class AsyncClient(BaseClient):
                 self.replicas, transport or httpx.AsyncHTTPTransport()
             )
         self._http = httpx.AsyncClient(transport=transport, **self._http_options())
+        self.templates = AsyncTemplates(self)
+        """`/templates`: build images from a base and steps, for sessions to start on."""
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -121,15 +134,41 @@ class AsyncClient(BaseClient):
             await asyncio.sleep(delay)
             request = {"method": "GET", "url": url, "headers": headers}
 
+    async def _follow_log(self, reader: LogReader) -> AsyncGenerator[BuildLogEntry, None]:
+        """A build's log as it is written, to its `end`; a broken stream is asked for again
+        from the line it broke at (a GET: nothing runs twice)."""
+        while True:
+            try:
+                with map_exceptions("the build's log broke"):
+                    async with self._http.stream(
+                        "GET", reader.url, headers=STREAM_HEADERS, timeout=self._stream_timeout()
+                    ) as response:
+                        if response.is_error:
+                            await response.aread()
+                            raise from_response(response)
+                        async for chunk in response.aiter_bytes():
+                            for entry in reader.feed(chunk):
+                                yield entry
+                            if reader.done:
+                                return
+                raise reader.incomplete()
+            except (TransportError, ShuttingDownError) as exc:
+                await asyncio.sleep(reader.retry(exc, self._resume_retries))
+
     async def health(self) -> dict[str, Any]:
         return await self._send(self._health())
 
     async def create_session(
-        self, language: str | None = None, network: list[str] | None = None
+        self,
+        language: str | None = None,
+        network: list[str] | None = None,
+        template: str | None = None,
     ) -> AsyncSession:
-        """A new session; `language` one of `languages()` (default python); `network` the
-        domains it may reach (within the gateway's `--egress-allow`; default none)."""
-        return AsyncSession(self, await self._send(self._create_session(language, network)))
+        """A new session; `language` one of `languages()` (default python, or the template's);
+        `network` the domains it may reach (within the gateway's `--egress-allow`; default
+        none); `template` one of `templates.list()` (`name`, `name:tag` or its id)."""
+        session_id = await self._send(self._create_session(language, network, template))
+        return AsyncSession(self, session_id)
 
     async def languages(self) -> list[dict[str, Any]]:
         """The languages the gateway runs: name, display_name, version, ..."""
@@ -141,12 +180,13 @@ class AsyncClient(BaseClient):
         *,
         language: str | None = None,
         network: list[str] | None = None,
+        template: str | None = None,
     ) -> _SessionContext:
         """`async with client.session() as s:` creates (or attaches) and deletes it on exit.
 
         Awaited instead (`s = await client.session()`), it creates without deleting.
         """
-        return _SessionContext(self, session_id, language, network)
+        return _SessionContext(self, session_id, language, network, template)
 
     async def sessions(self) -> list[dict[str, Any]]:
         return await self._send(self._sessions())
@@ -159,10 +199,11 @@ class AsyncClient(BaseClient):
         files: dict[str, bytes] | None = None,
         language: str | None = None,
         network: list[str] | None = None,
+        template: str | None = None,
     ) -> AsyncIterator[Event]:
-        """Stateless: run `code` in a fresh kernel, yielding events as they arrive;
-        `network`: the domains it may reach (within the gateway's `--egress-allow`)."""
-        body = execute_body(code, timeout, files, language, network)
+        """Stateless: run `code` in a fresh kernel (of `template`, if given), yielding events
+        as they arrive; `network`: the domains it may reach (within `--egress-allow`)."""
+        body = execute_body(code, timeout, files, language, network, template)
         return self._stream(self.STATELESS_PATH, body)
 
     async def run(
@@ -173,12 +214,18 @@ class AsyncClient(BaseClient):
         files: dict[str, bytes] | None = None,
         language: str | None = None,
         network: list[str] | None = None,
+        template: str | None = None,
         **callbacks: Any,
     ) -> Execution:
         """Stateless: run `code` in a fresh kernel and collect what it produced."""
         collect = Collector.of(callbacks)
         async for event in self.stream(
-            code, timeout=timeout, files=files, language=language, network=network
+            code,
+            timeout=timeout,
+            files=files,
+            language=language,
+            network=network,
+            template=template,
         ):
             collect(event)
         return collect.execution
@@ -191,17 +238,19 @@ class _SessionContext:
         session_id: str | None,
         language: str | None = None,
         network: list[str] | None = None,
+        template: str | None = None,
     ) -> None:
         self._client = client
         self._session_id = session_id
         self._language = language
         self._network = network
+        self._template = template
         self._session: AsyncSession | None = None
 
     async def _open(self) -> AsyncSession:
         if self._session_id:
             return AsyncSession(self._client, self._session_id)
-        return await self._client.create_session(self._language, self._network)
+        return await self._client.create_session(self._language, self._network, self._template)
 
     def __await__(self) -> Generator[Any, None, AsyncSession]:
         return self._open().__await__()
@@ -280,3 +329,114 @@ class AsyncSession(BaseSession[AsyncClient]):
 
     async def delete_file(self, path: str) -> None:
         await self.client._send(self._delete_file(path))
+
+
+class AsyncTemplates(TemplateCalls):
+    """`client.templates`: images built from a base and steps, which sessions start on
+    (`client.session(template="name")`). Docker backend only (elsewhere: 503)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def create(
+        self,
+        name: str,
+        *,
+        wait: bool = False,
+        on_log: Callable[[BuildLogEntry], object] | None = None,
+        **options: Unpack[BuildOptions],
+    ) -> TemplateBuild:
+        """A new template and its first build, started: the build (`building`). With
+        `wait=True`, follow its log (`on_log` gets each line) to its end: the ready build,
+        or `TemplateBuildError` with the reason and the step that failed."""
+        body = await asyncio.to_thread(build_body, options)  # a folder context is read
+        build = await self.client._send(self._create(name, body))
+        return await self.wait(build, on_log=on_log) if wait else build
+
+    async def build(
+        self,
+        name: str,
+        *,
+        wait: bool = False,
+        on_log: Callable[[BuildLogEntry], object] | None = None,
+        **options: Unpack[BuildOptions],
+    ) -> TemplateBuild:
+        """Build template `name` again (its tags move to the new build once it is ready);
+        `wait` and `on_log` as for `create`."""
+        body = await asyncio.to_thread(build_body, options)
+        build = await self.client._send(self._rebuild(name, body))
+        return await self.wait(build, on_log=on_log) if wait else build
+
+    async def list(self) -> builtins.list[TemplateInfo]:
+        return await self.client._send(self._list())
+
+    async def get(self, name: str) -> TemplateInfo:
+        """A template by name or id, with its builds."""
+        return await self.client._send(self._get(name))
+
+    async def get_build(self, name: str, build_id: str) -> TemplateBuild:
+        return await self.client._send(self._get_build(name, build_id))
+
+    async def delete(self, name: str) -> None:
+        """Remove a template, its images and logs (`TemplateConflictError` while it builds
+        or sessions run on it)."""
+        await self.client._send(self._delete(name))
+
+    def logs(self, name: str, build_id: str, offset: int = 0) -> AsyncBuildLogs:
+        """A build's log from line `offset`, live: `async for` each line as it is written,
+        until the build ends; then `.build` is the finished build."""
+        return AsyncBuildLogs(self.client, LogReader(name, build_id, offset))
+
+    async def wait(
+        self,
+        build: TemplateBuild | str,
+        build_id: str | None = None,
+        *,
+        on_log: Callable[[BuildLogEntry], object] | None = None,
+    ) -> TemplateBuild:
+        """Follow a build's log to its end (`on_log` gets each line): the ready build, or
+        `TemplateBuildError` if it failed. `build`: a build, or a template's name with the
+        build's id (default: its newest build)."""
+        if isinstance(build, TemplateBuild):
+            name, build_id = build.template, build.id
+        else:
+            name = build
+            if build_id is None:
+                latest = (await self.get(name)).latest
+                if latest is None:
+                    raise ValueError(f"template {name!r} has no build to wait for")
+                build_id = latest.id
+        logs = self.logs(name, build_id)
+        async for entry in logs:
+            if on_log is not None:
+                on_log(entry)
+        return outcome(logs.build)
+
+
+class AsyncBuildLogs:
+    """A build's log, read as it is written: `async for` its `BuildLogEntry`s; once it
+    ends, `build` is the build as it finished (`state` `ready` or `error`)."""
+
+    def __init__(self, client: AsyncClient, reader: LogReader) -> None:
+        self._reader = reader
+        self._entries = client._follow_log(reader)
+
+    def __aiter__(self) -> AsyncBuildLogs:
+        return self
+
+    async def __anext__(self) -> BuildLogEntry:
+        return await anext(self._entries)
+
+    @property
+    def build(self) -> TemplateBuild | None:
+        """The finished build, once the log was read to its end (else None)."""
+        return self._reader.build
+
+    @property
+    def offset(self) -> int:
+        """Lines read so far (from the offset asked for): where to read on from."""
+        return self._reader.offset
+
+    async def aclose(self) -> None:
+        """Stop following (the connection is closed)."""
+        await self._entries.aclose()

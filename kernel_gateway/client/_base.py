@@ -102,12 +102,15 @@ def execute_body(
     files: dict[str, bytes] | None = None,
     language: str | None = None,
     network: list[str] | None = None,
+    template: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"code": code}
     if timeout is not None:
         body["timeout"] = timeout
     if language is not None:
         body["language"] = language
+    if template is not None:
+        body["template"] = template
     if network is not None:
         body["network"] = network_policy(network)
     if files:
@@ -290,10 +293,16 @@ class BaseClient:
         return Call("GET", "/health", json_object)
 
     @staticmethod
-    def _create_session(language: str | None = None, network: list[str] | None = None) -> Call[str]:
+    def _create_session(
+        language: str | None = None,
+        network: list[str] | None = None,
+        template: str | None = None,
+    ) -> Call[str]:
         body: dict[str, Any] = {} if language is None else {"language": language}
         if network is not None:
             body["network"] = network_policy(network)
+        if template is not None:
+            body["template"] = template
         return Call("POST", "/sessions", lambda r: str(_field("id")(r)), json=body)
 
     @staticmethod

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import httpx
 
@@ -30,6 +31,16 @@ from kernel_gateway.client.errors import (
     map_exceptions,
 )
 from kernel_gateway.client.models import Event, Execution
+from kernel_gateway.client.templates import (
+    BuildLogEntry,
+    BuildOptions,
+    LogReader,
+    TemplateBuild,
+    TemplateCalls,
+    TemplateInfo,
+    build_body,
+    outcome,
+)
 
 T = TypeVar("T")
 
@@ -55,6 +66,8 @@ class Client(BaseClient):
         if self.replicas is not None:
             transport = FailoverTransport(self.replicas, transport or httpx.HTTPTransport())
         self._http = httpx.Client(transport=transport, **self._http_options())
+        self.templates = Templates(self)
+        """`/templates`: build images from a base and steps, for sessions to start on."""
 
     def __enter__(self) -> Client:
         return self
@@ -116,15 +129,39 @@ class Client(BaseClient):
             time.sleep(delay)
             request = {"method": "GET", "url": url, "headers": headers}
 
+    def _follow_log(self, reader: LogReader) -> Generator[BuildLogEntry, None, None]:
+        """A build's log as it is written, to its `end`; a broken stream is asked for again
+        from the line it broke at (a GET: nothing runs twice)."""
+        while True:
+            try:
+                with map_exceptions("the build's log broke"):
+                    with self._http.stream(
+                        "GET", reader.url, headers=STREAM_HEADERS, timeout=self._stream_timeout()
+                    ) as response:
+                        if response.is_error:
+                            response.read()
+                            raise from_response(response)
+                        for chunk in response.iter_bytes():
+                            yield from reader.feed(chunk)
+                            if reader.done:
+                                return
+                raise reader.incomplete()
+            except (TransportError, ShuttingDownError) as exc:
+                time.sleep(reader.retry(exc, self._resume_retries))
+
     def health(self) -> dict[str, Any]:
         return self._send(self._health())
 
     def create_session(
-        self, language: str | None = None, network: list[str] | None = None
+        self,
+        language: str | None = None,
+        network: list[str] | None = None,
+        template: str | None = None,
     ) -> Session:
-        """A new session; `language` one of `languages()` (default python); `network` the
-        domains it may reach (within the gateway's `--egress-allow`; default none)."""
-        return Session(self, self._send(self._create_session(language, network)))
+        """A new session; `language` one of `languages()` (default python, or the template's);
+        `network` the domains it may reach (within the gateway's `--egress-allow`; default
+        none); `template` one of `templates.list()` (`name`, `name:tag` or its id)."""
+        return Session(self, self._send(self._create_session(language, network, template)))
 
     def languages(self) -> list[dict[str, Any]]:
         """The languages the gateway runs: name, display_name, version, ..."""
@@ -136,11 +173,12 @@ class Client(BaseClient):
         *,
         language: str | None = None,
         network: list[str] | None = None,
+        template: str | None = None,
     ) -> Session:
         """A session to use as a context manager: created now (or attached), deleted on exit."""
         if session_id:
             return Session(self, session_id)
-        return self.create_session(language, network)
+        return self.create_session(language, network, template)
 
     def sessions(self) -> list[dict[str, Any]]:
         return self._send(self._sessions())
@@ -153,10 +191,11 @@ class Client(BaseClient):
         files: dict[str, bytes] | None = None,
         language: str | None = None,
         network: list[str] | None = None,
+        template: str | None = None,
     ) -> Iterator[Event]:
-        """Stateless: run `code` in a fresh kernel, yielding events as they arrive;
-        `network`: the domains it may reach (within the gateway's `--egress-allow`)."""
-        body = execute_body(code, timeout, files, language, network)
+        """Stateless: run `code` in a fresh kernel (of `template`, if given), yielding events
+        as they arrive; `network`: the domains it may reach (within `--egress-allow`)."""
+        body = execute_body(code, timeout, files, language, network, template)
         return self._stream(self.STATELESS_PATH, body)
 
     def run(
@@ -167,12 +206,18 @@ class Client(BaseClient):
         files: dict[str, bytes] | None = None,
         language: str | None = None,
         network: list[str] | None = None,
+        template: str | None = None,
         **callbacks: Any,
     ) -> Execution:
         """Stateless: run `code` in a fresh kernel and collect what it produced."""
         collect = Collector.of(callbacks)
         for event in self.stream(
-            code, timeout=timeout, files=files, language=language, network=network
+            code,
+            timeout=timeout,
+            files=files,
+            language=language,
+            network=network,
+            template=template,
         ):
             collect(event)
         return collect.execution
@@ -235,3 +280,112 @@ class Session(BaseSession[Client]):
 
     def delete_file(self, path: str) -> None:
         self.client._send(self._delete_file(path))
+
+
+class Templates(TemplateCalls):
+    """`client.templates`: images built from a base and steps, which sessions start on
+    (`client.session(template="name")`). Docker backend only (elsewhere: 503)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def create(
+        self,
+        name: str,
+        *,
+        wait: bool = False,
+        on_log: Callable[[BuildLogEntry], object] | None = None,
+        **options: Unpack[BuildOptions],
+    ) -> TemplateBuild:
+        """A new template and its first build, started: the build (`building`). With
+        `wait=True`, follow its log (`on_log` gets each line) to its end: the ready build,
+        or `TemplateBuildError` with the reason and the step that failed."""
+        build = self.client._send(self._create(name, build_body(options)))
+        return self.wait(build, on_log=on_log) if wait else build
+
+    def build(
+        self,
+        name: str,
+        *,
+        wait: bool = False,
+        on_log: Callable[[BuildLogEntry], object] | None = None,
+        **options: Unpack[BuildOptions],
+    ) -> TemplateBuild:
+        """Build template `name` again (its tags move to the new build once it is ready);
+        `wait` and `on_log` as for `create`."""
+        build = self.client._send(self._rebuild(name, build_body(options)))
+        return self.wait(build, on_log=on_log) if wait else build
+
+    def list(self) -> builtins.list[TemplateInfo]:
+        return self.client._send(self._list())
+
+    def get(self, name: str) -> TemplateInfo:
+        """A template by name or id, with its builds."""
+        return self.client._send(self._get(name))
+
+    def get_build(self, name: str, build_id: str) -> TemplateBuild:
+        return self.client._send(self._get_build(name, build_id))
+
+    def delete(self, name: str) -> None:
+        """Remove a template, its images and logs (`TemplateConflictError` while it builds
+        or sessions run on it)."""
+        self.client._send(self._delete(name))
+
+    def logs(self, name: str, build_id: str, offset: int = 0) -> BuildLogs:
+        """A build's log from line `offset`, live: iterate it for each line as it is written,
+        until the build ends; then `.build` is the finished build."""
+        return BuildLogs(self.client, LogReader(name, build_id, offset))
+
+    def wait(
+        self,
+        build: TemplateBuild | str,
+        build_id: str | None = None,
+        *,
+        on_log: Callable[[BuildLogEntry], object] | None = None,
+    ) -> TemplateBuild:
+        """Follow a build's log to its end (`on_log` gets each line): the ready build, or
+        `TemplateBuildError` if it failed. `build`: a build, or a template's name with the
+        build's id (default: its newest build)."""
+        if isinstance(build, TemplateBuild):
+            name, build_id = build.template, build.id
+        else:
+            name = build
+            if build_id is None:
+                latest = self.get(name).latest
+                if latest is None:
+                    raise ValueError(f"template {name!r} has no build to wait for")
+                build_id = latest.id
+        logs = self.logs(name, build_id)
+        for entry in logs:
+            if on_log is not None:
+                on_log(entry)
+        return outcome(logs.build)
+
+
+class BuildLogs:
+    """A build's log, read as it is written: iterate it for `BuildLogEntry`s; once it ends,
+    `build` is the build as it finished (`state` `ready` or `error`)."""
+
+    def __init__(self, client: Client, reader: LogReader) -> None:
+        self._reader = reader
+        self._entries = client._follow_log(reader)
+
+    def __iter__(self) -> BuildLogs:
+        return self
+
+    def __next__(self) -> BuildLogEntry:
+        return next(self._entries)
+
+    @property
+    def build(self) -> TemplateBuild | None:
+        """The finished build, once the log was read to its end (else None)."""
+        return self._reader.build
+
+    @property
+    def offset(self) -> int:
+        """Lines read so far (from the offset asked for): where to read on from."""
+        return self._reader.offset
+
+    def close(self) -> None:
+        """Stop following (the connection is closed)."""
+        self._entries.close()

@@ -1,6 +1,7 @@
 """Everything the client raises, chosen by the API's error `type`, then by status.
 
     ClientError
+    ├── TemplateBuildError              a template's build failed (`reason`, `failed_step`)
     ├── TransportError                  the gateway could not be reached, or the connection broke
     │   ├── ConnectFailed               no connection (refused, unreachable): nothing was sent
     │   └── ProtocolError               the answer broke the protocol (not JSON)
@@ -53,8 +54,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    from kernel_gateway.client.templates import TemplateBuild
 
 
 class ClientError(Exception):
@@ -75,6 +80,23 @@ class ProtocolError(TransportError):
 
 class StreamEnded(ProtocolError):
     """An event stream ended without its `done`, and could not be resumed."""
+
+
+class TemplateBuildError(ClientError):
+    """A template's build ended in `error`: `reason` says why, `failed_step` which step
+    (numbered from 1 as its log numbers them; None when no step failed, e.g. the kernel
+    did not start from the image). `build` is the build as the gateway reported it."""
+
+    def __init__(self, build: TemplateBuild) -> None:
+        self.build = build
+        self.template = build.template
+        self.build_id = build.id
+        self.reason = build.reason or "no reason given"
+        self.failed_step = build.failed_step
+        where = f" at step {build.failed_step}" if build.failed_step is not None else ""
+        super().__init__(
+            f"template {build.template!r}: build {build.id} failed{where}: {self.reason}"
+        )
 
 
 class APIError(ClientError):

@@ -518,6 +518,12 @@ class Settings:
         "kept by handle), `stateless` (a fresh kernel per call), or `off`",
         choices=get_args(McpMode),
     )
+    mcp_templates: bool = setting(
+        False,
+        "let MCP clients start sandboxes on templates (a template argument on the tools)",
+        doc="the [MCP](mcp.md) tools take a `template` (a sandbox on one of the gateway's "
+        "[templates](templates.md)); off, their schemas do not offer it. Docker backend",
+    )
 
     def __post_init__(self) -> None:
         """Refuse, at startup, any value that would only fail later (at every launch): each

@@ -284,8 +284,9 @@ class StatelessExecuteRequest(RequestModel):
 
 
 class StartKernelRequest(RequestModel):
-    """`POST /api/kernels` (Jupyter's kernel API): of `env`, only `KERNEL_NETWORK_ALLOW` is
-    applied (the domains the kernel may reach, comma-separated)."""
+    """`POST /api/kernels` (Jupyter's kernel API): of `env`, only `KERNEL_NETWORK_ALLOW` (the
+    domains the kernel may reach, comma-separated) and `KERNEL_TEMPLATE` (a template to start
+    it on: `name`, `name:tag` or its id) are applied."""
 
     name: str | None = None
     env: dict[str, str] | None = None

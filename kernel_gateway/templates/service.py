@@ -76,6 +76,7 @@ PYTHON_BASES = frozenset(
 )  # fmt: skip
 """Names that mean the gateway's Python image (E2B's `from_base_image()` is
 `e2bdev/base`; its `base` and `code-interpreter-v1` templates)."""
+REMOVE_TRIES = 20
 SAVE_DELAY = 5.0
 """Seconds a template's use counts may wait before they are written."""
 
@@ -457,7 +458,7 @@ class Templates:
         images = self.images
         for build in template.builds:
             if build.image and images is not None:
-                await images.remove(build.image)
+                await _remove_image(images, build.image)
             self.build_logs.forget(build.id)
             self._seed_path(build).unlink(missing_ok=True)
         if not self._by_id:
@@ -500,6 +501,19 @@ class Templates:
     def follow(self, build: Build, offset: int = 0) -> AsyncIterator[LogEntry]:
         """Each log entry from `offset` on, as it comes, until the build finished."""
         return self.build_logs.follow(build.id, lambda: build.state.finished, offset)
+
+
+async def _remove_image(images: ImageBuilder, ref: str) -> None:
+    """Remove a deleted template's image; a kernel of it that is still being removed (a
+    stateless one, a pool's last) holds it a moment: try again for a few seconds."""
+    for _ in range(REMOVE_TRIES):
+        if await images.remove(ref):
+            return
+        with contextlib.suppress(StepFailed):
+            if await images.inspect(ref) is None:
+                return
+        await asyncio.sleep(0.5)
+    logger.warning("the image %s of a deleted template is still in use; remove it later", ref)
 
 
 async def _nothing(template: Template) -> None:

@@ -217,6 +217,7 @@ async def test_bad_input_is_a_clear_tool_error(server: ServerThread) -> None:
             ({"code": "1", "timeout": -1}, "'timeout'"),
             ({"code": "1", "nope": 1}, "unknown argument"),
             ({"code": "1", "session": "f" * 32}, "no sandbox"),
+            ({"code": "1", "template": "t"}, "unknown argument 'template'"),  # --mcp-templates
         ]
         for arguments, words in cases:
             result = await client.call_tool("run_python", arguments)

@@ -170,7 +170,8 @@ def test_validation_is_fast() -> None:
         (
             RunPythonArguments,
             {"code": "1", "nope": 1},
-            "unknown argument(s): nope; allowed: code, language, network, session, timeout",
+            "unknown argument(s): nope; allowed: code, language, network, session, template, "
+            "timeout",
         ),
         (RunPythonArguments, {"code": "1", "session": "../x"}, "'session' must match"),
         (

@@ -35,6 +35,7 @@ from kernel_gateway.protocols.mcp.tools import (
     UploadFileArguments,
     clip,
     file_content,
+    file_tools,
     parse_arguments,
     run_python_tool,
 )
@@ -242,6 +243,22 @@ def test_run_python_schema() -> None:
     assert "files" in stateless.input_schema["properties"]
     assert "session" not in stateless.input_schema["properties"]
     assert stateless.input_schema["additionalProperties"] is False
+
+
+def test_template_is_offered_only_where_allowed_naming_the_templates() -> None:
+    tools = [run_python_tool(3600, 60, stateless=s) for s in (False, True)] + file_tools(1024)
+    for tool in tools:  # off (the default): no tool shows it
+        assert "template" not in tool.input_schema["properties"], tool.name
+    names = [f"t{i} (python)" for i in range(35)]
+    on = [run_python_tool(3600, 60, stateless=s, templates=names) for s in (False, True)]
+    on += file_tools(1024, names)
+    for tool in on:
+        template = tool.input_schema["properties"]["template"]
+        assert template["type"] == ["string", "null"] and template["maxLength"] == 200
+        assert "t0 (python), t1 (python)" in template["description"]
+        assert "t29 (python) and 5 more." in template["description"]
+    empty = run_python_tool(3600, 60, stateless=False, templates=[])
+    assert "no templates yet" in empty.input_schema["properties"]["template"]["description"]
 
 
 def test_a_fifo_in_the_workspace_is_refused_at_once_not_waited_on(tmp_path: Path) -> None:

@@ -126,17 +126,22 @@ class JupyterKernels:
         return self.registry.get(session_id(kernel_id))
 
     def model(self, session: Session) -> JSON:
-        """The kernel model Jupyter Server and its gateway client read."""
+        """The kernel model Jupyter Server and its gateway client read; a kernel on a
+        template also has `template` (id, name, build_id), which Jupyter's clients pass
+        along untouched (its `name` stays the kernelspec's, which clients look up)."""
         state = self._states.get(session.id) or KernelState()
         idle = session.idle_seconds()
         last = datetime.now(UTC) - timedelta(seconds=max(0.0, idle))
-        return {
+        model: JSON = {
             "id": kernel_id(session.id),
             "name": kernel_name(session.language),
             "last_activity": last.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "execution_state": self.execution_state(session, state),
             "connections": state.connections,
         }
+        if session.template is not None:
+            model["template"] = session.template.to_json()
+        return model
 
     def execution_state(self, session: Session, state: KernelState) -> str:
         status = session.status

@@ -4,7 +4,7 @@
     GET    /api/kernelspecs              {"default": "python3", "kernelspecs": {...}}
     GET    /api/kernelspecs/{name}       one kernelspec
     GET    /api/kernels                  [kernel model, ...]
-    POST   /api/kernels                  {"name"?, "env"?} -> 201 kernel model
+    POST   /api/kernels                  {"name"?, "env"?} -> 201 kernel model (env: see below)
     GET    /api/kernels/{id}             kernel model
     DELETE /api/kernels/{id}             204
     POST   /api/kernels/{id}/interrupt   204
@@ -14,6 +14,8 @@
 A kernel is a gateway session with the same limits; its id is the session id's UUID
 spelt with dashes, as Jupyter Server's routes require (either spelling is accepted).
 Errors carry Jupyter's `message` and `reason` besides the gateway's own `error` object.
+Of a new kernel's `env`, `KERNEL_NETWORK_ALLOW` (the domains it may reach) and
+`KERNEL_TEMPLATE` (a template to start it on; the model then has `template`) are applied.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from kernel_gateway.shapes.requests import StartKernelRequest
 from kernel_gateway.types import JSON
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+TEMPLATE_VARIABLE = "KERNEL_TEMPLATE"
+"""The `env` variable naming a template to start a kernel on (`name`, `name:tag`, or id)."""
 
 PYTHON_SPEC: JSON = {
     "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
@@ -146,20 +150,26 @@ async def start_kernel(request: Request) -> Response:
     `env` (Jupyter Server sends its `KERNEL_*` variables) is not applied to the kernel
     (pooled kernels are started before anyone asks, with a fixed environment), except
     `KERNEL_NETWORK_ALLOW`: the domains the kernel may reach, comma-separated (`none` or
-    empty: none), as `network.allow` of `POST /sessions` (docs/network.md).
+    empty: none), as `network.allow` of `POST /sessions` (docs/network.md); and
+    `KERNEL_TEMPLATE`: a template (`name`, `name:tag` or its id) to start the kernel on,
+    as `template` of `POST /sessions` (a kernelspec name, when sent, must be its language).
     """
     registry = _registry(request)
     settings = registry.settings
     body = await read_model(
         request, StartKernelRequest, settings.max_body_bytes, settings, optional=True
     )
-    language = _language(request, body.name or KERNEL_NAME)
-    allow = (body.env or {}).get("KERNEL_NETWORK_ALLOW")
+    env = body.env or {}
+    template = env.get(TEMPLATE_VARIABLE, "").strip() or None
+    language: str | None = None
+    if body.name is not None or template is None:
+        language = _language(request, body.name or KERNEL_NAME).name
+    allow = env.get("KERNEL_NETWORK_ALLOW")
     network = None
     if allow is not None:
         patterns = [p.strip() for p in allow.split(",") if p.strip()]
         network = patterns if patterns and patterns != ["none"] else "none"
-    session = await registry.create_session(language.name, network)
+    session = await registry.create_session(language, network, template)
     model = _hub(request).model(session)
     return JSONResponse(model, status_code=201, headers={"Location": f"/api/kernels/{model['id']}"})
 

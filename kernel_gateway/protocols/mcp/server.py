@@ -10,7 +10,9 @@ Tools run on the gateway's own sessions (see `mcp_tools` for what each does):
   `session` handle each result names (the gateway session id, so its files are
   also at `/sessions/{id}/files`);
 - with `--mcp stateless`, every `run_python` call runs in a fresh kernel that is
-  destroyed afterwards (the gateway's `POST /execute`).
+  destroyed afterwards (the gateway's `POST /execute`);
+- with `--mcp-templates` (and a backend that builds templates), the tools take a
+  `template`, and their schemas name the templates there are when they are listed.
 
 A long cell reports progress (elapsed seconds and its latest output line) to
 clients that ask for it. Cancelling a call (`notifications/cancelled`, or closing
@@ -70,6 +72,7 @@ from kernel_gateway.sessions.follow import Disconnect, follow
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
+from kernel_gateway.templates.model import DEFAULT_TAG
 
 logger = logging.getLogger(__name__)
 
@@ -113,17 +116,39 @@ class McpService:
         it: one sandbox per language per MCP session."""
         self._binding: dict[str, asyncio.Lock] = {}
         """Held while an MCP session's sandbox is made, so two first calls make one."""
-        self._tools = [
+        self.templates = settings.mcp_templates and registry.templates is not None
+        """Whether the tools take a `template` (`--mcp-templates`, on a backend with them)."""
+        self._tools = self._make_tools(None)
+
+    def _make_tools(self, templates: list[str] | None) -> list[types.Tool]:
+        """The tools; `templates`: those a sandbox may start on (None: not offered)."""
+        tools = [
             run_python_tool(
-                settings.max_exec_timeout,
-                settings.exec_timeout,
+                self.settings.max_exec_timeout,
+                self.settings.exec_timeout,
                 stateless=self.stateless,
-                languages=list(registry.languages),
-                egress=settings.egress_ceiling,
+                languages=list(self.registry.languages),
+                egress=self.settings.egress_ceiling,
+                templates=templates,
             )
         ]
         if not self.stateless:
-            self._tools += file_tools(settings.max_upload_bytes)
+            tools += file_tools(self.settings.max_upload_bytes, templates)
+        return tools
+
+    def _template_names(self) -> list[str]:
+        """The templates a sandbox can start on now, as the tools name them."""
+        templates = self.registry.templates
+        if templates is None:
+            return []
+        names = []
+        for template in templates.all():
+            ready = template.ready
+            if ready is not None:
+                tags = sorted(t for t in template.tags if t != DEFAULT_TAG)
+                tagged = f", tags {', '.join(tags)}" if tags else ""
+                names.append(f"{template.name} ({ready.language or 'python'}{tagged})")
+        return names
 
     @asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
@@ -139,23 +164,28 @@ class McpService:
                 await self.release(mcp_session)
 
     async def release(self, mcp_session: str) -> None:
-        """The MCP session ended: delete the gateway session that served it."""
-        keys = [k for k in self._bound if k.split(" ", 1)[0] == mcp_session]
-        for key in [k for k in self._binding if k.split(" ", 1)[0] == mcp_session]:
+        """The MCP session ended: delete the gateway sessions that served it (one per
+        language, list of domains and template it asked for)."""
+        keys = [k for k in self._bound if k.split("\0", 1)[0] == mcp_session]
+        for key in [k for k in self._binding if k.split("\0", 1)[0] == mcp_session]:
             del self._binding[key]
-        for key in keys:
-            session_id = self._bound.pop(key)
-            logger.info("MCP session ended; deleting its session %s", session_id)
-            try:
-                await self.registry.delete_session(session_id)
-            except SessionNotFound:
-                pass
+        session_ids = [self._bound.pop(key) for key in keys]
+        await asyncio.gather(*(self._delete(session_id) for session_id in session_ids))
+
+    async def _delete(self, session_id: str) -> None:
+        logger.info("MCP session ended; deleting its session %s", session_id)
+        try:
+            await self.registry.delete_session(session_id)
+        except SessionNotFound:
+            pass
 
     # -- MCP handlers ------------------------------------------------------------------------
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        if self.templates:  # they name the templates there are now
+            return types.ListToolsResult(tools=self._make_tools(self._template_names()))
         return types.ListToolsResult(tools=list(self._tools))
 
     async def _call_tool(
@@ -180,6 +210,11 @@ class McpService:
         model, handler = handlers[params.name]
         try:
             arguments = parse_arguments(model, dict(params.arguments or {}), self.settings)
+            if getattr(arguments, "template", None) is not None and not self.templates:
+                raise ToolInputError(
+                    "unknown argument 'template': this gateway does not let MCP clients "
+                    "choose a template (its operator can allow it: --mcp-templates)"
+                )
             return await handler(ctx, arguments)
         except ToolInputError as exc:
             return error_result(f"invalid arguments for {params.name}: {exc}")
@@ -193,7 +228,12 @@ class McpService:
     ) -> types.CallToolResult:
         files = [(f.path, f.content) for f in arguments.files or ()]
         session, execution = await self.registry.run_stateless(
-            arguments.code, arguments.timeout, files, arguments.language, arguments.network
+            arguments.code,
+            arguments.timeout,
+            files,
+            arguments.language,
+            arguments.network,
+            arguments.template,
         )
         report = CellReport(_base_url(ctx))
         await self._follow(ctx, session, execution, report)
@@ -203,7 +243,7 @@ class McpService:
         self, ctx: ServerRequestContext[Any], arguments: RunPythonArguments
     ) -> types.CallToolResult:
         session, note = await self._session_for(
-            ctx, arguments.session, arguments.language, arguments.network
+            ctx, arguments.session, arguments.language, arguments.network, arguments.template
         )
         execution = session.submit(arguments.code, arguments.timeout)
         report = CellReport(_base_url(ctx))
@@ -265,7 +305,7 @@ class McpService:
     async def _upload_file(
         self, ctx: ServerRequestContext[Any], arguments: UploadFileArguments
     ) -> types.CallToolResult:
-        session, note = await self._session_for(ctx, arguments.session)
+        session, note = await self._session_for(ctx, arguments.session, template=arguments.template)
         info = await session.files.write(
             arguments.path, arguments.content, self.settings.max_upload_bytes
         )
@@ -282,7 +322,7 @@ class McpService:
     async def _list_files(
         self, ctx: ServerRequestContext[Any], arguments: SessionArguments
     ) -> types.CallToolResult:
-        session, note = await self._session_for(ctx, arguments.session)
+        session, note = await self._session_for(ctx, arguments.session, template=arguments.template)
         files = await session.files.listing()
         base = _base_url(ctx)
         lines = [note] if note else []
@@ -300,7 +340,7 @@ class McpService:
         self, ctx: ServerRequestContext[Any], arguments: ReadFileArguments
     ) -> types.CallToolResult:
         path = arguments.path
-        session, _ = await self._session_for(ctx, arguments.session)
+        session, _ = await self._session_for(ctx, arguments.session, template=arguments.template)
         limit = self.settings.max_inline_file_bytes
         raw, size = await asyncio.to_thread(_read_capped, session.files.workspace, path, limit)
         url = _base_url(ctx) + file_url(session.id, path)
@@ -331,7 +371,7 @@ class McpService:
     async def _restart_kernel(
         self, ctx: ServerRequestContext[Any], arguments: SessionArguments
     ) -> types.CallToolResult:
-        session, _ = await self._session_for(ctx, arguments.session)
+        session, _ = await self._session_for(ctx, arguments.session, template=arguments.template)
         await session.restart()
         text = (
             f"The kernel was restarted: variables are cleared, files kept.\nsession: {session.id}\n"
@@ -346,11 +386,13 @@ class McpService:
         handle: str | None,
         language: str | None = None,
         network: list[str] | None = None,
+        template: str | None = None,
     ) -> tuple[Session, str]:
         """The session a call runs in (`handle`: the one the model named, if it did), and a
         note for the model when it is a fresh one. `language` (None: the named session's,
-        else Python) and `network` (None: the named session's, else none) pick the MCP
-        session's sandbox of that language and those domains."""
+        else the template's, else Python), `network` (None: the named session's, else none)
+        and `template` (None: the named session's, else none) pick the MCP session's
+        sandbox of that language, those domains and that template."""
         if handle is not None:
             try:
                 session = self.registry.get(handle)
@@ -371,14 +413,20 @@ class McpService:
                     f"sandbox {handle!r} may reach {', '.join(has) or 'nothing'}: leave out "
                     "`session` to get a sandbox with the domains you ask for"
                 )
+            if template is not None:
+                self._check_template(handle, session, template)
             return session, ""
-        name = self.registry.languages.get_or_raise(language).name
+        name = None  # a template's sandbox runs the template's language unless one is named
+        if language is not None or template is None:
+            name = self.registry.languages.get_or_raise(language).name
         allow = self.registry.network_policy(network or "none")  # checked before any sandbox
         mcp_session = _mcp_session(ctx)
         if mcp_session is None:
-            return await self.registry.create_session(name, allow or "none"), ""
-        # NUL cannot be in a session id, a language or a domain: keys cannot collide.
-        key = "\0".join([mcp_session, *([name] if name != "python" else []), *allow])
+            return await self.registry.create_session(name, allow or "none", template), ""
+        # NUL cannot be in a session id, a language, a domain or a template reference, and
+        # "@" cannot start a language or a domain: keys cannot collide.
+        parts = [*([name] if name not in (None, "python") else []), *allow]
+        key = "\0".join([mcp_session, *parts, *([f"@{template}"] if template else [])])
         lock = self._binding.setdefault(key, asyncio.Lock())
         async with lock:  # two first calls at once must not make two sessions
             bound = self._bound.get(key)
@@ -393,9 +441,22 @@ class McpService:
             else:
                 note = ""
             self._forget_gone()
-            session = await self.registry.create_session(name, allow or "none")
+            session = await self.registry.create_session(name, allow or "none", template)
             self._bound[key] = session.id
             return session, note
+
+    def _check_template(self, handle: str, session: Session, reference: str) -> None:
+        """A named sandbox asked for on a template must run on it (on any of its builds)."""
+        templates = self.registry.templates
+        assert templates is not None  # `template` is refused before, where there are none
+        wanted = templates.get(reference.partition(":")[0])
+        has = session.template
+        if has is None or has.id != wanted.id:
+            runs = f"template {has.name!r}" if has is not None else "no template"
+            raise ToolInputError(
+                f"sandbox {handle!r} runs on {runs}, not {wanted.name!r}: leave out `session` "
+                "to get a sandbox on that template"
+            )
 
     def _forget_gone(self) -> None:
         """Drop bindings whose gateway session was removed (idle, or deleted by hand)."""

@@ -10,7 +10,9 @@ resource link per file the cell wrote: the text, the images and their limits are
 Sandboxes are gateway sessions; their handle is the session id. Clients on the
 handshake-era protocol (an MCP session) get one sandbox per MCP session without
 passing anything; on the sessionless 2026-07-28 protocol a model keeps its
-sandbox by passing back the `session` handle every result names.
+sandbox by passing back the `session` handle every result names. Where the operator allows
+it (`--mcp-templates`), every tool takes a `template`: a sandbox started on that template
+(one per template, as per language).
 
 Each tool's arguments are a model, built of the HTTP API's own field types
 (`kernel_gateway.sessions.models`): the tool's input schema is generated from
@@ -55,6 +57,8 @@ READ_FILE = "read_file"
 RESTART_KERNEL = "restart_kernel"
 
 M = TypeVar("M", bound=BaseModel)
+MAX_TEMPLATES_SHOWN = 30
+"""Templates a tool's `template` argument names, at most (the rest are counted)."""
 
 # -- arguments: models built of the HTTP API's field types (`Code`, `Timeout`, `FilePath`) ------
 
@@ -127,12 +131,27 @@ ToolNetwork = Annotated[
 ]
 
 
+ToolTemplate = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[a-z0-9][a-z0-9._-]*(?::[A-Za-z0-9_][A-Za-z0-9_.-]*)?$",
+        description="A template to start the sandbox from: its name (`analytics`), "
+        "`name:tag`, or its id. The sandbox then runs the template's image: its packages, "
+        "files and environment variables. Each template gets a sandbox of its own; a sandbox "
+        "keeps the template it was made on.",
+    ),
+]
+
+
 class RunPythonArguments(RequestModel):
     code: Code
     timeout: Timeout = None
     session: SessionHandle = None
     language: ToolLanguage = None
     network: ToolNetwork = None
+    template: ToolTemplate = None
 
 
 class ToolFile(RequestModel):
@@ -148,6 +167,7 @@ class StatelessRunPythonArguments(RequestModel):
     """Files to put in the working directory before the code runs."""
     language: ToolLanguage = None
     network: ToolNetwork = None
+    template: ToolTemplate = None
 
 
 class UploadFileArguments(RequestModel):
@@ -155,17 +175,20 @@ class UploadFileArguments(RequestModel):
     encoding: Encoding = "text"
     content: Content
     session: SessionHandle = None
+    template: ToolTemplate = None
 
 
 class ReadFileArguments(RequestModel):
     path: ToolPath
     session: SessionHandle = None
+    template: ToolTemplate = None
 
 
 class SessionArguments(RequestModel):
     """list_files and restart_kernel: which sandbox, and nothing else."""
 
     session: SessionHandle = None
+    template: ToolTemplate = None
 
 
 class ToolInputError(ValueError):
@@ -191,9 +214,11 @@ def run_python_tool(
     stateless: bool,
     languages: list[str] | None = None,
     egress: list[str] | None = None,
+    templates: list[str] | None = None,
 ) -> types.Tool:
     """The run_python tool; `egress`: the domains the gateway lets sessions reach (none: the
-    `network` argument is left out, as `language` is with Python alone)."""
+    `network` argument is left out, as `language` is with Python alone); `templates`: those
+    a sandbox may start on, described (None: the `template` argument is left out)."""
     if stateless:
         arguments: type[RequestModel] = StatelessRunPythonArguments
         persistence = (
@@ -223,11 +248,14 @@ def run_python_tool(
             "past its timeout is interrupted; cancelling the call interrupts it too."
             + _other_languages(languages or ["python"])
         ),
-        input_schema=_with_network(
-            _with_languages(
-                input_schema(arguments, Timeouts(default_timeout, max_timeout)), languages
+        input_schema=with_templates(
+            _with_network(
+                _with_languages(
+                    input_schema(arguments, Timeouts(default_timeout, max_timeout)), languages
+                ),
+                egress,
             ),
-            egress,
+            templates,
         ),
         annotations=types.ToolAnnotations(
             title="Run Python", read_only_hint=False, destructive_hint=False, open_world_hint=False
@@ -264,6 +292,23 @@ def _with_network(schema: JSON, egress: list[str] | None) -> JSON:
     return schema
 
 
+def with_templates(schema: JSON, templates: list[str] | None) -> JSON:
+    """`template` offered only where the operator allows it (`--mcp-templates`), naming the
+    templates there are now (`templates`: their descriptions, such as `analytics (python)`)."""
+    properties = schema["properties"]
+    if templates is None:
+        properties.pop("template", None)
+        return schema
+    shown = templates[:MAX_TEMPLATES_SHOWN]
+    more = len(templates) - len(shown)
+    listed = ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+    template = properties["template"]
+    template["description"] = template.get("description", "") + (
+        f" Templates on this gateway: {listed}." if listed else " There are no templates yet."
+    )
+    return schema
+
+
 def _other_languages(languages: list[str]) -> str:
     others = [name for name in languages if name != "python"]
     if not others:
@@ -275,7 +320,8 @@ def _other_languages(languages: list[str]) -> str:
     )
 
 
-def file_tools(max_upload_bytes: int) -> list[types.Tool]:
+def file_tools(max_upload_bytes: int, templates: list[str] | None = None) -> list[types.Tool]:
+    """The tools on a sandbox's files and kernel; `templates` as for `run_python_tool`."""
     return [
         types.Tool(
             name=UPLOAD_FILE,
@@ -286,7 +332,7 @@ def file_tools(max_upload_bytes: int) -> list[types.Tool]:
                 f"relative path. Up to {max_upload_bytes} bytes. Use encoding `base64` for "
                 "binary content."
             ),
-            input_schema=input_schema(UploadFileArguments),
+            input_schema=with_templates(input_schema(UploadFileArguments), templates),
             annotations=types.ToolAnnotations(
                 read_only_hint=False, destructive_hint=True, idempotent_hint=True
             ),
@@ -298,7 +344,7 @@ def file_tools(max_upload_bytes: int) -> list[types.Tool]:
                 "List the files in the sandbox's working directory (recursively): path, size, "
                 "type, modification time and download URL of each."
             ),
-            input_schema=input_schema(SessionArguments),
+            input_schema=with_templates(input_schema(SessionArguments), templates),
             annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
         ),
         types.Tool(
@@ -309,7 +355,7 @@ def file_tools(max_upload_bytes: int) -> list[types.Tool]:
                 "text, images (PNG, JPEG, GIF, WebP) as images, anything else as an embedded "
                 "binary resource."
             ),
-            input_schema=input_schema(ReadFileArguments),
+            input_schema=with_templates(input_schema(ReadFileArguments), templates),
             annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
         ),
         types.Tool(
@@ -319,7 +365,7 @@ def file_tools(max_upload_bytes: int) -> list[types.Tool]:
                 "Restart the sandbox's Python kernel: every variable and import is lost, files "
                 "are kept. Use it when the kernel is stuck or its state is broken."
             ),
-            input_schema=input_schema(SessionArguments),
+            input_schema=with_templates(input_schema(SessionArguments), templates),
             annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
         ),
     ]
