@@ -198,6 +198,14 @@ def _parameter(name: str) -> JSON:
             "description": "May contain `/`: it names a file in a folder of the working directory.",
             "schema": _ref("FilePath"),
         }
+    if name == "hash":
+        return {
+            "name": "hash",
+            "in": "path",
+            "required": True,
+            "description": "The files' SHA-256, 64 lowercase hex digits.",
+            "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        }
     return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
 
 

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from kernel_gateway.errors import BackendUnavailable, InvalidRequest
+from kernel_gateway.errors import TemplateConflict, TemplateNotFound
 from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.sessions.persistence import SessionRecord
 from kernel_gateway.sessions.session import Session
@@ -56,15 +56,16 @@ class TemplatePools:
         """The pool of the build `reference` means, or the error for a template that is
         unknown, not ready, or of another language than `language`."""
         if self.templates is None:
-            raise BackendUnavailable(
-                f"the {self._warm.backend.name} backend runs no templates (they need Docker)"
+            raise TemplateNotFound(
+                f"no template {reference!r}: this gateway's {self._warm.backend.name} backend "
+                "runs no templates (they need the docker backend)"
             )
         template, build = self.templates.resolve(reference)
         pool = self._pool(build)
         if language is not None:
             wanted = self._warm.backend.languages.get_or_raise(language).name
             if wanted != pool.language.name:
-                raise InvalidRequest(
+                raise TemplateConflict(
                     f"template {template.name!r} runs {pool.language.name}, not {wanted}"
                 )
         self._used[build.id] = time.monotonic()

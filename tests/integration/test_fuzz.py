@@ -128,9 +128,18 @@ def alive(pid: int) -> bool:
 
 
 def delete_sessions(gw: Gateway) -> None:
+    """Every session, then every template the fuzzer made (its warm kernel holds sockets),
+    each once its build has ended."""
     with gw.client() as c:
         for session in c.get("/sessions").json()["sessions"]:
             c.delete(f"/sessions/{session['id']}")
+        listed = c.get("/templates")
+        for template in listed.json()["templates"] if listed.status_code == 200 else []:
+            deadline = time.monotonic() + 120
+            while c.get(f"/templates/{template['id']}").json().get("state") == "building":
+                assert time.monotonic() < deadline, template
+                time.sleep(0.5)
+            c.delete(f"/templates/{template['id']}")
 
 
 def run_schemathesis(gw: Gateway, report_dir: Path) -> tuple[subprocess.CompletedProcess[str], Any]:

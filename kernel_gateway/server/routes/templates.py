@@ -22,7 +22,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kernel_gateway.errors import BackendUnavailable, BadRequest, InvalidRequest, NotFound
+from kernel_gateway.errors import BadRequest, InvalidRequest, NotFound, TemplateNotFound
 from kernel_gateway.http.bodies import read_model, wants_json
 from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
@@ -41,17 +41,22 @@ LOG_PAGE = 1000
 
 
 def _templates(request: Request) -> Templates:
+    """The gateway's templates; a 400 where the backend builds none (the local one)."""
     templates: Templates | None = request.state.templates
     if templates is None:
-        settings = request.state.settings
-        raise BackendUnavailable(
-            f"the {settings.backend} backend builds no templates: they need Docker"
+        raise BadRequest(
+            f"this gateway's {request.state.settings.backend} backend builds no templates: "
+            "they need the docker backend"
         )
     return templates
 
 
 def _template(request: Request) -> Template:
-    return _templates(request).get(request.path_params["name"])
+    templates: Templates | None = request.state.templates
+    name = request.path_params["name"]
+    if templates is None:
+        raise TemplateNotFound(f"no template {name!r}: this gateway has none (no docker backend)")
+    return templates.get(name)
 
 
 def _build(request: Request) -> tuple[Template, Build]:
@@ -67,7 +72,7 @@ def _build(request: Request) -> tuple[Template, Build]:
 async def _spec(templates: Templates, body: TemplateBuildRequest) -> BuildSpec:
     """The build `body` asks for, its files stored (a base it cannot have: 422)."""
     context_hash = None
-    if body.context is not None:
+    if body.context:  # an empty one is none
         context_hash = hashlib.sha256(body.context).hexdigest()
         if not templates.files.has(context_hash):
             limit = templates.settings.template_upload_max_bytes
@@ -157,7 +162,9 @@ async def rebuild(request: Request) -> JSONResponse[responses.TemplateBuild]:
 
 
 async def list_all(request: Request) -> JSONResponse[responses.TemplateList]:
-    templates = _templates(request)
+    templates: Templates | None = request.state.templates
+    if templates is None:
+        return JSONResponse({"templates": []})
     return JSONResponse({"templates": [template_json(templates, t) for t in templates.all()]})
 
 
@@ -232,6 +239,40 @@ def _hash(request: Request) -> str:
     return files_hash
 
 
+LOG_EVENTS = {
+    "description": "A `log` event per line (its id: the line's number), then one `end`.",
+    "oneOf": [
+        {
+            "type": "object",
+            "title": "log",
+            "properties": {
+                "event": {"const": "log"},
+                "id": {"type": "string", "pattern": "^[0-9]+$"},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": ref("BuildLogEntry"),
+                },
+            },
+            "required": ["event", "data"],
+        },
+        {
+            "type": "object",
+            "title": "end",
+            "properties": {
+                "event": {"const": "end"},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": ref(responses.TemplateBuild.__name__),
+                },
+            },
+            "required": ["event", "data"],
+        },
+    ],
+}
+"""The log's event stream, frame by frame (as the execution stream's is documented)."""
+
 _BUILD_STARTED = Reply(
     202,
     "The build, started: follow it at `GET /templates/{name}/builds/{id}/logs`.",
@@ -239,7 +280,8 @@ _BUILD_STARTED = Reply(
     headers=LOCATION,
 )
 _TEMPLATE_ERRORS = (404,)
-_NO_BACKEND = (503,)
+_NO_BACKEND: tuple[int, ...] = ()
+"""Where the backend builds no templates: reads answer none, writes 400."""
 
 OPERATIONS = (
     Operation(
@@ -331,7 +373,7 @@ OPERATIONS = (
                 200,
                 "The log.",
                 content={
-                    "text/event-stream": {"schema": {"type": "string"}},
+                    "text/event-stream": {"schema": LOG_EVENTS},
                     "application/json": {"schema": ref(responses.BuildLog.__name__)},
                 },
             ),
@@ -358,7 +400,7 @@ OPERATIONS = (
         "the body. Up to --template-upload-max.",
         tags=("templates",),
         body=Body(
-            content={"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}
+            content={"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
         ),
         replies=(Reply(201, "Stored.", responses.TemplateFiles),),
         errors=(400, 413, *_NO_BACKEND),
