@@ -209,7 +209,7 @@ def test_jupyters_api(server: ServerThread, template: tuple[str, str]) -> None:
     asyncio.run(scenario())
     with httpx.Client(base_url=server.url, headers={"Authorization": f"token {TOKEN}"}) as http:
         wrong = http.post("/api/kernels", json={"name": "bash", "env": {"KERNEL_TEMPLATE": name}})
-        assert wrong.status_code in (404, 422) and wrong.json()["reason"], wrong.text
+        assert wrong.status_code in (404, 409) and wrong.json()["reason"], wrong.text
         missing = http.post("/api/kernels", json={"env": {"KERNEL_TEMPLATE": "no-such-one"}})
         assert (
             missing.status_code == 404 and missing.json()["error"]["type"] == "template_not_found"
