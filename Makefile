@@ -39,8 +39,12 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# Two pytest-xdist workers, a test file per unit (tests/support/scheduling.py); TEST_WORKERS=0
+# runs everything in one process.
+TEST_WORKERS ?= 2
+
 test: image lint docs e2b-sdks e2b-suite
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest tests/unit -q $(ARGS)

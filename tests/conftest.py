@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests.support import scheduling
 from tests.support.backends import backend_settings, require_backend
 from tests.support.server import ServerFactory, ServerThread
 from tests.support.wheels import package_index  # noqa: F401 - a fixture for every test
@@ -20,6 +21,14 @@ from tests.support.wheels import package_index  # noqa: F401 - a fixture for eve
 # server rather than the default four: each is a preloaded container, and a 2-core CI
 # machine starts dozens of gateways. Tests that need more ask for them.
 os.environ.setdefault("KG_FORK_SERVERS", "1")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`make test` runs two workers: files as units, the swarm suites as one, longest first."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    return scheduling.make_scheduler(config, log)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,72 @@
+"""How `make test` spreads the suite over two pytest-xdist workers (`-n 2 --dist loadfile`).
+
+A work unit is a test file, so a module's gateways start once, as in a serial run, with
+two exceptions:
+
+- The swarm suites (`tests/integration/cluster/`) are one unit: each makes the machine's
+  engine a swarm manager, one swarm at a time (an abstract-socket lock), so on two
+  workers one would only wait for the other.
+- Units start longest first (`LONGEST`, measured from a whole run's `--junitxml`), so that
+  no long file is left to run alone at the end. Files not listed follow in collection
+  order; a stale list only costs balance, never a test.
+
+Two gateways running side by side is what production does too; tests that assert on
+Docker state filter by their own gateway's instance label (see `tests/integration/test_cli.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+# Seconds per file in a whole run (CI, 2 cores), longest first; rounded.
+LONGEST = (
+    "tests/integration/cluster",  # 210 s
+    "tests/integration/test_bench.py",  # 254 s, after the cluster: both use the swarm lock
+    "tests/integration/test_persistence.py",  # 170 s
+    "tests/integration/test_api.py",  # 170 s
+    "tests/integration/test_classic_template.py",  # 105 s
+    "tests/integration/test_languages.py",  # 100 s
+    "tests/integration/test_hardening.py",  # 90 s
+    "tests/integration/test_e2b_suite.py",  # 80 s
+    "tests/integration/test_router.py",  # 80 s
+    "tests/integration/test_templates_api.py",  # 65 s
+    "tests/integration/test_fuzz.py",  # 65 s
+    "tests/integration/test_hibernation.py",  # 65 s
+    "tests/integration/test_egress.py",  # 60 s
+    "tests/integration/test_files.py",  # 60 s
+)
+
+
+def unit_of(nodeid: str) -> str:
+    """The work unit of a test: its file, or the cluster folder for the swarm suites."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/integration/cluster/"):
+        return "tests/integration/cluster"
+    return path
+
+
+def rank(unit: str) -> int:
+    return LONGEST.index(unit) if unit in LONGEST else len(LONGEST)
+
+
+def make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's file scheduler with the units above, longest first."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFirst(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+        def schedule(self) -> None:
+            if self.collection is None and self.collection_is_completed:
+                collections = list(self.registered_collections.values())
+                if collections and all(c == collections[0] for c in collections):
+                    ordered = sorted(collections[0], key=lambda n: rank(unit_of(n)))
+                    for node in self.registered_collections:
+                        self.registered_collections[node] = list(ordered)
+            super().schedule()
+
+    config.option.loadscopereorder = False
+    return LongestFirst(config, log)
