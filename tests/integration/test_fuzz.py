@@ -88,6 +88,18 @@ def settled_descendants(gw: Gateway, seconds: float = 10) -> int:
     return count
 
 
+def wait_for_fork_servers(gw: Gateway, seconds: float = 180) -> None:
+    """Until the fork servers have started: on a busy machine (the suite's other worker)
+    their first start can take longer than a request's wait for one."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        forks = httpx.get(gw.url + "/health", headers=gw.headers).json().get("fork_servers")
+        if forks is None or forks["idle"] + forks["busy"] >= forks["target"]:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the fork servers did not start within {seconds:g} s")
+
+
 def warm_up(gw: Gateway) -> None:
     """One of everything, several at once, so lazy imports, thread pools and the Docker
     client's connection pool have grown to their working size before measuring."""
@@ -178,6 +190,7 @@ def test_schemathesis_finds_nothing(tmp_path: Path, backend: str) -> None:
     require_backend(backend)
     with fuzzed_gateway(tmp_path, backend) as gw:
         instance = httpx.get(gw.url + "/health").json()["instance"]
+        wait_for_fork_servers(gw)
         warm_up(gw)
         gw.wait_settled(POOL)
         rss, fds, kernels = gw.rss_bytes(), gw.open_fds(), settled_descendants(gw)
