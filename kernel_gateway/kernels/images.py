@@ -32,6 +32,15 @@ class ImageInfo:
     arch: str = "amd64"
 
 
+@dataclass(frozen=True)
+class NamedImage:
+    """A named image as a listing shows it (see `ImageBuilder.named`)."""
+
+    id: str
+    tags: tuple[str, ...]
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
 class StepFailed(Exception):
     """A step's command failed (its exit code) or could not run at all (None)."""
 
@@ -95,6 +104,10 @@ class ImageBuilder(abc.ABC):
     @abc.abstractmethod
     async def find(self, labels: Mapping[str, str]) -> str | None:
         """The id of an image carrying all of `labels` (a cached step), if any."""
+
+    @abc.abstractmethod
+    async def named(self, label: str) -> list[NamedImage]:
+        """The named images that carry the label `label` (any value)."""
 
     @abc.abstractmethod
     async def tag(self, image: str, ref: str) -> None:

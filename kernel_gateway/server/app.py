@@ -118,6 +118,7 @@ def create_app(settings: Settings) -> Starlette:
             if backend.images is not None:
                 templates = Templates(settings, backend, runtime, context)
                 await asyncio.to_thread(templates.open)
+                await templates.sweep()
             start_builtin(templates, settings.builtin_template_list, backend.name)
             registry = Registry(settings, warm, runtime.instance, forks, others, egress, templates)
             await durable.start(backend, runtime, registry)

@@ -66,6 +66,7 @@ from kernel_gateway.templates.model import (
     check_tag,
     split_reference,
 )
+from kernel_gateway.templates.sweep import sweep
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,15 @@ class Templates:
                     build.finished_at = time.time()
                     self._store.save(template)
             self._by_id[template.id] = template
+
+    async def sweep(self) -> int:
+        """Remove template images no record names (see `sweep.py`): at startup, before
+        any build."""
+        images = self.images
+        if images is None:
+            return 0
+        named = {b.image for t in self._by_id.values() for b in t.builds if b.image}
+        return await sweep(images, self._runtime, named)
 
     def _make_folders(self) -> None:
         self._root.mkdir(mode=0o700, exist_ok=True)
@@ -513,7 +523,9 @@ async def _remove_image(images: ImageBuilder, ref: str) -> None:
             if await images.inspect(ref) is None:
                 return
         await asyncio.sleep(0.5)
-    logger.warning("the image %s of a deleted template is still in use; remove it later", ref)
+    logger.warning(
+        "the image %s of a deleted template is still in use; the next start removes it", ref
+    )
 
 
 async def _nothing(template: Template) -> None:

@@ -1,0 +1,57 @@
+"""Template images nothing can use any more, removed when a gateway starts.
+
+A template's image is removed on `DELETE`; it stays behind only when a kernel still ran
+from it then (a stateless kernel being removed, a pool's last), or when the templates it
+belonged to went with their runtime dir. A named template image carries the labels of its
+build container (`kernels/backends/labels.py`): the host, and the instance lock whose
+folder is the runtime dir whose records name it. At startup, on the same host:
+
+- an image of this runtime dir that no template record names is removed;
+- an image of a runtime dir that no longer exists is removed (its records went with it);
+- an image of another runtime dir that exists is left alone: its gateway, running or
+  stopped, keeps its templates across restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from pathlib import Path
+
+from kernel_gateway.kernels.backends.labels import LABEL_HOST, LABEL_LOCK
+from kernel_gateway.kernels.images import ImageBuilder, NamedImage, StepFailed
+from kernel_gateway.kernels.runtime_dir import RuntimeDir
+from kernel_gateway.templates.build import LABEL_TEMPLATE
+
+logger = logging.getLogger(__name__)
+
+
+def unused(image: NamedImage, runtime: RuntimeDir, named: Collection[str]) -> bool:
+    """Whether nothing can use `image`: see the module's rules. `named`: the images this
+    runtime dir's template records name."""
+    if image.labels.get(LABEL_HOST) != runtime.hostname or LABEL_LOCK not in image.labels:
+        return False
+    root = Path(image.labels[LABEL_LOCK]).parent
+    if root == runtime.root:
+        return not any(tag in named for tag in image.tags)
+    try:
+        return not root.exists()
+    except OSError:
+        return False
+
+
+async def sweep(images: ImageBuilder, runtime: RuntimeDir, named: Collection[str]) -> int:
+    """Remove the template images nothing can use: how many names went."""
+    try:
+        found = await images.named(LABEL_TEMPLATE)
+    except StepFailed as exc:
+        logger.warning("could not list template images to remove unused ones: %s", exc.message)
+        return 0
+    removed = 0
+    for image in found:
+        if unused(image, runtime, named):
+            for tag in image.tags:
+                removed += await images.remove(tag)
+    if removed:
+        logger.info("removed %d template image(s) that no template names", removed)
+    return removed
