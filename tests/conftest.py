@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +25,7 @@ os.environ.setdefault("KG_FORK_SERVERS", "1")
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`make test` runs two workers: files as units, the swarm suites as one, longest first."""
     if config.getvalue("dist") != "loadfile":
         return None
