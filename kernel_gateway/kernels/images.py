@@ -33,8 +33,9 @@ class ImageInfo:
 
 
 @dataclass(frozen=True)
-class NamedImage:
-    """A named image as a listing shows it (see `ImageBuilder.named`)."""
+class ListedImage:
+    """An image as a listing shows it (see `ImageBuilder.listed`); `tags` empty when it
+    has no name (a cached step)."""
 
     id: str
     tags: tuple[str, ...]
@@ -106,8 +107,9 @@ class ImageBuilder(abc.ABC):
         """The id of an image carrying all of `labels` (a cached step), if any."""
 
     @abc.abstractmethod
-    async def named(self, label: str) -> list[NamedImage]:
-        """The named images that carry the label `label` (any value)."""
+    async def listed(self, label: str) -> list[ListedImage]:
+        """The images that carry the label `label` (any value), but those under another
+        image (a build's earlier steps)."""
 
     @abc.abstractmethod
     async def tag(self, image: str, ref: str) -> None:

@@ -6,8 +6,10 @@ belonged to went with their runtime dir. A named template image carries the labe
 build container (`kernels/backends/labels.py`): the host, and the instance lock whose
 folder is the runtime dir whose records name it. At startup, on the same host:
 
-- an image of this runtime dir that no template record names is removed;
-- an image of a runtime dir that no longer exists is removed (its records went with it);
+- a named image of this runtime dir that no template record names is removed (its
+  unnamed ones are cached steps, kept for the next build);
+- an image of a runtime dir that no longer exists is removed, named or not (its records
+  and its builds went with it);
 - an image of another runtime dir that exists is left alone: its gateway, running or
   stopped, keeps its templates across restarts.
 """
@@ -19,21 +21,21 @@ from collections.abc import Collection
 from pathlib import Path
 
 from kernel_gateway.kernels.backends.labels import LABEL_HOST, LABEL_LOCK
-from kernel_gateway.kernels.images import ImageBuilder, NamedImage, StepFailed
+from kernel_gateway.kernels.images import ImageBuilder, ListedImage, StepFailed
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.templates.build import LABEL_TEMPLATE
 
 logger = logging.getLogger(__name__)
 
 
-def unused(image: NamedImage, runtime: RuntimeDir, named: Collection[str]) -> bool:
+def unused(image: ListedImage, runtime: RuntimeDir, named: Collection[str]) -> bool:
     """Whether nothing can use `image`: see the module's rules. `named`: the images this
     runtime dir's template records name."""
     if image.labels.get(LABEL_HOST) != runtime.hostname or LABEL_LOCK not in image.labels:
         return False
     root = Path(image.labels[LABEL_LOCK]).parent
     if root == runtime.root:
-        return not any(tag in named for tag in image.tags)
+        return bool(image.tags) and not any(tag in named for tag in image.tags)
     try:
         return not root.exists()
     except OSError:
@@ -41,17 +43,17 @@ def unused(image: NamedImage, runtime: RuntimeDir, named: Collection[str]) -> bo
 
 
 async def sweep(images: ImageBuilder, runtime: RuntimeDir, named: Collection[str]) -> int:
-    """Remove the template images nothing can use: how many names went."""
+    """Remove the template images nothing can use: how many went."""
     try:
-        found = await images.named(LABEL_TEMPLATE)
+        found = await images.listed(LABEL_TEMPLATE)
     except StepFailed as exc:
         logger.warning("could not list template images to remove unused ones: %s", exc.message)
         return 0
     removed = 0
     for image in found:
         if unused(image, runtime, named):
-            for tag in image.tags:
-                removed += await images.remove(tag)
+            gone = [await images.remove(ref) for ref in image.tags or (image.id,)]
+            removed += any(gone)
     if removed:
         logger.info("removed %d template image(s) that no template names", removed)
     return removed

@@ -28,7 +28,7 @@ import docker.types
 import requests.exceptions
 
 from kernel_gateway.kernels.backends.labels import LABEL_INSTANCE, LABEL_ROLE, container_labels
-from kernel_gateway.kernels.images import ImageBuilder, ImageInfo, NamedImage, StepFailed
+from kernel_gateway.kernels.images import ImageBuilder, ImageInfo, ListedImage, StepFailed
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.settings import Settings
 
@@ -330,18 +330,17 @@ class DockerImages(ImageBuilder):
         )
         return str(found[0]) if found else None
 
-    async def named(self, label: str) -> list[NamedImage]:
+    async def listed(self, label: str) -> list[ListedImage]:
         found = await self._call(
             "could not list images", self._api.images, filters={"label": label}
         )
         return [
-            NamedImage(
+            ListedImage(
                 id=str(item["Id"]),
                 tags=tuple(t for t in item.get("RepoTags") or () if t != "<none>:<none>"),
                 labels=dict(item.get("Labels") or {}),
             )
             for item in found
-            if any(t != "<none>:<none>" for t in item.get("RepoTags") or ())
         ]
 
     async def tag(self, image: str, ref: str) -> None:
