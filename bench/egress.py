@@ -31,7 +31,8 @@ import httpx
 from bench.run import ROOT, free_port, machine, report, serving
 from kernel_gateway.settings import DEFAULT_IMAGE
 
-SUBNET = "198.51.100.0/24"  # TEST-NET-2: not a private range, so the proxy lets it through
+SUBNET = "203.0.113.0/24"  # TEST-NET-3: not a private range, so the proxy lets it through
+# (tests/integration/test_egress.py takes TEST-NET-2: the two may run at once)
 MEASURE = """
 import json, statistics, time, urllib.request
 def get(url):
