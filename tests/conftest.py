@@ -24,6 +24,17 @@ from tests.support.wheels import package_index  # noqa: F401 - a fixture for eve
 os.environ.setdefault("KG_FORK_SERVERS", "1")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """On xdist workers, a short base folder: tests put runtime dirs under `tmp_path`, and
+    a gateway's unix sockets (the egress proxy's, a fork server's) must stay within the
+    108 bytes of a socket path. Workers add `popen-gwN/` to pytest's
+    `/tmp/pytest-of-root/pytest-N`; `/tmp/kgt/xxxxxxxx` leaves room for it."""
+    if config.option.basetemp is None and getattr(config.option, "numprocesses", None):
+        if not hasattr(config, "workerinput"):
+            config.option.basetemp = scheduling.short_basetemp()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`make test` runs two workers: files as units, the swarm suites as one, longest first."""

@@ -16,9 +16,16 @@ Docker state filter by their own gateway's instance label (see `tests/integratio
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+SHORT_ROOT = Path("/tmp/kgt")
+KEEP_SECONDS = 24 * 3600
 
 # Seconds per file in a whole run (CI, 2 cores), longest first; rounded.
 LONGEST = (
@@ -70,3 +77,17 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     config.option.loadscopereorder = False
     return LongestFirst(config, log)
+
+
+def short_basetemp() -> str:
+    """A new folder under SHORT_ROOT for one run's temporary files (the runs of more than
+    a day ago are removed: pytest's own base keeps its last three, this one cannot know
+    which of its neighbours still run)."""
+    SHORT_ROOT.mkdir(mode=0o700, exist_ok=True)
+    for old in SHORT_ROOT.iterdir():
+        try:
+            if time.time() - old.stat().st_mtime > KEEP_SECONDS:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+    return tempfile.mkdtemp(prefix="", dir=SHORT_ROOT)
