@@ -39,9 +39,10 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Two pytest-xdist workers, a test file per unit (tests/support/scheduling.py); TEST_WORKERS=0
-# runs everything in one process.
-TEST_WORKERS ?= 2
+# One process by default. TEST_WORKERS=2: two pytest-xdist workers, a test file per unit
+# (tests/support/scheduling.py); not the default yet: three tests still fail on two workers
+# (docs/testing.md).
+TEST_WORKERS ?= 0
 
 test: image lint docs e2b-sdks e2b-suite
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(ARGS)

@@ -37,7 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`make test` runs two workers: files as units, the swarm suites as one, longest first."""
+    """`make test TEST_WORKERS=2`: files as units, the swarm suites as one, longest first."""
     if config.getvalue("dist") != "loadfile":
         return None
     return scheduling.make_scheduler(config, log)

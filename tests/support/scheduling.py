@@ -1,4 +1,4 @@
-"""How `make test` spreads the suite over two pytest-xdist workers (`-n 2 --dist loadfile`).
+"""How `make test TEST_WORKERS=2` spreads the suite over two pytest-xdist workers.
 
 A work unit is a test file, so a module's gateways start once, as in a serial run, with
 two exceptions:
