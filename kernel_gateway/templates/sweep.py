@@ -16,6 +16,7 @@ folder is the runtime dir whose records name it. At startup, on the same host:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Collection
 from pathlib import Path
@@ -49,11 +50,11 @@ async def sweep(images: ImageBuilder, runtime: RuntimeDir, named: Collection[str
     except StepFailed as exc:
         logger.warning("could not list template images to remove unused ones: %s", exc.message)
         return 0
+    stale = await asyncio.to_thread(lambda: [i for i in found if unused(i, runtime, named)])
     removed = 0
-    for image in found:
-        if unused(image, runtime, named):
-            gone = [await images.remove(ref) for ref in image.tags or (image.id,)]
-            removed += any(gone)
+    for image in stale:  # the runtime dirs' existence is read on a thread: file system calls
+        gone = [await images.remove(ref) for ref in image.tags or (image.id,)]
+        removed += any(gone)
     if removed:
         logger.info("removed %d template image(s) that no template names", removed)
     return removed
