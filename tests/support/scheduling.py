@@ -63,17 +63,19 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadFileScheduling
 
     class LongestFirst(LoadFileScheduling):  # type: ignore[misc]
+        ranked = False
+
         def _split_scope(self, nodeid: str) -> str:
             return unit_of(nodeid)
 
-        def schedule(self) -> None:
-            if self.collection is None and self.collection_is_completed:
-                collections = list(self.registered_collections.values())
-                if collections and all(c == collections[0] for c in collections):
-                    ordered = sorted(collections[0], key=lambda n: rank(unit_of(n)))
-                    for node in self.registered_collections:
-                        self.registered_collections[node] = list(ordered)
-            super().schedule()
+        def _assign_work_unit(self, node: Any) -> None:
+            # Reorder the queue of units, never a worker's collection: xdist sends each
+            # test as its index in the worker's own collection.
+            if not self.ranked:
+                for unit in sorted(self.workqueue, key=rank):
+                    self.workqueue.move_to_end(unit)
+                self.ranked = True
+            super()._assign_work_unit(node)
 
     config.option.loadscopereorder = False
     return LongestFirst(config, log)
