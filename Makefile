@@ -39,10 +39,9 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# One process by default. TEST_WORKERS=2: two pytest-xdist workers, a test file per unit
-# (tests/support/scheduling.py); not the default yet: three tests still fail on two workers
-# (docs/testing.md).
-TEST_WORKERS ?= 0
+# Two pytest-xdist workers, a test file per unit (tests/support/scheduling.py, docs/testing.md);
+# TEST_WORKERS=0 runs pytest in one process.
+TEST_WORKERS ?= 2
 
 test: image lint docs e2b-sdks e2b-suite
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(ARGS)
