@@ -77,6 +77,11 @@ class FakeKernelProcess(KernelProcess):
         self.executed: list[str] = []
         self._server = asyncio.create_task(self._serve())
 
+    @property
+    def outside(self) -> bool:
+        """Whether a cell's `outside` command runs (a SIGINT now lands outside its code)."""
+        return self._outside
+
     # -- KernelProcess -----------------------------------------------------------------------
 
     def poll(self) -> ExitInfo | None:
