@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from kernel_gateway import logs
 from kernel_gateway.cluster.directory import Node
 from kernel_gateway.errors import BadGateway
+from kernel_gateway.http.auth import PUBLIC_PATHS, PUBLIC_PREFIXES
 
 logger = logging.getLogger("kernel_gateway.cluster")
 
@@ -79,14 +80,15 @@ class Proxy:
         body: Body,
         *,
         answer_within: float | None = None,
+        query: str | None = None,
     ) -> httpx.Response:
         """The node's answer to `request` sent to `path`, its body not yet read.
 
         `answer_within` bounds the wait for the answer to start (None: no bound, for streams
-        and cells that may run for an hour). Raises `NodeUnreachable` when no connection
-        could be made, `BadGateway` when the node did not answer with HTTP (or refused the
-        cluster's token: a misconfiguration, not the client's fault), or not within
-        `answer_within`.
+        and cells that may run for an hour). `query`: the query string to send instead of
+        the request's. Raises `NodeUnreachable` when no connection could be made,
+        `BadGateway` when the node did not answer with HTTP (or refused the cluster's token:
+        a misconfiguration, not the client's fault), or not within `answer_within`.
         """
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROPPED_REQUEST]
         if body is not None and not isinstance(body, bytes):
@@ -97,10 +99,11 @@ class Proxy:
             headers.append(("authorization", f"Bearer {self._token}"))
         if rid := logs.current().get("request_id"):
             headers.append(("x-request-id", rid))
-        query = request.scope.get("query_string", b"")
+        if query is None:
+            query = request.scope.get("query_string", b"").decode("latin-1")
         upstream = self._http.build_request(
             request.method,
-            f"{node.url}{path}" + (f"?{query.decode('latin-1')}" if query else ""),
+            f"{node.url}{path}" + (f"?{query}" if query else ""),
             headers=headers,
             content=body,
             timeout=httpx.Timeout(answer_within, connect=self._http.timeout.connect),
@@ -124,7 +127,7 @@ class Proxy:
                 f"node {node.name} did not answer the request ({type(exc).__name__}: {exc}); "
                 "it may or may not have been carried out"
             ) from exc
-        if response.status_code in (401, 403) and self._token:
+        if response.status_code in (401, 403) and self._token and not _public(path):
             await response.aclose()
             logger.error(
                 "node %s refused the cluster's token (%d)", node.name, response.status_code
@@ -134,6 +137,12 @@ class Proxy:
                 "gateways must share one token"
             )
         return response
+
+
+def _public(path: str) -> bool:
+    """Whether a node answers `path` without the cluster's token (E2B's API checks its own
+    keys and tokens): a 401 or 403 there is the client's, not the router's."""
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
 
 
 class Relayed(StreamingResponse):

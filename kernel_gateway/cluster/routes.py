@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote, urlencode
 
@@ -31,7 +32,7 @@ from kernel_gateway.errors import (
 )
 from kernel_gateway.http.bodies import check_declared_length, read_body
 from kernel_gateway.http.responses import JSONResponse
-from kernel_gateway.protocols.e2b.paths import is_control
+from kernel_gateway.protocols.e2b.paths import ERROR_TYPE_HEADER, is_control
 from kernel_gateway.settings import NODE_NAME
 
 # Bodies up to this size are kept, so that a request can be sent again when its node
@@ -42,6 +43,7 @@ RETRY_AFTER = 2.0
 CREATE_ANSWER_SECONDS = 60.0
 # Lists and pages answer at once; a node that takes longer is skipped (lists) or failed.
 QUICK_ANSWER_SECONDS = 10.0
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def _state(request: Request) -> tuple[RouterSettings, NodeDirectory, Proxy, RouterMetrics]:
@@ -96,14 +98,17 @@ async def _offer(
 
 async def _template_elsewhere(upstream: httpx.Response) -> bool:
     """Whether the node refused because it lacks the template asked for (not built there
-    yet, or not ready): another node may have it (cluster/templates.py)."""
+    yet, or not ready): another node may have it (cluster/templates.py). E2B's answers
+    name the gateway's error type in a header (their body has none)."""
     if upstream.status_code not in (404, 409):
         return False
-    await upstream.aread()
-    try:
-        kind = json.loads(upstream.content)["error"]["type"]
-    except (ValueError, KeyError, TypeError):
-        return False
+    kind = upstream.headers.get(ERROR_TYPE_HEADER)
+    if kind is None:
+        await upstream.aread()
+        try:
+            kind = json.loads(upstream.content)["error"]["type"]
+        except (ValueError, KeyError, TypeError):
+            return False
     return kind in ("template_not_found", "template_conflict")
 
 
@@ -298,24 +303,28 @@ E2B_SANDBOX_PATH = re.compile(r"^/e2b/+(?:v2/+)?sandboxes/+(?P<id>[^/?]+)")
 E2B_COLLECTION = re.compile(r"^/e2b/+(?:v2/+)?sandboxes/*$")
 
 
-async def e2b_request(request: Request) -> Response:
-    """`/e2b/...`: a sandbox's calls go to its node (its id names it, in the E2b-Sandbox-Id
-    header or the path), creates are placed as sessions are, lists gather every node's.
-    The router's own refusals are in E2B's shape, `{"code": status, "message"}`."""
-    try:
-        return await _e2b(request)
-    except GatewayError as exc:
-        data_plane = not is_control(request.url.path.removeprefix("/e2b"))
-        if request.headers.get("e2b-sandbox-id") and data_plane and exc.status_code in (404, 410):
-            # A data-plane call for a sandbox that is not there: what E2B's edge answers.
-            body = {"code": 502, "message": "The sandbox was not found: " + exc.message}
-            return JSONResponse(body, status_code=502)
-        headers = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after else {}
-        return JSONResponse(
-            {"code": exc.status_code, "message": exc.message},
-            status_code=exc.status_code,
-            headers=headers,
-        )
+def e2b_answers(handler: Endpoint) -> Endpoint:
+    """`handler` as an `/e2b` endpoint: the router's own refusals in E2B's shape,
+    `{"code": status, "message"}` (a data-plane call for a sandbox that is not there: the
+    502 E2B's edge answers)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except GatewayError as exc:
+            data_plane = not is_control(request.url.path.removeprefix("/e2b"))
+            sandbox_call = request.headers.get("e2b-sandbox-id") and data_plane
+            if sandbox_call and exc.status_code in (404, 410):
+                body = {"code": 502, "message": "The sandbox was not found: " + exc.message}
+                return JSONResponse(body, status_code=502)
+            headers = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after else {}
+            return JSONResponse(
+                {"code": exc.status_code, "message": exc.message},
+                status_code=exc.status_code,
+                headers=headers,
+            )
+
+    return endpoint
 
 
 async def _e2b(request: Request) -> Response:
@@ -339,6 +348,12 @@ async def _e2b(request: Request) -> Response:
     raise NotFound(f"{request.method} {path} is not routed: it names no sandbox")
 
 
+e2b_request = e2b_answers(_e2b)
+"""`/e2b/...`: a sandbox's calls go to its node (its id names it, in the E2b-Sandbox-Id
+header or the path), creates are placed as sessions are, lists gather every node's; the
+template calls are e2b_templates.py's."""
+
+
 def _e2b_message(text: str) -> str:
     """The message of a node's E2B error (`{"code", "message"}`), or its text."""
     try:
@@ -348,44 +363,51 @@ def _e2b_message(text: str) -> str:
     return str(message) if isinstance(message, str) else text[:500]
 
 
+async def e2b_pages(
+    request: Request, node: Node, path: str, params: list[tuple[str, str]]
+) -> list[Any]:
+    """Every item of one node's E2B list at `path` with the query `params`, page after page
+    (100 at a time, following `X-Next-Token`); what it gave before it stopped answering.
+    A 400 or 401 would be the same from every node: raised, in the node's words."""
+    _, _, proxy, _ = _state(request)
+    collected: list[Any] = []
+    token: str | None = None
+    while True:
+        query = urlencode([*params, ("limit", "100"), *([("nextToken", token)] if token else [])])
+        try:
+            upstream = await proxy.send(
+                node, request, path, None, answer_within=QUICK_ANSWER_SECONDS, query=query
+            )
+        except NodeUnreachable:
+            return collected
+        try:
+            await upstream.aread()
+            found = upstream.json() if upstream.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            found = None
+        finally:
+            await upstream.aclose()
+        if not isinstance(found, list):
+            if upstream.status_code in (400, 401):  # the same for every node: passed on
+                error = Unauthorized if upstream.status_code == 401 else BadRequest
+                raise error(_e2b_message(upstream.text))
+            return collected
+        collected += found
+        token = upstream.headers.get("x-next-token")
+        if not token:
+            return collected
+
+
 async def _e2b_list(request: Request) -> Response:
     """Every node's sandboxes, merged and paged here (`limit`, `nextToken` = the id that
     starts the next page, `X-Next-Token`)."""
-    _, directory, proxy, _ = _state(request)
-    query = [
+    _, directory, _, _ = _state(request)
+    params = [
         (k, v) for k, v in request.query_params.multi_items() if k not in ("limit", "nextToken")
     ]
-    path = request.url.path + "?" + urlencode([*query, ("limit", "100")])
-
-    async def ask(node: Node) -> list[Any]:
-        collected: list[Any] = []
-        token: str | None = None
-        while True:
-            page = path + (f"&{urlencode([('nextToken', token)])}" if token else "")
-            try:
-                upstream = await proxy.send(
-                    node, request, page, None, answer_within=QUICK_ANSWER_SECONDS
-                )
-            except NodeUnreachable:
-                return collected
-            try:
-                await upstream.aread()
-                found = upstream.json() if upstream.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                found = None
-            finally:
-                await upstream.aclose()
-            if not isinstance(found, list):
-                if upstream.status_code in (400, 401):  # the same for every node: passed on
-                    error = Unauthorized if upstream.status_code == 401 else BadRequest
-                    raise error(_e2b_message(upstream.text))
-                return collected
-            collected += found
-            token = upstream.headers.get("x-next-token")
-            if not token:
-                return collected
-
-    answers = await asyncio.gather(*(ask(n) for n in directory.up()))
+    answers = await asyncio.gather(
+        *(e2b_pages(request, n, request.url.path, params) for n in directory.up())
+    )
     found = sorted(
         (s for listed in answers for s in listed if isinstance(s, dict)),
         key=lambda s: (str(s.get("startedAt", "")), str(s.get("sandboxID", ""))),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -47,17 +48,31 @@ WRITE_ANSWER_SECONDS = 120.0
 
 async def every_node(request: Request) -> Response:
     """A build, an upload or a delete: to every node that is up."""
-    settings, directory, proxy, _ = _state(request)
-    nodes = directory.up()
-    if not nodes:
-        raise NodeUnavailable(_no_node(directory), retry_after=RETRY_AFTER)
-    path = _raw_path(request)
+    _, directory, _, _ = _state(request)
     body = await _read(request, KEPT_UPLOAD_BYTES)
+    answered = await ask_nodes(request, directory.up(), _raw_path(request), body)
+    return _replay(agreed(answered, missing_ok=request.method == "DELETE"))
+
+
+async def ask_nodes(
+    request: Request,
+    nodes: list[Node],
+    path: str,
+    body: bytes | None,
+    *,
+    queries: Mapping[str, str] | None = None,
+    answer_within: float = WRITE_ANSWER_SECONDS,
+) -> list[tuple[Node, httpx.Response]]:
+    """`request` sent to `path` on each of `nodes` at once (with the query `queries` names
+    for it, else the request's), each answer read whole: the nodes that answered, with
+    their answers, in the order of `nodes`. `NodeUnavailable` when none did."""
+    _, directory, proxy, _ = _state(request)
 
     async def ask(node: Node) -> httpx.Response | None:
+        query = queries.get(node.name) if queries is not None else None
         try:
             upstream = await proxy.send(
-                node, request, path, body, answer_within=WRITE_ANSWER_SECONDS
+                node, request, path, body, answer_within=answer_within, query=query
             )
         except NodeUnreachable:
             return None
@@ -69,8 +84,15 @@ async def every_node(request: Request) -> Response:
     answered = [(n, a) for n, a in zip(nodes, answers, strict=True) if a is not None]
     if not answered:
         raise NodeUnavailable(_no_node(directory), retry_after=RETRY_AFTER)
-    if request.method == "DELETE" and any(a.status_code == 204 for _, a in answered):
-        # Gone from every node that had it (a node that never had it says 404).
+    return answered
+
+
+def agreed(answered: list[tuple[Node, httpx.Response]], *, missing_ok: bool) -> httpx.Response:
+    """The one answer of nodes that all did the same: the first node's. With `missing_ok`,
+    a node that has no such template or build (404) is left out when another took it: it
+    is not one of the template's nodes. `BadGateway`, naming each node's status, when some
+    took it and others refused: the cluster is then not what the client asked for."""
+    if missing_ok and any(a.is_success for _, a in answered):
         answered = [(n, a) for n, a in answered if a.status_code != 404]
     kinds = {a.status_code // 100 for _, a in answered}
     if len(kinds) > 1:
@@ -79,7 +101,7 @@ async def every_node(request: Request) -> Response:
             f"the nodes did not all take it ({statuses}): the template differs between "
             "nodes now; build it again, or delete it"
         )
-    return _replay(answered[0][1])
+    return answered[0][1]
 
 
 async def first_knowing(request: Request) -> Response:

@@ -111,7 +111,7 @@ def create_app(settings: Settings) -> Starlette:
                 if not language.builtin
             ]
             forks = fork_pool(settings, backend, runtime, warm, context, metrics)
-            if settings.egress_ceiling:  # its module loads the Docker SDK: only when asked for
+            if settings.egress_needed:  # its module loads the Docker SDK: only when asked for
                 from kernel_gateway.kernels.egress.proxy import start_egress
 
                 egress = await start_egress(settings, backend, runtime)
@@ -119,6 +119,7 @@ def create_app(settings: Settings) -> Starlette:
                 templates = Templates(settings, backend, runtime, context)
                 await asyncio.to_thread(templates.open)
                 await templates.sweep()
+                templates.egress = egress
             start_builtin(templates, settings.builtin_template_list, backend.name)
             registry = Registry(settings, warm, runtime.instance, forks, others, egress, templates)
             await durable.start(backend, runtime, registry)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernel_gateway import logs
 from kernel_gateway.errors import KernelUnavailable
+from kernel_gateway.kernels.egress.forwarder import PORT, proxy_environment
 from kernel_gateway.kernels.egress.relay import Decision, Relay
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import ENV_LANGUAGES, PYTHON, env_code
@@ -28,22 +29,7 @@ if TYPE_CHECKING:  # the proxy's module loads the Docker SDK: only when egress i
 
 logger = logging.getLogger(__name__)
 
-PORT = 3128
-PROXY_URL = f"http://127.0.0.1:{PORT}"
-NO_PROXY = "localhost,127.0.0.1,::1"
 SETUP_SECONDS = 30.0
-
-
-def proxy_environment() -> dict[str, str]:
-    return {
-        "HTTP_PROXY": PROXY_URL,
-        "HTTPS_PROXY": PROXY_URL,
-        "http_proxy": PROXY_URL,
-        "https_proxy": PROXY_URL,
-        "NO_PROXY": NO_PROXY,
-        "no_proxy": NO_PROXY,
-    }
-
 
 NETWORK_LANGUAGES = ENV_LANGUAGES | {"java"}
 """The languages whose kernels can be pointed at the proxy (`proxy_setup_code`)."""

@@ -239,6 +239,17 @@ class Settings:
         "([Network](network.md))",
         check=values.domain_patterns,
     )
+    build_egress_allow: str = setting(
+        "",
+        "domain patterns template builds' RUN steps may reach through the egress proxy, "
+        "e.g. pypi.org,files.pythonhosted.org,deb.debian.org (none: builds have no network)",
+        doc="domain patterns a template build's `RUN` steps may reach through the egress "
+        "proxy, comma-separated (`pypi.org,files.pythonhosted.org,deb.debian.org`): "
+        "`pip install` with `--template-pip container`, `apt-get`, `curl`, `git`. Separate "
+        "from `--egress-allow` (what sessions may reach); either starts the proxy. Empty: a "
+        "build has no network ([Templates](templates.md#network-during-a-build))",
+        check=values.domain_patterns,
+    )
     egress_default: str = setting(
         "",
         "the allowlist of a session that asks for none, within --egress-allow",
@@ -546,6 +557,10 @@ class Settings:
                 f"{origin('egress_allow')}: network policies need the docker backend (the "
                 "local backend's kernels cannot be kept from the network)"
             )
+        if self.build_egress_list and self.backend == "local":
+            raise ValueError(
+                f"{origin('build_egress_allow')}: templates are built on the docker backend"
+            )
         if self.egress_ceiling and self.network != "none":
             raise ValueError(
                 f"{origin('egress_allow')} needs {origin('network')} none: kernels with a "
@@ -605,6 +620,16 @@ class Settings:
     def egress_ceiling(self) -> list[str]:
         """The domain patterns sessions may be allowed (`--egress-allow`): none by default."""
         return values.domain_patterns(self.egress_allow)
+
+    @property
+    def build_egress_list(self) -> list[str]:
+        """The domain patterns builds may reach (`--build-egress-allow`): none by default."""
+        return values.domain_patterns(self.build_egress_allow)
+
+    @property
+    def egress_needed(self) -> bool:
+        """Whether the egress proxy runs: sessions or builds may reach some domains."""
+        return bool(self.egress_ceiling or self.build_egress_list)
 
     @property
     def egress_default_list(self) -> list[str]:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 from kernel_gateway.kernels.images import ImageBuilder, ImageInfo, StepFailed
+from kernel_gateway.templates.build_network import BuildEgress
 from kernel_gateway.templates.files import CopyError, FileStore, Owner, copy_archive
 from kernel_gateway.templates.pip import MOUNT, download, parse_pip_install
 from kernel_gateway.templates.steps import Step
@@ -88,6 +89,8 @@ class Plan:
     labels: dict[str, str] = field(default_factory=dict)
     pip: PipThroughHost | None = None
     """How `pip install` steps fetch their wheels (None: they run as written)."""
+    egress: BuildEgress | None = None
+    """RUN steps' way to `--build-egress-allow` (None: they have no network)."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +188,12 @@ async def _step(
         changes = [f"ENV {k}={_env_value(v)}" for k, v in pairs]
         await _settings_step(plan, step, state, images, changes, log, index)
         return
-    key = _key(state.image.id, {"step": step.to_json()})
+    what: dict[str, object] = {"step": step.to_json()}
+    if step.type == "RUN" and plan.egress is not None:
+        # What a step made with network access is not what it makes without (nor with
+        # another allowlist): another gateway's cached step must not stand in for it.
+        what["network"] = list(plan.egress.allow)
+    key = _key(state.image.id, what)
     if not (step.force or plan.force):
         found = await _cached(images, key, state)
         if found is not None:
@@ -213,6 +221,9 @@ async def _step(
                 await asyncio.to_thread(_readable, folder)
                 command, mounts = pip.command(), {str(folder): MOUNT}
                 output(f"$ {command}")
+            if plan.egress is not None:
+                command = plan.egress.wrap(command)
+                mounts = {**(mounts or {}), **plan.egress.mounts}
             image_id = await images.run(
                 state.image.id,
                 command,

@@ -32,6 +32,8 @@ NAME = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
 """A template's name: lowercase, digits, `.`, `_` and `-`, 1 to 64 characters (E2B's
 aliases are lowercase too; a name is also part of an image tag)."""
 TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+TEMPLATE_ID = re.compile(r"^[a-z0-9]{20}$")
+"""A template's id, as `new_template_id` makes them (and E2B's look)."""
 DEFAULT_TAG = "default"
 
 
@@ -97,13 +99,25 @@ class Build:
     """The tags this build takes once ready (E2B's `name:tag` and `tags`)."""
     language: str | None = None
     """Its kernels' language (its base's), fixed when it starts."""
+    language_version: str | None = None
+    """That language's version in its image (`3.11.2` on the `python3.11` base): the base's
+    when it starts, then what the built image's kernelspec says (see kernels/languages.py)."""
     seeded: bool = False
     """Whether its image has files in its working directory, which each new session of it
     gets (kept beside the records as a tar: sessions' folders hide the image's)."""
 
     @classmethod
-    def new(cls, *, cpu_count: int | None = None, memory_mb: int | None = None) -> Build:
-        return cls(str(uuid.uuid4()), time.time(), cpu_count=cpu_count, memory_mb=memory_mb)
+    def new(
+        cls,
+        *,
+        cpu_count: int | None = None,
+        memory_mb: int | None = None,
+        build_id: str | None = None,
+    ) -> Build:
+        """A waiting build; its id `build_id` (checked: `check_build_id`) or a new UUID."""
+        return cls(
+            build_id or str(uuid.uuid4()), time.time(), cpu_count=cpu_count, memory_mb=memory_mb
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -121,6 +135,7 @@ class Build:
             "memory_mb": self.memory_mb,
             "tags_when_ready": self.tags_when_ready,
             "language": self.language,
+            "language_version": self.language_version,
             "seeded": self.seeded,
         }
 
@@ -142,6 +157,7 @@ class Build:
             memory_mb=data.get("memory_mb"),
             tags_when_ready=list(data.get("tags_when_ready", [DEFAULT_TAG])),
             language=data.get("language"),
+            language_version=data.get("language_version"),
             seeded=bool(data.get("seeded", False)),
         )
 
@@ -160,9 +176,11 @@ class Template:
     last_spawned_at: float | None = None
 
     @classmethod
-    def new(cls, name: str) -> Template:
+    def new(cls, name: str, template_id: str | None = None) -> Template:
+        """A template with no build; its id `template_id` (checked: `check_template_id`) or
+        a new one."""
         now = time.time()
-        return cls(new_template_id(), name, now, now)
+        return cls(template_id or new_template_id(), name, now, now)
 
     def build(self, build_id: str) -> Build | None:
         return next((b for b in self.builds if b.id == build_id), None)
@@ -261,6 +279,24 @@ def check_name(name: str) -> str:
             " starting and ending with a letter or digit"
         )
     return name
+
+
+def check_template_id(template_id: str) -> str:
+    """An id asked for (a router gives a template the same id on every node)."""
+    if not TEMPLATE_ID.match(template_id):
+        raise InvalidRequest(f"template id {template_id!r}: 20 lowercase letters and digits")
+    return template_id
+
+
+def check_build_id(build_id: str) -> str:
+    """A build id asked for: a UUID, as `Build.new` makes them (lowercase, with hyphens)."""
+    try:
+        canonical = str(uuid.UUID(build_id))
+    except ValueError:
+        canonical = None
+    if canonical != build_id:
+        raise InvalidRequest(f"build id {build_id!r}: a UUID, lowercase, with hyphens")
+    return build_id
 
 
 def check_tag(tag: str) -> str:

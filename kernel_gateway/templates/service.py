@@ -23,12 +23,13 @@ import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq.asyncio
 
 from kernel_gateway.errors import (
     BackendUnavailable,
+    GatewayError,
     InvalidRequest,
     KernelUnavailable,
     TemplateConflict,
@@ -37,7 +38,7 @@ from kernel_gateway.errors import (
 )
 from kernel_gateway.kernels.backends.base import Backend
 from kernel_gateway.kernels.images import ImageBuilder, ImageInfo, StepFailed
-from kernel_gateway.kernels.languages import PYTHON, Language
+from kernel_gateway.kernels.languages import KERNELSPECS, PYTHON, Language
 from kernel_gateway.kernels.pools.start_commands import run_start_commands
 from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
@@ -54,6 +55,7 @@ from kernel_gateway.templates.build import (
     run_build,
 )
 from kernel_gateway.templates.build_logs import BuildLogs, Level, LogEntry
+from kernel_gateway.templates.build_network import build_egress
 from kernel_gateway.templates.builtin import PYTHON311_BASES, python311
 from kernel_gateway.templates.files import FileStore
 from kernel_gateway.templates.model import (
@@ -62,11 +64,16 @@ from kernel_gateway.templates.model import (
     BuildSpec,
     BuildState,
     Template,
+    check_build_id,
     check_name,
     check_tag,
+    check_template_id,
     split_reference,
 )
 from kernel_gateway.templates.sweep import sweep
+
+if TYPE_CHECKING:  # the proxy's module loads the Docker SDK
+    from kernel_gateway.kernels.egress.proxy import EgressProxy
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +85,8 @@ PYTHON_BASES = frozenset(
 """Names that mean the gateway's Python image (E2B's `from_base_image()` is
 `e2bdev/base`; its `base` and `code-interpreter-v1` templates)."""
 REMOVE_TRIES = 20
+VERSION_BYTES = 256
+"""Most of a kernelspec's `version` file read (the first line is the version)."""
 SAVE_DELAY = 5.0
 """Seconds a template's use counts may wait before they are written."""
 
@@ -111,6 +120,9 @@ class Templates:
         """How many of `template`'s kernels are warm (ready for a session): the registry's."""
         self.before_delete: Callable[[Template], Awaitable[None]] = _nothing
         """Stops what runs from `template`'s images (its warm kernels): set by the registry."""
+        self.egress: EgressProxy | None = None
+        """The gateway's egress proxy, if it runs: builds reach `--build-egress-allow`
+        through it (build_network.py)."""
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -194,26 +206,40 @@ class Templates:
         return template, build
 
     def language_of(self, build: Build) -> Language:
-        """The language a build's kernels are: its base's, on its image."""
+        """The language a build's kernels are: its base's, on its image, at its image's
+        version (the gateway's own Python is 3.13; a build on `python3.11` is not)."""
         assert build.image is not None and build.language is not None
         language = self.backend.languages.get_or_raise(build.language)
         seed = self._seed_path(build) if build.seeded else None
         spec = build.spec
         return dataclasses.replace(
             language,
+            version=self._version_of(build, language),
             image=build.image,
             seed=seed,
             start_cmd=spec.start_cmd if spec is not None else None,
             ready_cmd=spec.ready_cmd if spec is not None else None,
         )
 
+    def _version_of(self, build: Build, language: Language) -> str:
+        """`build.language_version`; for a build recorded without it (an older gateway's),
+        its base's where the base is still known, else the language's."""
+        if build.language_version is not None:
+            return build.language_version
+        if build.spec is not None:
+            with contextlib.suppress(GatewayError):
+                return self._base_language(build.spec.base).version
+        return language.version
+
     def _seed_path(self, build: Build) -> Path:
         return self._seeds_dir / f"{build.id}.tar"
 
     # -- making and building ----------------------------------------------------------------
 
-    def create(self, name: str, *, exist_ok: bool) -> Template:
-        """A template called `name` (a new one; with `exist_ok`, the existing one)."""
+    def create(self, name: str, *, exist_ok: bool, template_id: str | None = None) -> Template:
+        """A template called `name` (a new one; with `exist_ok`, the existing one). A new one
+        takes the id `template_id` if given (a router gives a template one id on every
+        node): an id another template has, as its id or name, is a conflict."""
         check_name(name)
         found = self.find(name)
         if found is not None:
@@ -223,6 +249,8 @@ class Templates:
                 f"a template called {name!r} exists; build it again with "
                 f"POST /templates/{name}/builds, or delete it first"
             )
+        if template_id is not None and self.find(check_template_id(template_id)) is not None:
+            raise TemplateConflict(f"another template has the id {template_id!r}")
         if self.images is None:
             raise BackendUnavailable(f"the {self.backend.name} backend cannot build templates")
         if len(self._by_id) >= self.settings.max_templates:
@@ -231,7 +259,7 @@ class Templates:
                 "(--max-templates); delete one first"
             )
         self._make_folders()
-        template = Template.new(name)
+        template = Template.new(name, template_id)
         self._by_id[template.id] = template
         self._store.save(template)
         return template
@@ -243,11 +271,17 @@ class Templates:
         *,
         cpu_count: int | None = None,
         memory_mb: int | None = None,
+        build_id: str | None = None,
     ) -> Build:
         """A build waiting for its steps (E2B's first call); `tags` are given to it once
-        it is ready (none: `default`)."""
+        it is ready (none: `default`). Its id is `build_id` if given (a router gives a build
+        one id on every node): one any template's build has is a conflict."""
         for tag in tags or []:
             check_tag(tag)
+        if build_id is not None and any(
+            t.build(check_build_id(build_id)) is not None for t in self._by_id.values()
+        ):
+            raise TemplateConflict(f"a build with the id {build_id!r} exists")
         running = template.building
         if running is not None and running.state is BuildState.BUILDING:
             raise TemplateConflict(
@@ -255,7 +289,7 @@ class Templates:
             )
         if running is not None:  # asked for and never started: superseded
             self._fail(template, running, "superseded by a newer build", None)
-        build = Build.new(cpu_count=cpu_count, memory_mb=memory_mb)
+        build = Build.new(cpu_count=cpu_count, memory_mb=memory_mb, build_id=build_id)
         build.tags_when_ready = list(tags or [DEFAULT_TAG])
         template.builds.append(build)
         template.updated_at = time.time()
@@ -275,7 +309,9 @@ class Templates:
         if build.state is not BuildState.WAITING:
             raise TemplateConflict(f"build {build.id} was started already ({build.state})")
         self._resolve_base(spec.base)  # an unknown base is the request's error, now
-        build.language = self._base_language(spec.base).name
+        base_language = self._base_language(spec.base)
+        build.language = base_language.name
+        build.language_version = base_language.version or None  # the image's, once built
         build.spec = spec
         build.state = BuildState.BUILDING
         build.started_at = time.time()
@@ -306,7 +342,21 @@ class Templates:
                 pip=self._pip_through_host(base_info, self._base_language(spec.base)),
             )
             log = self.build_logs.logger(build.id)
-            final = await run_build(plan, images, self.files, log, self._checker(spec))
+            async with contextlib.AsyncExitStack() as network:
+                if self.egress is not None and self.settings.build_egress_list:
+                    plan.egress = await network.enter_async_context(
+                        build_egress(
+                            self.egress,
+                            self.settings.build_egress_list,
+                            build.id,
+                            self._runtime.new_kernel_dir()[1],
+                            lambda line: log("warn", line, None),
+                        )
+                    )
+                final = await run_build(plan, images, self.files, log, self._checker(spec))
+            assert build.language is not None
+            version = await _version_in(images, final.id, build.language)
+            build.language_version = version or build.language_version
             ref = f"{REPOSITORY}:{template.id}-{build.id[:8]}"
             try:
                 build.seeded = await self._keep_seed(images, final.id, build)
@@ -511,6 +561,16 @@ class Templates:
     def follow(self, build: Build, offset: int = 0) -> AsyncIterator[LogEntry]:
         """Each log entry from `offset` on, as it comes, until the build finished."""
         return self.build_logs.follow(build.id, lambda: build.state.finished, offset)
+
+
+async def _version_in(images: ImageBuilder, image: str, language: str) -> str | None:
+    """The version of `language` that `image` declares beside its kernelspec
+    (`/opt/kernel/kernelspecs/<language>/version`, see kernels/languages.py), if any."""
+    try:
+        data = await images.read_file(image, f"{KERNELSPECS}/{language}/version", VERSION_BYTES)
+    except StepFailed:
+        return None
+    return (data or b"").decode("utf-8", "replace").strip()[:64] or None
 
 
 async def _remove_image(images: ImageBuilder, ref: str) -> None:

@@ -18,6 +18,7 @@ import os
 import secrets
 import signal
 import subprocess
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -568,3 +569,85 @@ def test_other_languages_use_the_proxy(
     assert shown.split()[1] in ("refused", "403"), shown
     if language == "bash":  # git over HTTPS, through the proxy
         assert "cloned through the proxy" in shown, shown
+
+
+# -- template builds ----------------------------------------------------------------------------
+
+FETCH = (
+    '/opt/venv/bin/python -c "import urllib.request; '
+    "print(urllib.request.urlopen('http://{host}/data.csv', timeout=10).read().decode())\""
+)
+
+
+def build(gw: ServerThread, name: str, commands: list[str]) -> dict[str, Any]:
+    """A template of `commands` (RUN as root) built on `gw`: its record once finished, and
+    its build's log lines under `log`."""
+    steps = [{"type": "RUN", "args": [command, "root"]} for command in commands]
+    with httpx.Client(base_url=gw.url, timeout=60) as client:
+        started = client.post("/templates", json={"name": name, "steps": steps})
+        assert started.status_code == 202, started.text
+        build_id = started.json()["id"]
+        deadline = time.monotonic() + 300
+        while client.get(f"/templates/{name}").json()["state"] not in ("ready", "error"):
+            assert time.monotonic() < deadline, f"the build of {name} did not end"
+            time.sleep(0.5)
+        logs = client.get(
+            f"/templates/{name}/builds/{build_id}/logs", headers={"Accept": "application/json"}
+        )
+        assert logs.status_code == 200, logs.text
+        record: dict[str, Any] = client.get(f"/templates/{name}").json()
+        record["log"] = [entry["message"] for entry in logs.json()["logs"]]
+        return record
+
+
+def test_a_build_reaches_the_operators_build_allowlist_and_nothing_else(
+    servers: ServerFactory, upstream: dict[str, str], gw: ServerThread
+) -> None:
+    builder = servers(
+        "docker",
+        pool_size=0,
+        build_egress_allow="allowed.test",  # sessions may reach nothing (no --egress-allow)
+        egress_networks=upstream["networks"],
+        template_pip="container",
+    )
+    pip = (
+        "/opt/venv/bin/pip install --no-cache-dir --index-url http://allowed.test/simple "
+        "--trusted-host allowed.test kgthing"
+    )
+    made = build(builder, "netbuild", [FETCH.format(host="allowed.test"), pip])
+    try:
+        assert made["state"] == "ready", made
+        assert "a,b" in made["log"], made["log"]
+        answer = httpx.post(f"{builder.url}/sessions", json={"template": "netbuild"}, timeout=120)
+        assert answer.status_code == 201, answer.text
+        session = answer.json()["id"]
+        shown = run(
+            builder,
+            session,
+            "import os, kgthing; print(kgthing.VALUE)\n"
+            "print(sorted(k for k in os.environ if 'proxy' in k.lower()))",
+        )
+        # The package is in the image; the build's proxy settings are not.
+        assert shown == "from the allowed index\n[]\n", shown
+        assert httpx.delete(f"{builder.url}/sessions/{session}").status_code == 204
+        refused = build(builder, "netrefused", [FETCH.format(host="other.test")])
+        assert refused["state"] == "error", refused
+        assert any(
+            "network: refused" in line and "other.test" in line for line in refused["log"]
+        ), refused["log"]
+        # A session on this gateway asks for a domain: none is allowed to sessions.
+        answer = httpx.post(
+            f"{builder.url}/sessions", json={"network": {"allow": ["allowed.test"]}}
+        )
+        assert answer.status_code == 403, answer.text
+    finally:
+        for name in ("netbuild", "netrefused"):
+            removed = httpx.delete(f"{builder.url}/templates/{name}", timeout=60)
+            assert removed.status_code == 204, removed.text
+    # A gateway without --build-egress-allow: its builds have no network at all.
+    offline = build(gw, "nonet", [FETCH.format(host="allowed.test")])
+    try:
+        assert offline["state"] == "error", offline
+        assert not any("a,b" in line for line in offline["log"]), offline["log"]
+    finally:
+        httpx.delete(f"{gw.url}/templates/nonet", timeout=60)

@@ -419,25 +419,7 @@ def test_templates_are_built_on_every_node_and_sessions_placed_where_they_are_re
     tmp_path: Path,
 ) -> None:
     """Two docker node gateways (one engine, two runtime folders) behind a router."""
-    require_docker()
-    with contextlib.ExitStack() as stack:
-        gws = []
-        for name in ("n1", "n2"):
-            folder = tmp_path / name
-            folder.mkdir()
-            gws.append(
-                stack.enter_context(
-                    gateway(
-                        folder, "--backend", "docker", "--runtime", "runsc", "--node-name", name,
-                        "--pool-size", "0", "--max-sessions", "4", token=TOKEN,
-                    )
-                )
-            )  # fmt: skip
-        r = stack.enter_context(
-            router(tmp_path, [g.url.removeprefix("http://") for g in gws], *FAST, token=TOKEN)
-        )
-        c = stack.enter_context(r.client())
-        _wait_up(r, 2)
+    with docker_nodes(tmp_path) as (gws, r), r.client() as c:
         steps = [{"type": "RUN", "args": ["echo here > /opt/mark", "root"]}]
         # Built on n2 alone (through its own address): sessions go there, though n1 is free.
         with gws[1].client() as n2:
@@ -478,6 +460,87 @@ def test_templates_are_built_on_every_node_and_sessions_placed_where_they_are_re
         assert c.delete("/templates/only-n2").status_code == 204  # from n2; n1 never had it
         with gws[1].client() as n2:
             assert n2.get("/templates/only-n2").status_code == 404
+
+
+@contextlib.contextmanager
+def docker_nodes(tmp_path: Path) -> Iterator[tuple[list[Gateway], Gateway]]:
+    """Two docker node gateways, n1 and n2 (one engine, two runtime folders), and a router."""
+    require_docker()
+    with contextlib.ExitStack() as stack:
+        gws = []
+        for name in ("n1", "n2"):
+            folder = tmp_path / name
+            folder.mkdir()
+            gws.append(
+                stack.enter_context(
+                    gateway(
+                        folder, "--backend", "docker", "--runtime", "runsc", "--node-name", name,
+                        "--pool-size", "0", "--max-sessions", "4", token=TOKEN,
+                    )
+                )
+            )  # fmt: skip
+        r = stack.enter_context(
+            router(tmp_path, [g.url.removeprefix("http://") for g in gws], *FAST, token=TOKEN)
+        )
+        _wait_up(r, 2)
+        yield gws, r
+
+
+def test_e2bs_template_sdk_builds_on_every_node_through_a_router(tmp_path: Path) -> None:
+    """`Template.build` from E2B's SDK, pointed at a router: one template id and one build
+    id on each node, its files uploaded to both, sandboxes of it on both, listed once,
+    deleted from both."""
+    e2b = pytest.importorskip("e2b")
+    sdk = pytest.importorskip("e2b_code_interpreter")
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "data.txt").write_text("copied through the router\n")
+    with docker_nodes(tmp_path) as (gws, r):
+        options = {"api_key": TOKEN, "api_url": r.url + "/e2b", "sandbox_url": r.url + "/e2b"}
+        template = (
+            e2b.Template(file_context_path=str(context))
+            .from_base_image()
+            .copy("data.txt", "/opt/data.txt")
+            .run_cmd("cat /opt/data.txt")
+        )
+        lines: list[str] = []
+        info = e2b.Template.build(
+            template,
+            "routed:v1",
+            skip_cache=True,
+            on_build_logs=lambda entry: lines.append(entry.message),
+            **options,
+        )
+        assert "copied through the router" in lines, lines
+        assert e2b.Template.exists("routed", **options)
+        assert not e2b.Template.exists("nowhere", **options)
+        records = []
+        for gw in gws:  # built on each node, under the same ids
+            with gw.client() as node:
+                record = node.get("/templates/routed").json()
+                assert record["state"] == "ready", record
+                records.append(record)
+        assert {rec["id"] for rec in records} == {info.template_id}
+        assert {rec["ready_build"] for rec in records} == {info.build_id}
+        with httpx.Client(base_url=r.url + "/e2b", headers={"X-API-KEY": TOKEN}) as http:
+            listed = http.get("/v2/templates").json()
+            assert [t["templateID"] for t in listed] == [info.template_id]
+            assert listed[0]["buildStatus"] == "ready"
+        boxes = [sdk.Sandbox.create("routed:v1", **options) for _ in range(2)]
+        try:
+            assert {_node_of(b.sandbox_id) for b in boxes} == {"n1", "n2"}
+            for box in boxes:
+                text = box.run_code("print(open('/opt/data.txt').read().strip())").logs.stdout
+                assert text == ["copied through the router\n"]
+        finally:
+            for box in boxes:
+                box.kill()
+        with httpx.Client(base_url=r.url + "/e2b", headers={"X-API-KEY": TOKEN}) as http:
+            assert http.delete(f"/templates/{info.template_id}").status_code == 204
+            assert http.get(f"/templates/{info.template_id}").status_code == 404
+        for gw in gws:
+            with gw.client() as node:
+                assert node.get("/templates/routed").status_code == 404
 
 
 def wait_ready(client: httpx.Client, name: str) -> None:

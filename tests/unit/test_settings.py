@@ -236,6 +236,10 @@ def test_egress_settings_are_domain_patterns_within_the_ceiling() -> None:
     assert s.egress_default_list == ["pypi.org"]
     assert s.egress_network_list == ["corp", "bridge"]
     assert Settings().egress_ceiling == [] and Settings().egress_network_list == ["bridge"]
+    assert not Settings().egress_needed
+    builds = from_env({"KG_BUILD_EGRESS_ALLOW": "pypi.org,deb.debian.org"})
+    assert builds.build_egress_list == ["pypi.org", "deb.debian.org"]
+    assert builds.egress_ceiling == [] and builds.egress_needed  # the proxy runs for builds
 
 
 @pytest.mark.parametrize(
@@ -246,6 +250,8 @@ def test_egress_settings_are_domain_patterns_within_the_ceiling() -> None:
         ({"KG_EGRESS_ALLOW": "a.test", "KG_EGRESS_DEFAULT": "b.test"}, "--egress-default"),
         ({"KG_EGRESS_ALLOW": "a.test", "KG_BACKEND": "local"}, "docker backend"),
         ({"KG_EGRESS_ALLOW": "a.test", "KG_NETWORK": "bridge"}, "--network"),
+        ({"KG_BUILD_EGRESS_ALLOW": "10.0.0.1"}, "--build-egress-allow"),
+        ({"KG_BUILD_EGRESS_ALLOW": "a.test", "KG_BACKEND": "local"}, "--build-egress-allow"),
     ],
 )
 def test_egress_settings_that_cannot_hold_are_refused(env: dict[str, str], named: str) -> None:

@@ -234,12 +234,14 @@ def _replace(path: Path, text: str) -> None:
 async def start_egress(
     settings: Settings, backend: Backend, runtime: RuntimeDir
 ) -> EgressProxy | None:
-    """This gateway's egress proxy, started, when `--egress-allow` allows some domains."""
-    if not settings.egress_ceiling:
+    """This gateway's egress proxy, started, when `--egress-allow` (sessions) or
+    `--build-egress-allow` (template builds) allows some domains."""
+    if not settings.egress_needed:
         return None
     if not isinstance(backend, DockerBackend):
+        flag = "--egress-allow" if settings.egress_ceiling else "--build-egress-allow"
         raise BackendUnavailable(
-            "--egress-allow needs the docker backend (no Docker engine answered): kernels "
+            f"{flag} needs the docker backend (no Docker engine answered): kernels "
             "of the local backend cannot be kept from the network"
         )
     image = settings.egress_image or egress_image(settings.image)

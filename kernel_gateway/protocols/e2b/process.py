@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from kernel_gateway.errors import GatewayError
 from kernel_gateway.kernels.backends.base import STDOUT, Command
+from kernel_gateway.kernels.egress.forwarder import proxy_environment
 from kernel_gateway.protocols.e2b.connect import (
     STREAM_TYPE,
     ConnectError,
@@ -42,7 +43,6 @@ from kernel_gateway.protocols.e2b.connect import (
 from kernel_gateway.protocols.e2b.connect import (
     field as pick,
 )
-from kernel_gateway.sessions.network import proxy_environment
 from kernel_gateway.sessions.session import Session
 
 HOME = "/home/user"

@@ -1,7 +1,9 @@
 """What E2B's API answers besides success: its error documents, and bodies refused in its shape.
 
 The control plane and envd's HTTP answer errors as `{"code": status, "message"}`; E2B's edge
-answers a sandbox that is not there with a 502 the SDKs read as "not running".
+answers a sandbox that is not there with a 502 the SDKs read as "not running". An error with
+a gateway error type behind it (`template_not_found`...) names it in `ERROR_TYPE_HEADER`, which
+the SDKs ignore and a cluster router reads (a sandbox on a template another node has).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from kernel_gateway.errors import GatewayError, InvalidRequest
 from kernel_gateway.http.bodies import read_json
+from kernel_gateway.protocols.e2b.paths import ERROR_TYPE_HEADER
 from kernel_gateway.protocols.e2b.sandboxes import SandboxError, status_for
 
 if TYPE_CHECKING:
@@ -25,9 +28,11 @@ Handler = Callable[[Request], Awaitable[Response]]
 ControlHandler = Callable[[Request, "E2BService"], Awaitable[Response]]
 
 
-def e2b_error(status: int, message: str) -> JSONResponse:
-    """The control plane's (and envd HTTP's) error document: `code` is the status."""
-    return JSONResponse({"code": status, "message": message}, status_code=status)
+def e2b_error(status: int, message: str, kind: str | None = None) -> JSONResponse:
+    """The control plane's (and envd HTTP's) error document: `code` is the status; `kind`,
+    the gateway's error type behind it, goes in `ERROR_TYPE_HEADER`."""
+    headers = {ERROR_TYPE_HEADER: kind} if kind else None
+    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
 
 
 def gone(sandbox_id: str) -> JSONResponse:
@@ -58,9 +63,9 @@ def answered(service: E2BService, handler: ControlHandler) -> Handler:
         try:
             return await handler(request, service)
         except SandboxError as exc:
-            return e2b_error(exc.status, exc.message)
+            return e2b_error(exc.status, exc.message, exc.kind)
         except GatewayError as exc:
-            return e2b_error(status_for(exc), exc.message)
+            return e2b_error(status_for(exc), exc.message, exc.error_type)
 
     return endpoint
 

@@ -64,12 +64,14 @@ CHDIR = {
 
 
 class SandboxError(Exception):
-    """A control-plane failure, answered as E2B's `{"code": status, "message"}`."""
+    """A control-plane failure, answered as E2B's `{"code": status, "message"}`; `kind`: the
+    gateway's error type behind it, if any (sent as `ERROR_TYPE_HEADER`, for a router)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, kind: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.kind = kind
 
 
 def not_found(sandbox_id: str) -> SandboxError:
@@ -288,9 +290,11 @@ class Sandboxes:
                 return await self.registry.create_session(network=network)
             return await self.registry.create_session(network=network, template=template)
         except TemplateNotFound as exc:
-            raise SandboxError(404, f"template {template!r} not found ({exc.message})") from None
+            raise SandboxError(
+                404, f"template {template!r} not found ({exc.message})", kind=exc.error_type
+            ) from None
         except GatewayError as exc:
-            raise SandboxError(status_for(exc), exc.message) from exc
+            raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
 
     # -- contexts -------------------------------------------------------------------------
 

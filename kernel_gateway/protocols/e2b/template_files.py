@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, Response
 
 from kernel_gateway.http.bodies import check_declared_length
 from kernel_gateway.protocols.e2b.sandboxes import SandboxError
-from kernel_gateway.protocols.e2b.template_views import template_named, templates_of
+from kernel_gateway.protocols.e2b.template_views import plain_name, template_named, templates_of
 from kernel_gateway.templates.files import CopyError
 from kernel_gateway.templates.steps import FILES_HASH
 
@@ -101,11 +101,16 @@ async def files_status(request: Request, service: E2BService) -> Response:
 async def upload(request: Request, service: E2BService) -> Response:
     """`PUT .../files/{hash}/upload?token=`: the tar, streamed to disk (no API key: the
     token signed by `files_status` is the credential)."""
-    template_id = str(request.path_params["id"])
+    reference = str(request.path_params["id"])
     files_hash = str(request.path_params["hash"])
+    # Signed for the template's id; the path may name it (a router's URL does when the
+    # nodes gave the template different ids). Found quietly: a bad token is a 403 alone.
+    templates = service.registry.templates
+    found = templates.find(plain_name(reference)) if templates is not None else None
+    template_id = found.id if found is not None else reference
     if not service.uploads.accepts(template_id, files_hash, request.query_params.get("token")):
         raise SandboxError(403, "this upload URL is not valid (expired or not signed here)")
-    template = template_named(service, template_id)
+    template = template_named(service, reference)
     files = templates_of(service).files
     limit = service.settings.template_upload_max_bytes
     check_declared_length(request, limit)

@@ -4,7 +4,9 @@
 The SDK builds in calls of its own, each answered here:
 
     POST /v3/templates                        a build of the template `name` (made if new;
-                                              `name:tag` and `tags` are its tags once ready)
+                                              `name:tag` and `tags` are its tags once ready;
+                                              a router adds `templateID` and `buildID`, the
+                                              ids the first node gave them)
                                               → 202 {templateID, buildID, ...}
     GET  /templates/{id}/files/{hash}         each COPY step's files: there, or where to
     PUT  .../files/{hash}/upload?token=       upload them (template_files.py)
@@ -120,9 +122,12 @@ async def create(request: Request, service: E2BService) -> Response:
         raise SandboxError(400, "'tags' must be a list of tags")
     tags = clean_tags(([tag] if tag is not None else []) + extra)
     cpus, memory = _size(body, "cpuCount"), _size(body, "memoryMB")
+    template_id, build_id = _id(body, "templateID"), _id(body, "buildID")
     templates = templates_of(service)
-    template = templates.create(name, exist_ok=True)
-    build = templates.new_build(template, tags or None, cpu_count=cpus, memory_mb=memory)
+    template = templates.create(name, exist_ok=True, template_id=template_id)
+    build = templates.new_build(
+        template, tags or None, cpu_count=cpus, memory_mb=memory, build_id=build_id
+    )
     answer = {
         "templateID": template.id,
         "buildID": build.id,
@@ -132,6 +137,17 @@ async def create(request: Request, service: E2BService) -> Response:
         "tags": build.tags_when_ready,
     }
     return JSONResponse(answer, status_code=202)
+
+
+def _id(body: dict[str, Any], name: str) -> str | None:
+    """`templateID` or `buildID` asked for: not E2B's, a cluster router's, so that a template
+    and its build have one id on every node (cluster/e2b_templates.py)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise SandboxError(400, f"'{name}' must be a string")
+    return value
 
 
 def _size(body: dict[str, Any], name: str) -> int | None:
