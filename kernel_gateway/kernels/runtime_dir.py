@@ -105,6 +105,7 @@ class RuntimeDir:
         self.root = Path(os.path.abspath(root))
         self.instance = secrets.token_hex(6)
         self.hostname = socket.gethostname()
+        self.view = filesystem_view()
         self.path = self.root / self.instance
         self._lock_fd: int | None = None
         self.adopted = False
@@ -262,6 +263,32 @@ def lock_is_held(path: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def filesystem_view() -> str:
+    """This process's view of the file system: its mount namespace, as `device:inode`
+    ("" where unknown). Two processes with one view see the same paths; a gateway in a
+    container does not see the host's (nor the host its), though both may share a
+    hostname and a Docker engine."""
+    try:
+        info = os.stat("/proc/self/ns/mnt")
+    except OSError:
+        return ""
+    return f"{info.st_dev}:{info.st_ino}"
+
+
+def owner_gone(lock: Path, view: str | None, own_view: str) -> bool:
+    """Whether the gateway whose instance lock is `lock`, seen in the file system view
+    `view`, is gone and left nothing to adopt. A lock this process cannot find proves that
+    only when the owner saw paths as this process does: a gateway in another view (a
+    container's, the host's) may be alive with a lock this one cannot see."""
+    try:
+        there = os.path.lexists(lock)
+    except OSError:
+        return False
+    if not there:
+        return bool(own_view) and view == own_view
+    return not lock_is_held(lock) and not persisted(lock)
 
 
 def persisted(lock: Path) -> bool:

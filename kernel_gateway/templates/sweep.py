@@ -9,7 +9,8 @@ folder is the runtime dir whose records name it. At startup, on the same host:
 - a named image of this runtime dir that no template record names is removed (its
   unnamed ones are cached steps, kept for the next build);
 - an image of a runtime dir that no longer exists is removed, named or not (its records
-  and its builds went with it);
+  and its builds went with it), if its gateway saw the file system as this one does (a
+  gateway in a container cannot see the host's runtime dirs: it judges none of them);
 - an image of another runtime dir that exists is left alone: its gateway, running or
   stopped, keeps its templates across restarts.
 """
@@ -21,7 +22,7 @@ import logging
 from collections.abc import Collection
 from pathlib import Path
 
-from kernel_gateway.kernels.backends.labels import LABEL_HOST, LABEL_LOCK
+from kernel_gateway.kernels.backends.labels import LABEL_HOST, LABEL_LOCK, LABEL_VIEW
 from kernel_gateway.kernels.images import ImageBuilder, ListedImage, StepFailed
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.templates.build import LABEL_TEMPLATE
@@ -38,9 +39,12 @@ def unused(image: ListedImage, runtime: RuntimeDir, named: Collection[str]) -> b
     if root == runtime.root:
         return bool(image.tags) and not any(tag in named for tag in image.tags)
     try:
-        return not root.exists()
+        gone = not root.exists()
     except OSError:
         return False
+    # Gone, if its gateway saw paths as this one does (a gateway in a container does not
+    # see the host's runtime dirs, nor the host its).
+    return gone and bool(runtime.view) and image.labels.get(LABEL_VIEW) == runtime.view
 
 
 async def sweep(images: ImageBuilder, runtime: RuntimeDir, named: Collection[str]) -> int:

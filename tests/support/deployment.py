@@ -89,11 +89,26 @@ class Deployment:
 
     def kernels(self, node: Node) -> list[dict[str, Any]]:
         """`docker inspect` of every kernel container (sessions, pool, fork servers) on a node."""
-        ids = self.swarm.cli(node, "ps", "-q", "--filter", f"label={KERNEL_LABEL}").stdout.split()
+        ids = stack_kernels(self.swarm, node)
         if not ids:
             return []
         found: list[dict[str, Any]] = json.loads(self.swarm.cli(node, "inspect", *ids).stdout)
         return found
+
+
+def stack_kernels(swarm: Swarm, node: Node, *, stopped: bool = False) -> list[str]:
+    """Ids of the kernel containers (sessions, pools, fork servers) of the stack's node
+    gateway on `node` (with `stopped`, those that ended too): their instance locks are in
+    its runtime dir. The manager is this machine's engine, where other gateways (other
+    tests, run beside these) have kernels too."""
+    runtime_dir = f"{swarm.NODE_ROOT}/kernel-gateway/"
+    listed = swarm.cli(
+        node, "ps", *(["-a"] if stopped else []), "--filter", f"label={KERNEL_LABEL}",
+        "--format", '{{.ID}} {{.Label "io.kernel-gateway.lock"}}',
+    ).stdout.splitlines()  # fmt: skip
+    return [
+        line.split(" ", 1)[0] for line in listed if line.partition(" ")[2].startswith(runtime_dir)
+    ]
 
 
 def deploy(
@@ -147,7 +162,7 @@ def remove(deployment: Deployment) -> None:
     swarm.cli(manager, "secret", "rm", "kg_token", check=False)
     for node in swarm.nodes:
         try:
-            ids = swarm.cli(node, "ps", "-aq", "--filter", f"label={KERNEL_LABEL}").stdout.split()
+            ids = stack_kernels(swarm, node, stopped=True)
         except subprocess.SubprocessError:
             continue  # a node the tests killed
         if ids:

@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from kernel_gateway.kernels.runtime_dir import RuntimeDir, RuntimeDirError
+from kernel_gateway.kernels.runtime_dir import (
+    RuntimeDir,
+    RuntimeDirError,
+    filesystem_view,
+    owner_gone,
+)
 
 OTHER_UID = 12345
 
@@ -135,3 +140,19 @@ def test_without_a_wait_a_second_gateway_starts_beside_a_live_one(tmp_path: Path
     assert first.live_instances() == [second.instance]
     second.close()
     first.close()
+
+
+def test_an_owner_is_gone_when_its_lock_is_free_or_missing_from_the_same_view(
+    tmp_path: Path,
+) -> None:
+    live = open_runtime(tmp_path / "rt")
+    lock = live.lock_path
+    assert not owner_gone(lock, live.view, live.view)  # held
+    live.close()
+    assert owner_gone(lock, live.view, live.view)  # released or removed: gone
+    # A lock this process cannot find, of a gateway that saw other paths (a container's
+    # view, the host's): maybe alive. An unknown view proves nothing either.
+    assert not owner_gone(tmp_path / "nowhere" / "x.lock", "1:2", live.view)
+    assert not owner_gone(tmp_path / "nowhere" / "x.lock", None, live.view)
+    assert not owner_gone(tmp_path / "nowhere" / "x.lock", "", "")
+    assert live.view == filesystem_view() != ""

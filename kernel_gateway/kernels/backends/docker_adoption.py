@@ -29,9 +29,10 @@ from kernel_gateway.kernels.backends.labels import (
     LABEL_LOCK,
     LABEL_MANAGED,
     LABEL_ROLE,
+    LABEL_VIEW,
 )
 from kernel_gateway.kernels.languages import PYTHON
-from kernel_gateway.kernels.runtime_dir import RuntimeDir, lock_is_held, persisted
+from kernel_gateway.kernels.runtime_dir import RuntimeDir, owner_gone
 from kernel_gateway.tasks import TaskSet
 
 if TYPE_CHECKING:
@@ -52,8 +53,7 @@ async def reclaim_orphans(backend: DockerBackend) -> None:
         if c["Labels"].get(LABEL_HOST) == runtime.hostname
         and c["Labels"].get(LABEL_INSTANCE) != runtime.instance
         and LABEL_LOCK in c["Labels"]
-        and not lock_is_held(Path(c["Labels"][LABEL_LOCK]))
-        and not persisted(Path(c["Labels"][LABEL_LOCK]))
+        and owner_gone(Path(c["Labels"][LABEL_LOCK]), c["Labels"].get(LABEL_VIEW), runtime.view)
     ]
     await asyncio.gather(*(backend.call(backend.remove_container, cid) for cid in stale))
     if stale:

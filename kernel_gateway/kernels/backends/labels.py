@@ -16,6 +16,7 @@ LABEL_MANAGED = "io.kernel-gateway.managed"
 LABEL_INSTANCE = "io.kernel-gateway.instance"
 LABEL_HOST = "io.kernel-gateway.host"
 LABEL_LOCK = "io.kernel-gateway.lock"  # the owner's instance lock: held while it lives
+LABEL_VIEW = "io.kernel-gateway.view"  # the owner's file system view, where the lock is
 LABEL_ROLE = "io.kernel-gateway.role"
 LABEL_LANGUAGE = "io.kernel-gateway.language"  # what a kernel container runs
 
@@ -33,6 +34,7 @@ def container_labels(
         LABEL_INSTANCE: runtime.instance,
         LABEL_HOST: runtime.hostname,
         LABEL_LOCK: str(runtime.lock_path),
+        LABEL_VIEW: runtime.view,
         LABEL_ROLE: role,
     }
     if language is not None:

@@ -35,7 +35,38 @@ MAX_SESSIONS = 3
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Deployment]:
+def bystander(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A kernel container of a live gateway on the host (not of the cluster): labelled as
+    gateways label theirs, its instance lock held by this test. The node gateway on the
+    manager shares the host's name and engine but not its paths, so it cannot see that lock;
+    it must leave the container alone (the id)."""
+    require_cluster()
+    import docker
+
+    from kernel_gateway.kernels.backends.labels import container_labels
+    from kernel_gateway.kernels.runtime_dir import RuntimeDir
+
+    runtime = RuntimeDir(tmp_path_factory.mktemp("host-gateway"))
+    runtime.open()
+    client = docker.from_env()
+    container = client.containers.run(
+        KERNEL_IMAGE,
+        ["sleep", "infinity"],
+        detach=True,
+        network_mode="none",
+        labels=container_labels(runtime, "kernel"),
+        name=f"kg-{runtime.instance}-bystander",
+    )
+    try:
+        yield str(container.id)
+    finally:
+        container.remove(force=True)
+        client.close()
+        runtime.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(bystander: str) -> Iterator[Deployment]:
     require_cluster()
     from kernel_gateway.cli.gateway_image import build_gateway_image
     from kernel_gateway.cli.main import default_cache_dir
@@ -91,6 +122,18 @@ def _run(c: httpx.Client, sid: str, code: str) -> dict[str, Any]:
     done = [d for name, d in events if name == "done"]
     assert done, answer.text
     return {"stdout": stdout, "status": done[0]["status"], "events": events}
+
+
+def test_the_node_gateways_leave_a_host_gateways_kernels_alone(
+    cluster: Deployment, bystander: str
+) -> None:
+    import docker
+
+    client = docker.from_env()
+    try:
+        assert client.containers.get(bystander).status == "running"
+    finally:
+        client.close()
 
 
 def test_sessions_land_on_several_nodes_and_keep_state_across_routers(
