@@ -30,7 +30,7 @@ KEEP_SECONDS = 24 * 3600
 # Seconds per file in a whole run (CI, 2 cores), longest first; rounded.
 LONGEST = (
     "tests/integration/cluster",  # 210 s
-    "tests/integration/test_bench.py",  # 254 s, after the cluster: both use the swarm lock
+    "tests/integration/test_bench.py",  # 254 s
     "tests/integration/test_persistence.py",  # 170 s
     "tests/integration/test_api.py",  # 170 s
     "tests/integration/test_classic_template.py",  # 105 s
