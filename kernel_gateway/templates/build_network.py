@@ -98,7 +98,7 @@ async def build_egress(
         log(f"network: {decision.outcome} {decision.method} {decision.host}{reason}")
 
     await asyncio.to_thread(_prepare, folder)
-    relay = Relay(folder / SOCKET, proxy.socket, user, secret, observe)
+    relay = Relay(folder / SOCKET, proxy.socket, user, secret, observe, owner="build")
     try:
         await proxy.allow(user, secret, allow)
         await relay.start()

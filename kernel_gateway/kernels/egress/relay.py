@@ -35,7 +35,7 @@ processes and the gateway's descriptors are shared by every session)."""
 REQUEST_HEAD_SECONDS = 30.0
 CHUNK = 64 * 1024
 REFUSALS = {
-    "ERR_KG_POLICY": "is not in this session's network allowlist",
+    "ERR_KG_POLICY": "is not in this {owner}'s network allowlist",
     "ERR_KG_PRIVATE": "resolves to a private, loopback or link-local address",
     "ERR_KG_LITERAL": "is an IP address: only allowlisted domain names",
     "ERR_KG_PORT": "only ports 80 and 443",
@@ -65,9 +65,17 @@ class Relay:
     at `upstream` as `user` (with `secret`)."""
 
     def __init__(
-        self, listen: Path, upstream: Path, user: str, secret: str, observe: Observer
+        self,
+        listen: Path,
+        upstream: Path,
+        user: str,
+        secret: str,
+        observe: Observer,
+        owner: str = "session",
     ) -> None:
         self.listen = listen
+        self.owner = owner
+        """Whose allowlist a refusal names: a session's, or a template build's."""
         self._upstream = upstream
         self._user = user
         token = base64.b64encode(f"{user}:{secret}".encode()).decode()
@@ -178,7 +186,8 @@ class Relay:
             self._decided(method, host, "allowed")
             return answer
         if error in REFUSALS:
-            reason = f"{host} {REFUSALS[error]}" if error != "ERR_KG_PORT" else REFUSALS[error]
+            refusal = REFUSALS[error].format(owner=self.owner)
+            reason = f"{host} {refusal}" if error != "ERR_KG_PORT" else refusal
             self._decided(method, host, "refused", reason)
             status_line = f"HTTP/1.1 {code} Forbidden by network policy: {reason}"
             return b"\r\n".join([status_line.encode("latin-1", "replace"), *lines[1:]]) + (
