@@ -135,11 +135,13 @@ def main() -> None:
             print(f"round {i + 1}/{rounds}…", flush=True)
             order = [None, name] if i % 2 == 0 else [name, None]
             for template in order:
+                # Both pools full before each create: the other one's refill (a container
+                # starting, about a second of CPU on 2 cores) would otherwise run beside it.
+                wait_warm(url, POOL)
+                wait_template_warm(client, name)
                 if template is None:
-                    wait_warm(url, POOL)
                     default.append(first_result(client, None))
                 else:
-                    wait_template_warm(client, name)
                     templated.append(first_result(client, template))
         results["create_first_result"] = {
             "default": summary(default),
