@@ -47,14 +47,18 @@ async def reclaim_orphans(backend: DockerBackend) -> None:
     containers = await backend.call(
         backend.client.api.containers, all=True, filters={"label": LABEL_MANAGED}
     )
-    stale = [
-        c["Id"]
-        for c in containers
-        if c["Labels"].get(LABEL_HOST) == runtime.hostname
-        and c["Labels"].get(LABEL_INSTANCE) != runtime.instance
-        and LABEL_LOCK in c["Labels"]
-        and owner_gone(Path(c["Labels"][LABEL_LOCK]), c["Labels"].get(LABEL_VIEW), runtime.view)
-    ]
+
+    def judged() -> list[str]:  # file system calls (locks): on a thread
+        return [
+            c["Id"]
+            for c in containers
+            if c["Labels"].get(LABEL_HOST) == runtime.hostname
+            and c["Labels"].get(LABEL_INSTANCE) != runtime.instance
+            and LABEL_LOCK in c["Labels"]
+            and owner_gone(Path(c["Labels"][LABEL_LOCK]), c["Labels"].get(LABEL_VIEW), runtime.view)
+        ]
+
+    stale = await asyncio.to_thread(judged)
     await asyncio.gather(*(backend.call(backend.remove_container, cid) for cid in stale))
     if stale:
         logger.info("removed %d orphaned kernel containers", len(stale))
