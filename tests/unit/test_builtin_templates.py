@@ -154,3 +154,17 @@ def test_python311_is_a_base_in_our_api_and_e2bs(tmp_path: Path) -> None:
     assert service.base_image("image:e2bdev/base") == settings.image
     with pytest.raises(InvalidRequest, match="`python3.11`"):
         service.base_image("image:python:3.12")
+
+
+def test_a_templates_kernels_report_their_images_python_version(tmp_path: Path) -> None:
+    settings = Settings(runtime_dir=tmp_path)
+    service = Templates(settings, cast(Backend, FakeBackend()), RuntimeDir(tmp_path), None)  # type: ignore[arg-type]
+    build = Build.new()
+    build.image, build.language = "sha256:built", "python"
+    build.spec = BuildSpec("image:python3.11")
+    # Recorded before builds kept a version (an older gateway's): its base's.
+    assert service.language_of(build).version == "3.11"
+    build.language_version = "3.11.2"  # what the built image's kernelspec says
+    assert service.language_of(build).version == "3.11.2"
+    build.spec, build.language_version = BuildSpec("python"), None
+    assert service.language_of(build).version == BUILTIN_PYTHON.version
