@@ -17,6 +17,7 @@ import docker
 import httpx
 import pytest
 
+from kernel_gateway.kernels.backends.labels import LABEL_LOCK
 from tests.support.api import collected, execute, parse_sse
 from tests.support.server import ServerFactory, ServerThread
 
@@ -396,7 +397,12 @@ def test_a_template_keeps_one_kernel_warm_while_used_and_none_once_idle(
         try:
 
             def kernels() -> int:
-                return len(engine.containers.list(filters={"ancestor": build["image"]}))
+                """This gateway's kernels of the template (an empty template's image is
+                the same for every gateway on the engine: another test's may run too)."""
+                found = engine.containers.list(filters={"ancestor": build["image"]})
+                return sum(1 for c in found if c.labels.get(LABEL_LOCK, "").startswith(f"{own}/"))
+
+            own = str(server.settings.runtime_dir)
 
             assert kernels() == 0  # none before it is used
             session = client.post("/sessions", json={"template": template}).json()
