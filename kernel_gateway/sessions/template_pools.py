@@ -138,14 +138,17 @@ class TemplatePools:
     async def _cool_down(self) -> None:
         """Stop the warm kernel of each template unused for --template-pool-idle."""
         idle = self._settings.template_pool_idle
-        while any(p.size for p in self._pools.values()):
+        while any(_holds(p) for p in self._pools.values()):
             await asyncio.sleep(min(idle / 4, 30.0))
             now = time.monotonic()
             for build_id, pool in list(self._pools.items()):
-                if pool.size and now - self._used.get(build_id, now) >= idle:
+                if not _holds(pool) or now - self._used.get(build_id, now) < idle:
+                    continue
+                if pool.size:
                     logger.info(
                         "template build %s unused for %.0f s: no warm kernel", build_id, idle
                     )
+                if pool.size or pool.ready:  # a kernel that was starting at the resize too
                     await pool.resize(0)
 
     async def _forget(self, template: Template) -> None:
@@ -161,3 +164,9 @@ class TemplatePools:
         for pool in self._pools.values():
             await pool.close()
         self._pools.clear()
+
+
+def _holds(pool: WarmPool) -> bool:
+    """Whether `pool` keeps, or is starting, a kernel (one started before it was resized to
+    none arrives after: the next round removes it)."""
+    return bool(pool.size or pool.ready or pool.stats()["starting"])
