@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.support import scheduling
-from tests.support.backends import backend_settings, require_backend
+from tests.support.backends import BACKENDS, backend_settings, require_backend
 from tests.support.server import ServerFactory, ServerThread
 from tests.support.wheels import package_index  # noqa: F401 - a fixture for every test
 
@@ -72,11 +72,33 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def gateway(backend_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    """One real server per backend, shared by the API tests."""
-    settings = backend_settings(backend_name, tmp_path_factory.mktemp(f"rt-{backend_name}"))
-    with ServerThread(settings) as server:
-        yield server
+def gateways() -> Iterator[dict[str, ServerThread]]:
+    """The shared gateways by backend name, each started on first use; all stop at the end."""
+    started: dict[str, ServerThread] = {}
+    try:
+        yield started
+    finally:
+        for server in reversed(started.values()):
+            server.__exit__(None, None, None)
+
+
+@pytest.fixture
+def gateway(
+    backend_name: str,
+    gateways: dict[str, ServerThread],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> ServerThread:
+    """One real server per backend, shared by the API tests.
+
+    Looked up by name, not cached as a session fixture: pytest keys a session fixture's
+    cache by its own parameters, so after a module that overrides `backend_name` (test_api
+    adds gVisor) a later module's docker tests were given the gVisor gateway."""
+    if backend_name not in gateways:
+        tmp = tmp_path_factory.mktemp(f"rt-{backend_name}")
+        gateways[backend_name] = ServerThread(backend_settings(backend_name, tmp)).__enter__()
+    server = gateways[backend_name]
+    assert server.settings.runtime == BACKENDS[backend_name][1], backend_name
+    return server
 
 
 @pytest.fixture
