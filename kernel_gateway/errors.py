@@ -9,7 +9,8 @@
     ├── NotFound                      404 not_found
     │   ├── SessionNotFound           404 session_not_found
     │   ├── ExecutionNotFound         404 execution_not_found
-    │   └── TemplateNotFound          404 template_not_found
+    │   ├── TemplateNotFound          404 template_not_found
+    │   └── SnapshotNotFound          404 snapshot_not_found
     ├── Conflict                      409 conflict
     │   ├── SessionBusy               409 session_busy        (too many queued executions)
     │   ├── SessionClosed             409 session_closed      (deleted while the request waited)
@@ -24,8 +25,10 @@
     ├── InvalidRequest                422 invalid_request     (well-formed JSON, wrong fields)
     ├── TooManySessions               429 too_many_sessions   (+ Retry-After)
     ├── TooManyTemplates              429 too_many_templates  (--max-templates)
+    ├── TooManySnapshots              429 too_many_snapshots  (--max-snapshots)
     ├── KernelUnavailable             503 kernel_unavailable  (+ Retry-After: no kernel could start)
-    │   └── HibernationFailed         503 hibernation_failed  (not saved: the session runs on)
+    │   └── HibernationFailed         503 hibernation_failed  (not saved: the session runs on;
+    │                                                          also a snapshot or fork's save)
     ├── BadGateway                    502 bad_gateway         (router: a node's answer was broken)
     ├── ShuttingDown                  503 shutting_down       (+ Retry-After: the gateway drains)
     │   └── NodeUnavailable           503 node_unavailable    (router: a node restarts; Retry-After)
@@ -97,6 +100,10 @@ class TemplateNotFound(NotFound):
     error_type = "template_not_found"
 
 
+class SnapshotNotFound(NotFound):
+    error_type = "snapshot_not_found"
+
+
 class Gone(GatewayError):
     status_code = 410
     error_type = "gone"
@@ -164,13 +171,19 @@ class TooManyTemplates(GatewayError):
     error_type = "too_many_templates"
 
 
+class TooManySnapshots(GatewayError):
+    status_code = 429
+    error_type = "too_many_snapshots"
+
+
 class KernelUnavailable(GatewayError):
     status_code = 503
     error_type = "kernel_unavailable"
 
 
 class HibernationFailed(KernelUnavailable):
-    """A session could not be saved to disk: it was not hibernated, and runs on as it was."""
+    """A session could not be saved to disk (to hibernate, snapshot or fork it): nothing was
+    made of it, and it runs on as it was."""
 
     error_type = "hibernation_failed"
 

@@ -27,7 +27,9 @@ DIED_REASONS: tuple[DiedReason, ...] = get_args(DiedReason)
 ExecutionStatus = Literal[Literal["queued", "running"], DoneStatus]
 """Where an execution is: waiting its turn, running, or how it ended."""
 
-SessionStatus = Literal["idle", "busy", "restarting", "hibernated", "failed", "closed"]
+SessionStatus = Literal[
+    "idle", "busy", "restarting", "hibernating", "hibernated", "failed", "closed"
+]
 """A session's state as the API reports it."""
 
 

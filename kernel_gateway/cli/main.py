@@ -98,6 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_run_arguments(run_parser)
 
+    from kernel_gateway.cli.snapshots import add_arguments as add_snapshot_arguments
+
+    snapshot_parser = commands.add_parser(
+        "snapshot",
+        help="snapshots and forks of a running gateway's sessions",
+        description="Take, list, start from, fork and delete snapshots through a gateway's "
+        "API; prints JSON. Exit status 2 when the gateway refuses.",
+    )
+    add_snapshot_arguments(snapshot_parser)
+
     mcp_parser = commands.add_parser(
         "mcp",
         help="an MCP server over stdio (for desktop clients), relaying to a gateway",
@@ -228,6 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kernel_gateway.cli.run import run_from_cli
 
         return run_from_cli(args)
+    if args.command == "snapshot":
+        from kernel_gateway.cli.snapshots import snapshot_from_cli
+
+        return snapshot_from_cli(args)
     if args.command == "mcp":
         from kernel_gateway.cli.mcp_stdio import main as mcp_main
 

@@ -23,6 +23,7 @@ from kernel_gateway.client._base import (
 )
 from kernel_gateway.client._failover import AsyncFailoverTransport
 from kernel_gateway.client.errors import (
+    APIError,
     ConnectFailed,
     NotFoundError,
     ShuttingDownError,
@@ -163,12 +164,27 @@ class AsyncClient(BaseClient):
         language: str | None = None,
         network: list[str] | None = None,
         template: str | None = None,
+        snapshot: str | None = None,
     ) -> AsyncSession:
         """A new session; `language` one of `languages()` (default python, or the template's);
         `network` the domains it may reach (within the gateway's `--egress-allow`; default
-        none); `template` one of `templates.list()` (`name`, `name:tag` or its id)."""
-        session_id = await self._send(self._create_session(language, network, template))
-        return AsyncSession(self, session_id)
+        none); `template` one of `templates.list()` (`name`, `name:tag` or its id);
+        `snapshot` a snapshot's id or name: its files, variables, language and template."""
+        call = self._create_session(language, network, template, snapshot)
+        return AsyncSession(self, await self._send(call))
+
+    async def snapshots(
+        self, session_id: str | None = None, name: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The snapshots kept (oldest first), those of one session or name if asked."""
+        return await self._send(self._snapshots(session_id, name))
+
+    async def snapshot(self, reference: str) -> dict[str, Any]:
+        """A snapshot, by id or name (`SnapshotNotFoundError` if none)."""
+        return await self._send(self._snapshot(reference))
+
+    async def delete_snapshot(self, reference: str) -> None:
+        await self._send(self._delete_snapshot(reference))
 
     async def languages(self) -> list[dict[str, Any]]:
         """The languages the gateway runs: name, display_name, version, ..."""
@@ -181,12 +197,13 @@ class AsyncClient(BaseClient):
         language: str | None = None,
         network: list[str] | None = None,
         template: str | None = None,
+        snapshot: str | None = None,
     ) -> _SessionContext:
         """`async with client.session() as s:` creates (or attaches) and deletes it on exit.
 
         Awaited instead (`s = await client.session()`), it creates without deleting.
         """
-        return _SessionContext(self, session_id, language, network, template)
+        return _SessionContext(self, session_id, language, network, template, snapshot)
 
     async def sessions(self) -> list[dict[str, Any]]:
         return await self._send(self._sessions())
@@ -239,18 +256,22 @@ class _SessionContext:
         language: str | None = None,
         network: list[str] | None = None,
         template: str | None = None,
+        snapshot: str | None = None,
     ) -> None:
         self._client = client
         self._session_id = session_id
         self._language = language
         self._network = network
         self._template = template
+        self._snapshot = snapshot
         self._session: AsyncSession | None = None
 
     async def _open(self) -> AsyncSession:
         if self._session_id:
             return AsyncSession(self._client, self._session_id)
-        return await self._client.create_session(self._language, self._network, self._template)
+        return await self._client.create_session(
+            self._language, self._network, self._template, self._snapshot
+        )
 
     def __await__(self) -> Generator[Any, None, AsyncSession]:
         return self._open().__await__()
@@ -317,6 +338,20 @@ class AsyncSession(BaseSession[AsyncClient]):
         """Bring a hibernated session back now: what resuming reported (`lost`: the names
         that did not come back, each with why), or None if it was not hibernated."""
         return await self.client._send(self._resume())
+
+    async def snapshot(self, name: str | None = None) -> dict[str, Any]:
+        """Keep a copy of the session as it is now (files, and a Python session's variables):
+        the snapshot (`lost`: what it does not hold); sessions start from it with
+        `client.session(snapshot=id)`. A snapshot of that `name` is replaced."""
+        return await self.client._send(self._take_snapshot(name))
+
+    async def fork(self, count: int = 1) -> list[AsyncSession | APIError]:
+        """`count` copies of the session as it is now, each a new session (or the error
+        that kept it from starting); this one runs on."""
+        return [
+            AsyncSession(self.client, made) if isinstance(made, str) else made
+            for made in await self.client._send(self._fork(count))
+        ]
 
     async def upload(self, path: str, data: bytes) -> dict[str, Any]:
         return await self.client._send(self._upload(path, data))

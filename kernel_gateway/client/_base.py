@@ -12,16 +12,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 
 from kernel_gateway.client._failover import Replicas
 from kernel_gateway.client.errors import (
+    APIError,
     ConnectFailed,
     ProtocolError,
     ShuttingDownError,
     StreamEnded,
+    error_class,
     from_response,
 )
 from kernel_gateway.client.models import Callbacks, Done, Event, Execution, event_from
@@ -61,6 +63,22 @@ def _field(name: str) -> Callable[[httpx.Response], Any]:
         return document[name]
 
     return parse
+
+
+def _forks(response: httpx.Response) -> list[str | APIError]:
+    """A fork's answer: each copy's session id, or its error."""
+    out: list[str | APIError] = []
+    for fork in _field("forks")(response):
+        if not isinstance(fork, dict):
+            raise ProtocolError("the gateway's fork answer is not a list of objects")
+        if isinstance(fork.get("session"), dict):
+            out.append(str(fork["session"]["id"]))
+            continue
+        error = fork.get("error") or {}
+        status = int(fork.get("status") or 500)
+        kind, message = str(error.get("type", "http_error")), str(error.get("message", ""))
+        out.append(error_class(status, kind)(status, kind, message))
+    return out
 
 
 def _nothing(response: httpx.Response) -> None:
@@ -297,13 +315,32 @@ class BaseClient:
         language: str | None = None,
         network: list[str] | None = None,
         template: str | None = None,
+        snapshot: str | None = None,
     ) -> Call[str]:
         body: dict[str, Any] = {} if language is None else {"language": language}
         if network is not None:
             body["network"] = network_policy(network)
         if template is not None:
             body["template"] = template
+        if snapshot is not None:
+            body["snapshot"] = snapshot
         return Call("POST", "/sessions", lambda r: str(_field("id")(r)), json=body)
+
+    @staticmethod
+    def _snapshots(
+        session_id: str | None = None, name: str | None = None
+    ) -> Call[list[dict[str, Any]]]:
+        query = {k: v for k, v in (("session_id", session_id), ("name", name)) if v is not None}
+        suffix = f"?{urlencode(query)}" if query else ""
+        return Call("GET", f"/snapshots{suffix}", _field("snapshots"))
+
+    @staticmethod
+    def _snapshot(reference: str) -> Call[dict[str, Any]]:
+        return Call("GET", f"/snapshots/{quote(reference, safe='')}", json_object)
+
+    @staticmethod
+    def _delete_snapshot(reference: str) -> Call[None]:
+        return Call("DELETE", f"/snapshots/{quote(reference, safe='')}", _nothing)
 
     @staticmethod
     def _languages() -> Call[list[dict[str, Any]]]:
@@ -351,6 +388,13 @@ class BaseSession(Generic[ClientT]):
 
     def _resume(self) -> Call[dict[str, Any] | None]:
         return Call("POST", f"{self._path}/resume", _field("resumed"))
+
+    def _take_snapshot(self, name: str | None) -> Call[dict[str, Any]]:
+        body = {} if name is None else {"name": name}
+        return Call("POST", f"{self._path}/snapshots", json_object, json=body)
+
+    def _fork(self, count: int) -> Call[list[str | APIError]]:
+        return Call("POST", f"{self._path}/fork", _forks, json={"count": count})
 
     def _upload(self, path: str, data: bytes) -> Call[dict[str, Any]]:
         return Call("PUT", _file_path(self.id, path), json_object, content=data)

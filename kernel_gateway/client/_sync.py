@@ -23,6 +23,7 @@ from kernel_gateway.client._base import (
 )
 from kernel_gateway.client._failover import FailoverTransport
 from kernel_gateway.client.errors import (
+    APIError,
     ConnectFailed,
     NotFoundError,
     ShuttingDownError,
@@ -157,11 +158,27 @@ class Client(BaseClient):
         language: str | None = None,
         network: list[str] | None = None,
         template: str | None = None,
+        snapshot: str | None = None,
     ) -> Session:
         """A new session; `language` one of `languages()` (default python, or the template's);
         `network` the domains it may reach (within the gateway's `--egress-allow`; default
-        none); `template` one of `templates.list()` (`name`, `name:tag` or its id)."""
-        return Session(self, self._send(self._create_session(language, network, template)))
+        none); `template` one of `templates.list()` (`name`, `name:tag` or its id);
+        `snapshot` a snapshot's id or name: its files, variables, language and template."""
+        call = self._create_session(language, network, template, snapshot)
+        return Session(self, self._send(call))
+
+    def snapshots(
+        self, session_id: str | None = None, name: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The snapshots kept (oldest first), those of one session or name if asked."""
+        return self._send(self._snapshots(session_id, name))
+
+    def snapshot(self, reference: str) -> dict[str, Any]:
+        """A snapshot, by id or name (`SnapshotNotFoundError` if none)."""
+        return self._send(self._snapshot(reference))
+
+    def delete_snapshot(self, reference: str) -> None:
+        self._send(self._delete_snapshot(reference))
 
     def languages(self) -> list[dict[str, Any]]:
         """The languages the gateway runs: name, display_name, version, ..."""
@@ -174,11 +191,12 @@ class Client(BaseClient):
         language: str | None = None,
         network: list[str] | None = None,
         template: str | None = None,
+        snapshot: str | None = None,
     ) -> Session:
         """A session to use as a context manager: created now (or attached), deleted on exit."""
         if session_id:
             return Session(self, session_id)
-        return self.create_session(language, network, template)
+        return self.create_session(language, network, template, snapshot)
 
     def sessions(self) -> list[dict[str, Any]]:
         return self._send(self._sessions())
@@ -268,6 +286,20 @@ class Session(BaseSession[Client]):
         """Bring a hibernated session back now: what resuming reported (`lost`: the names
         that did not come back, each with why), or None if it was not hibernated."""
         return self.client._send(self._resume())
+
+    def snapshot(self, name: str | None = None) -> dict[str, Any]:
+        """Keep a copy of the session as it is now (files, and a Python session's variables):
+        the snapshot (`lost`: what it does not hold); sessions start from it with
+        `client.session(snapshot=id)`. A snapshot of that `name` is replaced."""
+        return self.client._send(self._take_snapshot(name))
+
+    def fork(self, count: int = 1) -> list[Session | APIError]:
+        """`count` copies of the session as it is now, each a new session (or the error
+        that kept it from starting); this one runs on."""
+        return [
+            Session(self.client, made) if isinstance(made, str) else made
+            for made in self.client._send(self._fork(count))
+        ]
 
     def upload(self, path: str, data: bytes) -> dict[str, Any]:
         return self.client._send(self._upload(path, data))

@@ -18,7 +18,8 @@
         ├── NotFoundError               404 not_found
         │   ├── SessionNotFoundError    404 session_not_found
         │   ├── ExecutionNotFoundError  404 execution_not_found
-        │   └── TemplateNotFoundError   404 template_not_found
+        │   ├── TemplateNotFoundError   404 template_not_found
+        │   └── SnapshotNotFoundError   404 snapshot_not_found
         ├── MethodNotAllowedError       405 method_not_allowed
         ├── GoneError                   410 gone
         │   ├── ExecutionExpiredError   410 execution_expired (past the session's retention)
@@ -30,7 +31,8 @@
         │   ├── SessionFailedError      409 session_failed   (its kernel kept dying: gave up)
         │   └── TemplateConflictError   409 template_conflict (name taken, building, in use)
         ├── RateLimitError              429 too_many_sessions (retry_after)
-        │   └── TooManyTemplatesError   429 too_many_templates (--max-templates)
+        │   ├── TooManyTemplatesError   429 too_many_templates (--max-templates)
+        │   └── TooManySnapshotsError   429 too_many_snapshots (--max-snapshots)
         └── ServerError                 500 internal_error (and any other 5xx)
             ├── BadGatewayError         502 bad_gateway (a cluster router: a node's answer broke)
             └── UnavailableError        503 (retry_after)
@@ -166,6 +168,10 @@ class TemplateNotFoundError(NotFoundError):
     """404: no template with this name or id (or no such tag of it)."""
 
 
+class SnapshotNotFoundError(NotFoundError):
+    """404: no snapshot with this id or name."""
+
+
 class GoneError(APIError):
     """410: what was asked for existed but is no longer kept."""
 
@@ -215,6 +221,10 @@ class TooManyTemplatesError(RateLimitError):
     """429: the gateway keeps its maximum of templates (`--max-templates`)."""
 
 
+class TooManySnapshotsError(RateLimitError):
+    """429: the gateway keeps its maximum of snapshots (`--max-snapshots`)."""
+
+
 class ServerError(APIError):
     """5xx: the gateway failed."""
 
@@ -262,6 +272,7 @@ BY_TYPE: dict[str, type[APIError]] = {
     "session_not_found": SessionNotFoundError,
     "execution_not_found": ExecutionNotFoundError,
     "template_not_found": TemplateNotFoundError,
+    "snapshot_not_found": SnapshotNotFoundError,
     "gone": GoneError,
     "execution_expired": ExecutionExpiredError,
     "session_lost": SessionLostError,
@@ -274,6 +285,7 @@ BY_TYPE: dict[str, type[APIError]] = {
     "template_conflict": TemplateConflictError,
     "too_many_sessions": RateLimitError,
     "too_many_templates": TooManyTemplatesError,
+    "too_many_snapshots": TooManySnapshotsError,
     "internal_error": ServerError,
     "bad_gateway": BadGatewayError,
     "kernel_unavailable": KernelUnavailableError,

@@ -13,15 +13,26 @@ objects shared between names stay shared. A name whose value cannot be pickled (
 socket, a generator, a thread, a C extension's object that refuses) is left out, and reported
 with why; an `Out` entry too.
 
+Saving is bounded in time (`seconds`): a value whose pickling never ends (a `__reduce__`
+that loops) must not keep the kernel from its next cell. Past the limit the whole save
+stops; each name is then tried alone within the same limit, to name the one at fault, and
+`SaveTooLong` says which. Nothing is changed in the namespace; the file is the gateway's to
+remove. The limit is a `SIGALRM` timer, so it stops Python code, not a C call that never
+returns (the gateway interrupts the kernel then).
+
 The report is a JSON string, read back by the gateway from the call's result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 # Names IPython makes and keeps by itself (`In`/`Out` are restored through its history).
@@ -29,6 +40,46 @@ _IPYTHON_NAMES = frozenset({"In", "Out", "_ih", "_oh", "_dh", "exit", "quit"})
 # Variables each kernel has of its own: never carried from the old kernel to the new one.
 _KERNEL_OWN = frozenset({"HOME", "PWD", "OLDPWD", "HOSTNAME", "KERNEL_ID", "SHLVL", "_"})
 _FORMAT = 2
+
+
+class SaveTooLong(Exception):
+    """Saving did not finish within its time limit (the words name the value at fault)."""
+
+
+class _Late(BaseException):
+    """The timer rang (a BaseException: no `except Exception` in a `__reduce__` keeps it)."""
+
+
+@contextlib.contextmanager
+def _limit(seconds: float) -> Iterator[None]:
+    """Raise `_Late` in this thread once `seconds` have passed (0: no limit)."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def ring(signum: int, frame: Any) -> None:
+        raise _Late
+
+    previous = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _too_long(names: dict[str, Any], dump: Any, seconds: float) -> SaveTooLong:
+    """Which of `names` alone takes more than `seconds` to pickle: the error naming it."""
+    for name, value in names.items():
+        try:
+            with _limit(seconds):
+                dump(value, _Sink())
+        except _Late:
+            return SaveTooLong(f"saving {name!r} did not finish within {seconds:g} s")
+        except BaseException:  # noqa: BLE001, S112 - not picklable: the save's other path
+            continue
+    return SaveTooLong(f"saving the session did not finish within {seconds:g} s")
 
 
 class _Sink:
@@ -62,6 +113,8 @@ def _picklable(value: Any, dumps: Any) -> str | None:
 
     try:
         dumps(value, _Sink())
+    except _Late:
+        raise  # the save's time is up: not this value's fault alone
     except RecursionError:
         return "RecursionError: too deeply nested to save"
     except BaseException as exc:  # noqa: BLE001 - any failure means "not kept", with why
@@ -72,8 +125,9 @@ def _picklable(value: Any, dumps: Any) -> str | None:
     return None
 
 
-def save(path: str) -> str:
-    """Write the user's namespace to `path`; return the report as JSON.
+def save(path: str, seconds: float = 0.0) -> str:
+    """Write the user's namespace to `path`; return the report as JSON. `SaveTooLong` when
+    the pickling takes more than `seconds` (0: no limit).
 
     Two pickles, one after the other: first the kernel's settings (working directory,
     `sys.path`, environment, history), made of plain values, so that `restore` puts them back
@@ -105,21 +159,28 @@ def save(path: str) -> str:
         pickle.dump(settings, file, protocol=pickle.HIGHEST_PROTOCOL)
         start = file.tell()
         try:
-            dump(payload, file)
-        except BaseException:  # noqa: BLE001 - find the names at fault, leave them out
-            for name in list(namespace):
-                reason = _picklable(namespace[name], dump)
-                if reason is not None:
-                    del namespace[name]
-                    lost.append({"name": name, "reason": reason})
-            for key in list(out):
-                reason = _picklable(out[key], dump)
-                if reason is not None:
-                    del out[key]
-                    lost.append({"name": f"Out[{key}]", "reason": reason})
-            file.seek(start)
-            file.truncate()
-            dump(payload, file)
+            with _limit(seconds):
+                try:
+                    dump(payload, file)
+                except _Late:
+                    raise
+                except BaseException:  # noqa: BLE001 - find the names at fault, leave them out
+                    for name in list(namespace):
+                        reason = _picklable(namespace[name], dump)
+                        if reason is not None:
+                            del namespace[name]
+                            lost.append({"name": name, "reason": reason})
+                    for key in list(out):
+                        reason = _picklable(out[key], dump)
+                        if reason is not None:
+                            del out[key]
+                            lost.append({"name": f"Out[{key}]", "reason": reason})
+                    file.seek(start)
+                    file.truncate()
+                    dump(payload, file)
+        except _Late:
+            named = {**namespace, **{f"Out[{k}]": v for k, v in out.items()}}
+            raise _too_long(named, dump, seconds) from None
         size = file.tell()
     return json.dumps({"saved": len(namespace), "lost": lost, "bytes": size})
 

@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from kernel_gateway.kernels.backends.base import in_kernel_source
-from kernel_gateway.kernels.kernel import Kernel, KernelCallFailed
+from kernel_gateway.kernels.kernel import Kernel, KernelCallFailed, KernelCallTimedOut
 from kernel_gateway.shapes.events import LostName
 
-SAVE_SECONDS = 300.0  # a namespace of about the memory limit, written to disk
+SAVE_GRACE = 10.0
+"""Seconds past twice the save limit (the whole save, then the names one by one) before the
+gateway stops waiting and interrupts the kernel (a C call the kernel's timer cannot stop)."""
 LOAD_SECONDS = 300.0
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -61,8 +63,10 @@ class Saved:
 class Snapshots:
     """The gateway's folder of snapshots, one file per hibernated session."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, save_seconds: float = 60.0) -> None:
         self.folder = folder
+        self.save_seconds = save_seconds
+        """How long a kernel may take to write its namespace (`--snapshot-timeout`)."""
 
     def open(self) -> None:
         """Create the folder, 0700 (blocks)."""
@@ -106,61 +110,17 @@ class Snapshots:
     async def save(self, kernel: Kernel) -> tuple[Saved, str]:
         """Have `kernel` write its namespace into its handover folder: what it saved, and
         the file's name there (keep it with `take`, or `drop` it)."""
-        host, inside = _handover(kernel)
-        name = f"snapshot-{secrets.token_hex(8)}"
-        call = f"save({str(Path(inside) / name)!r})"
-        try:
-            report = await _run(kernel, call, SAVE_SECONDS)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                await asyncio.shield(asyncio.to_thread(_unlink_in, host, name))
-            raise
-        lost = [Lost(str(x["name"]), str(x["reason"])) for x in report.get("lost", [])]
-        return Saved(int(report.get("saved", 0)), lost, int(report.get("bytes", 0))), name
+        return await save(kernel, self.save_seconds)
 
     async def drop(self, kernel: Kernel, name: str) -> None:
         """Delete what `save` wrote (as `name`), unused."""
-        host, _ = _handover(kernel)
-        await asyncio.to_thread(_unlink_in, host, name)
+        await drop(kernel, name)
 
     async def take(self, kernel: Kernel, name: str, session_id: str) -> None:
         """Keep what `save` wrote (as `name`) as `session_id`'s snapshot, out of the
-        kernel's reach. The kernel may still run: the file is opened without following a
-        link or blocking on a FIFO, checked to be a plain file of one link, made the
-        gateway's (0600) through that descriptor, and linked into the gateway's folder from
-        it (`/proc/self/fd`), so what is kept is the inode checked, whatever the kernel does
-        with the name meanwhile."""
-        host, _ = _handover(kernel)
-        try:
-            await asyncio.to_thread(self._take, host, name, self.path(session_id))
-        except OSError as exc:
-            raise SnapshotError(f"the kernel's snapshot could not be kept: {exc}") from None
-
-    def _take(self, host: Path, name: str, target: Path) -> None:
+        kernel's reach (see `keep`)."""
         self.open()
-        dir_fd = os.open(host, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-            try:
-                fd = os.open(name, flags, dir_fd=dir_fd)
-            except OSError as exc:
-                raise SnapshotError(f"the kernel's snapshot is not there: {exc}") from exc
-            try:
-                info = os.fstat(fd)
-                if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-                    raise SnapshotError("the kernel's snapshot is not a plain file")
-                os.fchown(fd, os.geteuid(), os.getegid())
-                os.fchmod(fd, 0o600)
-                partial = target.with_suffix(".partial")
-                partial.unlink(missing_ok=True)
-                _link_open_file(fd, partial)
-                os.replace(partial, target)
-            finally:
-                os.close(fd)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=dir_fd)
-            os.close(dir_fd)
+        await keep(kernel, name, self.path(session_id))
 
     # -- a new kernel loads it -------------------------------------------------------------
 
@@ -173,18 +133,107 @@ class Snapshots:
         The kernel reads a second link of the gateway's file (readable, not writable, by
         it), removed after; the snapshot itself stays until the caller has recorded the
         resume (`delete`). SnapshotError says why it could not be loaded."""
-        host, inside = _handover(kernel)
-        name = f"restore-{secrets.token_hex(8)}"
-        source = self.path(session_id)
+        await load(kernel, self.path(session_id), devices)
+
+
+async def save(kernel: Kernel, seconds: float) -> tuple[Saved, str]:
+    """Have `kernel` write its namespace into its handover folder, in at most about
+    `seconds`: what it saved, and the file's name there (`keep` it, or `drop` it)."""
+    host, inside = _handover(kernel)
+    name = f"snapshot-{secrets.token_hex(8)}"
+    call = f"save({str(Path(inside) / name)!r}, {seconds!r})"
+    try:
+        report = await _run(kernel, call, 2 * seconds + SAVE_GRACE)
+    except BaseException as exc:
+        if isinstance(exc.__cause__, KernelCallTimedOut):
+            await kernel.interrupt()  # stuck where its own timer cannot reach
+        with contextlib.suppress(OSError):
+            await asyncio.shield(asyncio.to_thread(_unlink_in, host, name))
+        raise
+    lost = [Lost(str(x["name"]), str(x["reason"])) for x in report.get("lost", [])]
+    return Saved(int(report.get("saved", 0)), lost, int(report.get("bytes", 0))), name
+
+
+async def drop(kernel: Kernel, name: str) -> None:
+    """Delete what the kernel wrote as `name` in its handover folder, unused."""
+    host, _ = _handover(kernel)
+    await asyncio.to_thread(_unlink_in, host, name)
+
+
+async def keep(kernel: Kernel, name: str, target: Path, mode: int = 0o600) -> int:
+    """Keep the file the kernel wrote as `name` in its handover folder as `target` (the
+    gateway's, `mode`), out of the kernel's reach: its size. The kernel may still run: the
+    file is opened without following a link or blocking on a FIFO, checked to be a plain
+    file of one link, made the gateway's through that descriptor, and linked to `target`
+    from it (`/proc/self/fd`), so what is kept is the inode checked, whatever the kernel
+    does with the name meanwhile."""
+    host, _ = _handover(kernel)
+    try:
+        return await asyncio.to_thread(_take, host, name, target, mode)
+    except OSError as exc:
+        raise SnapshotError(f"the kernel's file could not be kept: {exc}") from None
+
+
+async def load(kernel: Kernel, source: Path, devices: dict[str, int] | None = None) -> None:
+    """Load the namespace snapshot `source` into `kernel`: see `Snapshots.load`. A file
+    already 0444 (a saved snapshot, given to many kernels) stays so."""
+    host, inside = _handover(kernel)
+    name = f"restore-{secrets.token_hex(8)}"
+    try:
+        shared = await asyncio.to_thread(_give, source, host, name)
+    except OSError as exc:
+        raise SnapshotError(f"the snapshot is not there: {exc}") from None
+    call = f"restore({str(Path(inside) / name)!r}, {devices or {}!r})"
+    try:
+        await _run(kernel, call, LOAD_SECONDS)
+    finally:
+        await asyncio.shield(asyncio.to_thread(_take_back, source, host, name, shared))
+
+
+async def give(kernel: Kernel, source: Path) -> tuple[str, str]:
+    """A read-only link of the gateway's 0444 file `source` in the kernel's handover folder:
+    its name there and its path as the kernel sees it (`take_back` it after use)."""
+    host, inside = _handover(kernel)
+    name = f"give-{secrets.token_hex(8)}"
+    try:
+        await asyncio.to_thread(_give, source, host, name)
+    except OSError as exc:
+        raise SnapshotError(f"the file is not there: {exc}") from None
+    return name, str(Path(inside) / name)
+
+
+async def take_back(kernel: Kernel, name: str) -> None:
+    """Remove what `give` linked into the kernel's handover folder."""
+    host, _ = _handover(kernel)
+    with contextlib.suppress(OSError):
+        await asyncio.shield(asyncio.to_thread(_unlink_in, host, name))
+
+
+def _take(host: Path, name: str, target: Path, mode: int) -> int:
+    dir_fd = os.open(host, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            await asyncio.to_thread(_give, source, host, name)
+            fd = os.open(name, flags, dir_fd=dir_fd)
         except OSError as exc:
-            raise SnapshotError(f"the snapshot is not there: {exc}") from None
-        call = f"restore({str(Path(inside) / name)!r}, {devices or {}!r})"
+            raise SnapshotError(f"the kernel's file is not there: {exc}") from exc
         try:
-            await _run(kernel, call, LOAD_SECONDS)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                raise SnapshotError("the kernel's file is not a plain file")
+            os.fchown(fd, os.geteuid(), os.getegid())
+            os.fchmod(fd, mode)
+            partial = target.with_suffix(".partial")
+            partial.unlink(missing_ok=True)
+            _link_open_file(fd, partial)
+            os.replace(partial, target)
+            return info.st_size
         finally:
-            await asyncio.shield(asyncio.to_thread(_take_back, source, host, name))
+            os.close(fd)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
+        os.close(dir_fd)
 
 
 def _handover(kernel: Kernel) -> tuple[Path, str]:
@@ -208,7 +257,7 @@ async def _run(kernel: Kernel, call: str, seconds: float) -> dict[str, Any]:
         text = await kernel.evaluate(code, expression, seconds)
         report = json.loads(ast.literal_eval(text))
     except KernelCallFailed as exc:
-        raise SnapshotError(str(exc)) from None
+        raise SnapshotError(str(exc)) from exc
     except (ValueError, SyntaxError) as exc:
         raise SnapshotError(f"the kernel's report is unreadable: {exc}") from None
     if not isinstance(report, dict):
@@ -216,12 +265,13 @@ async def _run(kernel: Kernel, call: str, seconds: float) -> dict[str, Any]:
     return report
 
 
-def _give(source: Path, host: Path, name: str) -> None:
+def _give(source: Path, host: Path, name: str) -> bool:
     """A second link of the gateway's snapshot in a kernel's folder, readable by anyone who
     reaches it (the runtime folder is the gateway's alone), writable by no one but the
-    gateway."""
+    gateway. True when it was 0444 already (shared by many kernels: it stays so)."""
     fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
+        shared = stat.S_IMODE(os.fstat(fd).st_mode) == 0o444
         os.fchmod(fd, 0o444)
     finally:
         os.close(fd)
@@ -230,12 +280,15 @@ def _give(source: Path, host: Path, name: str) -> None:
         os.link(source, name, dst_dir_fd=dir_fd, follow_symlinks=False)
     finally:
         os.close(dir_fd)
+    return shared
 
 
-def _take_back(source: Path, host: Path, name: str) -> None:
-    """Undo `_give`: the kernel's link removed, the snapshot private again."""
+def _take_back(source: Path, host: Path, name: str, shared: bool) -> None:
+    """Undo `_give`: the kernel's link removed, the snapshot private again (unless shared)."""
     with contextlib.suppress(OSError):
         _unlink_in(host, name)
+    if shared:
+        return
     with contextlib.suppress(OSError):
         fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:

@@ -45,6 +45,10 @@ class KernelCallFailed(Exception):
     """Silent code the gateway ran in a kernel failed (`Kernel.evaluate`): the words say why."""
 
 
+class KernelCallTimedOut(KernelCallFailed):
+    """No answer within the time given: the code may still be running in the kernel."""
+
+
 class OutputSink(Protocol):
     """Receives what one execute_request caused on IOPub, already parsed."""
 
@@ -271,7 +275,7 @@ class Kernel:
         if not reply.done() or reply.cancelled():
             if self.exit_info is not None:
                 raise KernelCallFailed(self.exit_info.describe())
-            raise KernelCallFailed(f"no answer within {seconds:g} s")
+            raise KernelCallTimedOut(f"no answer within {seconds:g} s")
         answer = reply.result()["content"]
         if answer.get("status") != "ok":
             raise KernelCallFailed(f"{answer.get('ename', 'Error')}: {answer.get('evalue', '')}")

@@ -31,6 +31,7 @@ from kernel_gateway.server.routes import routes
 from kernel_gateway.sessions.durable import DurableSessions
 from kernel_gateway.sessions.gauges import RegistryGauges
 from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.sessions.snapshots import SavedSessions, SnapshotStore
 from kernel_gateway.settings import Settings
 from kernel_gateway.templates.builtin import start_builtin
 from kernel_gateway.templates.service import Templates
@@ -50,6 +51,7 @@ class State(TypedDict):
     jupyter: JupyterKernels
     mcp: LazyMcp | None
     e2b: E2BService
+    snapshots: SavedSessions
     openapi: Callable[[], JSON]
 
 
@@ -134,13 +136,16 @@ def create_app(settings: Settings) -> Starlette:
             )
             records = runtime.path if settings.persist_sessions else None
             languages = registry.languages
-            async with protocol_state(settings, registry, records) as protocols:
+            snapshots = SavedSessions(registry, SnapshotStore(runtime.root / "snapshots"))
+            await asyncio.to_thread(snapshots.store.open)
+            async with protocol_state(settings, registry, snapshots, records) as protocols:
                 document = functools.cache(functools.partial(build, settings, list(languages)))
                 yield {
                     "registry": registry,
                     "templates": templates,
                     "settings": settings,
                     "metrics": metrics,
+                    "snapshots": snapshots,
                     "openapi": document,
                     **protocols,
                 }

@@ -103,6 +103,8 @@ class Hibernation:
         """The storage of the warm kernel that resumed it, carrying its disk."""
         self.under_way = False
         """A hibernation or a resume is under way (a stop waits for it to end)."""
+        self.saving = False
+        """Its kernel is writing its variables (the session shows `hibernating`)."""
         self._notice: ResumedData | None = None
         """What its last resume could not bring back, for the next cell (given once)."""
 
@@ -221,7 +223,7 @@ class Hibernator:
             kernel = slot.kernel
             assert kernel is not None
             activity = session.last_activity
-            h.under_way = True
+            h.under_way = h.saving = True
             try:
                 try:
                     saved, name = await self.snapshots.save(kernel)
@@ -253,7 +255,7 @@ class Hibernator:
                 await self.flush()  # on disk before the kernel goes
                 self._tasks.spawn(self._end(kernel, carrier))
             finally:
-                h.under_way = False
+                h.under_way = h.saving = False
         self.metrics.hibernated(time.monotonic() - began)
         logger.info(
             "session %s hibernated: %d names, %d bytes%s",

@@ -115,9 +115,8 @@ class Registry:
         self.egress = egress
         """The egress proxy, when the operator allows some domains (`--egress-allow`)."""
         self._tasks = TaskSet()
-        self.hibernator = Hibernator(
-            warm, Snapshots(warm.workspaces.parent / "snapshots"), warm.metrics
-        )
+        snapshots = Snapshots(warm.workspaces.parent / "snapshots", settings.snapshot_timeout)
+        self.hibernator = Hibernator(warm, snapshots, warm.metrics)
         """Hibernates and resumes Python sessions (on demand, and idle ones with
         `--hibernate-after`)."""
         self.hibernator.flush = self._flush

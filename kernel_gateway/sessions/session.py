@@ -316,6 +316,8 @@ class Session:
             return "closed"
         if self.slot.hibernated:
             return "hibernated"
+        if self.hibernation is not None and self.hibernation.saving:
+            return "hibernating"
         if self.slot.policy.failed:
             return "failed"
         if self.cells.current is not None:

@@ -308,6 +308,23 @@ class Settings:
         finite=True,
         minimum=0,
     )
+    snapshot_timeout: float = setting(
+        60.0,
+        "seconds a session's variables and files may take to be saved (hibernation, "
+        "snapshots, forks) before it gives up",
+        doc="seconds a kernel may take to write its variables when its session hibernates, "
+        "is snapshotted or forked (and its files, for a snapshot or fork); past it the save "
+        "stops, the session runs on as it was, and the answer is 503 `hibernation_failed` "
+        "naming the value that would not save ([Hibernation](hibernation.md))",
+        positive=True,
+    )
+    max_snapshots: int = setting(
+        100,
+        "most snapshots this gateway keeps",
+        doc="snapshots kept at once (`POST /sessions/{id}/snapshots`); beyond it a new one "
+        "gets 429 `too_many_snapshots` until one is deleted ([Snapshots](snapshots.md))",
+        minimum=0,
+    )
     hibernated_ttl: float = setting(
         7 * 24 * 3600.0,
         "seconds a hibernated session is kept before it is deleted with its files",

@@ -249,12 +249,49 @@ TemplateName = Annotated[
 ]
 
 
+SnapshotName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Letters, digits and `-_.`, starting with a letter or digit.",
+    ),
+]
+
+
 class NewSession(RequestModel):
     """A new session: send an empty object (or no body) for Python."""
 
     language: LanguageName = None
     network: NetworkPolicy = None
     template: TemplateName = None
+    snapshot: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=200,
+            description="A snapshot (`GET /snapshots`) to start from, by id or name: the "
+            "session gets its files and (Python) variables, its language and template, and "
+            "its network policy unless `network` asks another. `language` and `template` "
+            "may not be given with it.",
+        ),
+    ] = None
+
+
+class NewSnapshot(RequestModel):
+    """A snapshot of the session as it is now."""
+
+    name: Annotated[
+        SnapshotName | None,
+        Field(description="Keep it under this name: a snapshot of that name is replaced."),
+    ] = None
+
+
+class ForkRequest(RequestModel):
+    """Copies of the session as it is now."""
+
+    count: Annotated[int, Field(ge=1, le=100, description="How many copies (1 to 100).")] = 1
 
 
 class ExecuteRequest(RequestModel):

@@ -148,6 +148,62 @@ class SessionList(TypedDict):
     sessions: list[Session]
 
 
+@closed
+class Snapshot(TypedDict):
+    """A snapshot: a session's files and (Python) variables as they were, kept to start new
+    sessions from."""
+
+    id: Annotated[str, field(description="`snap-` and 20 hex digits (after `node.` in a cluster).")]
+    name: Annotated[str | None, field(description="The name it is kept under, if any.")]
+    session_id: Annotated[str, field(description="The session it was taken from.")]
+    language: str
+    template: Annotated[str | None, field(description="The id of the template it runs, if any.")]
+    created_at: Timestamp
+    bytes: Annotated[Count, field(description="Its size on disk: files and variables.")]
+    lost: Annotated[
+        list[LostName],
+        field(
+            description="What it does not hold (names that could not be saved), as "
+            "hibernation reports them."
+        ),
+    ]
+
+
+@closed
+class SnapshotList(TypedDict):
+    snapshots: list[Snapshot]
+
+
+@closed
+class Restored(TypedDict):
+    snapshot: Annotated[str, field(description="The snapshot's id.")]
+    lost: Annotated[list[LostName], field(description="What the snapshot did not hold.")]
+
+
+@closed
+class RestoredSession(Session):
+    restored: Annotated[
+        Restored | None,
+        field(description="The snapshot it was started from, and what that did not hold."),
+    ]
+
+
+@closed
+class ForkOutcome(TypedDict):
+    """One copy: its session, or why it could not be started."""
+
+    session: NotRequired[RestoredSession]
+    error: NotRequired[ErrorDetail]
+    status: NotRequired[
+        Annotated[int, field(description="With `error`: the status it would have answered.")]
+    ]
+
+
+@closed
+class ForkList(TypedDict):
+    forks: list[ForkOutcome]
+
+
 BuildState = Literal["waiting", "building", "ready", "error"]
 
 

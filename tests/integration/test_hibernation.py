@@ -311,3 +311,45 @@ def test_a_deleted_session_takes_its_snapshot_with_it(idle_gateway: ServerThread
         stream: Stream = execute(api, other, "print('secret' in dir())")
         assert stream.stdout == "False\n" and "resumed" not in stream.names
         api.delete(f"/sessions/{other}")
+
+
+@pytest.fixture(scope="module", params=["local", "docker"])
+def impatient(request: pytest.FixtureRequest, servers: ServerFactory) -> ServerThread:
+    """A gateway whose kernels have 2 s to save their variables."""
+    return servers(str(request.param), snapshot_timeout=2.0)
+
+
+def test_a_value_that_never_saves_fails_the_hibernation_and_the_session_runs_on(
+    impatient: ServerThread,
+) -> None:
+    forever = (
+        "class Forever:\n"
+        "    def __reduce__(self):\n"
+        "        while True:\n"
+        "            pass\n"
+        "stuck = Forever()\n"
+        "kept = [1, 2, 3]\n"
+    )
+    with httpx.Client(base_url=impatient.url, timeout=120) as api:
+        made = api.post("/sessions")
+        assert made.status_code == 201, made.text
+        sid = made.json()["id"]
+        assert execute(api, sid, forever).done["status"] == "ok"
+        # Within twice the limit and a little (the whole save, then the names alone): a
+        # hang would outlast this request's 30 s. Meanwhile the session shows it.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            asked = pool.submit(api.post, f"/sessions/{sid}/hibernate", timeout=30)
+            seen: set[str] = set()
+            while not asked.done():
+                seen.add(api.get(f"/sessions/{sid}").json()["status"])
+                time.sleep(0.1)
+            answer = asked.result()
+        assert "hibernating" in seen, seen
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert error["type"] == "hibernation_failed", error
+        assert "'stuck'" in error["message"] and "2 s" in error["message"], error
+        assert api.get(f"/sessions/{sid}").json()["status"] == "idle"
+        after = execute(api, sid, "print(kept, type(stuck).__name__)", timeout=10)
+        assert after.done["status"] == "ok" and after.stdout == "[1, 2, 3] Forever\n", after.events
+        api.delete(f"/sessions/{sid}")

@@ -16,7 +16,12 @@ from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError, Sandboxes
 from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.sessions.snapshots import SavedSessions, SnapshotStore
 from tests.support.fake_kernel import fake_registry, until
+
+
+def _saved(registry: Registry) -> SavedSessions:
+    return SavedSessions(registry, SnapshotStore(registry.settings.runtime_dir / "snapshots"))
 
 
 @pytest.fixture
@@ -29,7 +34,7 @@ async def test_a_sandbox_lives_until_its_timeout(
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sandboxes_module, "REAP_EVERY", 0.05)
-    sandboxes = Sandboxes(registry)
+    sandboxes = Sandboxes(registry, _saved(registry))
     sandboxes.start()
     try:
         sandbox = await sandboxes.create("code-interpreter-v1", 60, {"a": "b"}, {})
@@ -56,7 +61,7 @@ async def test_a_sandbox_lives_until_its_timeout(
 
 
 async def test_bad_templates_and_timeouts_are_400s(registry: Registry) -> None:
-    sandboxes = Sandboxes(registry)
+    sandboxes = Sandboxes(registry, _saved(registry))
     for template, lifetime in (("my-template", 60), ("base", 0), ("base", 10**9)):
         with pytest.raises(SandboxError) as caught:
             await sandboxes.create(template, lifetime, {}, {})
@@ -65,7 +70,7 @@ async def test_bad_templates_and_timeouts_are_400s(registry: Registry) -> None:
 
 
 async def test_contexts_share_the_files_and_close_with_the_sandbox(registry: Registry) -> None:
-    sandboxes = Sandboxes(registry)
+    sandboxes = Sandboxes(registry, _saved(registry))
     sandbox = await sandboxes.create("base", 60, {}, {})
     context = await sandboxes.create_context(sandbox, "python", None)
     session = sandboxes.context_session(sandbox, context.id)
@@ -80,7 +85,7 @@ async def test_contexts_share_the_files_and_close_with_the_sandbox(registry: Reg
 
 
 async def test_the_control_plane_answers_in_e2bs_shapes(registry: Registry) -> None:
-    service = E2BService(registry, registry.settings)
+    service = E2BService(registry, registry.settings, _saved(registry))
     transport = httpx.ASGITransport(app=_with_state(service))
     async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
         refused = await http.post("/v2/sandboxes", json={}, headers={"X-API-KEY": "wrong"})
@@ -132,7 +137,7 @@ def _with_state(service: E2BService):  # type: ignore[no-untyped-def]
 
 
 async def test_list_pages_by_next_token(registry: Registry) -> None:
-    service = E2BService(registry, registry.settings)
+    service = E2BService(registry, registry.settings, _saved(registry))
     made = [await service.sandboxes.create("base", 60, {"n": str(i)}, {}) for i in range(3)]
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
@@ -154,7 +159,7 @@ async def test_list_pages_by_next_token(registry: Registry) -> None:
 async def test_each_call_names_its_route_and_sandbox_for_logs_and_metrics(
     registry: Registry,
 ) -> None:
-    service = E2BService(registry, registry.settings)
+    service = E2BService(registry, registry.settings, _saved(registry))
     seen: list[tuple[str, str | None]] = []
 
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
@@ -193,7 +198,7 @@ async def test_each_call_names_its_route_and_sandbox_for_logs_and_metrics(
 
 async def test_sandboxes_are_kept_for_the_next_gateway(registry: Registry, tmp_path: Path) -> None:
     store = RecordStore(tmp_path / "e2b", Sandbox.from_json)
-    sandboxes = Sandboxes(registry, store)
+    sandboxes = Sandboxes(registry, _saved(registry), store)
     sandboxes.start()
     kept = await sandboxes.create("base", 600, {"who": "me"}, {"A": "1"})
     gone = await sandboxes.create("base", 600, {}, {})
@@ -205,7 +210,7 @@ async def test_sandboxes_are_kept_for_the_next_gateway(registry: Registry, tmp_p
     assert all(p.stat().st_mode & 0o077 == 0 for p in (tmp_path / "e2b").iterdir())
     await registry.delete_session(gone.id)  # its session was not adopted by the next gateway
 
-    after = Sandboxes(registry, RecordStore(tmp_path / "e2b", Sandbox.from_json))
+    after = Sandboxes(registry, _saved(registry), RecordStore(tmp_path / "e2b", Sandbox.from_json))
     after.start()
     try:
         again = after.get(kept.id)
@@ -221,7 +226,7 @@ async def test_sandboxes_are_kept_for_the_next_gateway(registry: Registry, tmp_p
 
 
 async def test_what_a_sandbox_cannot_have_is_refused_not_ignored(registry: Registry) -> None:
-    service = E2BService(registry, registry.settings)
+    service = E2BService(registry, registry.settings, _saved(registry))
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
     async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
@@ -266,7 +271,7 @@ async def test_auto_pause_at_the_end_and_auto_resume_on_a_call(
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sandboxes_module, "REAP_EVERY", 0.05)
-    service = E2BService(registry, registry.settings)
+    service = E2BService(registry, registry.settings, _saved(registry))
     service.start()
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
@@ -299,7 +304,7 @@ async def test_auto_pause_at_the_end_and_auto_resume_on_a_call(
 async def test_without_a_token_a_key_is_still_required(tmp_path: Path) -> None:
     """A web page cannot send X-API-KEY without the browser asking the gateway first."""
     async with fake_registry(tmp_path, max_sessions=2) as (registry, _):
-        service = E2BService(registry, registry.settings)
+        service = E2BService(registry, registry.settings, _saved(registry))
         transport = httpx.ASGITransport(app=_with_state(service))
         async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
             assert (await http.post("/sandboxes")).status_code == 401
@@ -309,7 +314,7 @@ async def test_without_a_token_a_key_is_still_required(tmp_path: Path) -> None:
 
 
 async def test_bad_data_plane_input_is_a_clear_error_never_a_500(registry: Registry) -> None:
-    service = E2BService(registry, registry.settings)
+    service = E2BService(registry, registry.settings, _saved(registry))
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
     async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
@@ -345,7 +350,7 @@ async def test_bad_data_plane_input_is_a_clear_error_never_a_500(registry: Regis
 async def test_a_sandboxs_env_and_a_contexts_cwd_reach_every_new_kernel(
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sandboxes = Sandboxes(registry)
+    sandboxes = Sandboxes(registry, _saved(registry))
     sandbox = await sandboxes.create("base", 60, {}, {"A": "1"})
     session = sandboxes.session(sandbox)
 

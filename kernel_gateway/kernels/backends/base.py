@@ -64,6 +64,10 @@ class KernelProcess(abc.ABC):
     """A folder for files between the gateway and the kernel (its connection folder): its
     path on the gateway's side and its path as the kernel sees it. None: the backend has
     none."""
+    sandbox_folders: tuple[str, ...] = ()
+    """The session's writable folders as the kernel sees them, its working directory first
+    (then /tmp and home): what a snapshot archives (`kernels/sandbox_files.py`, with
+    `run_command`). Empty: the backend cannot."""
 
     def channels(self, context: zmq.asyncio.Context) -> Channels:
         """How the gateway exchanges messages with it: its ZMQ sockets (a forked stateless

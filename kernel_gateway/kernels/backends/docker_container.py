@@ -39,6 +39,8 @@ FORK_SERVER_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID",
 """What a fork server (root in its container, never running user code) keeps: enough to
 give each request a uid of its own, and to kill and clean up after it."""
 HOME_TMPFS_SIZE = "64m"  # home as a tmpfs, only when sessions have no disk of their own
+SANDBOX_FOLDERS = ("/workspace", "/tmp", "/home/sandbox")
+"""A kernel's writable folders as it sees them: its working directory, /tmp and home."""
 
 
 def container_options(
@@ -63,14 +65,14 @@ def container_options(
     disk = "rw,rslave" if shared else "rw"
     binds: dict[str, Mapping[str, str]] = {
         str(conn_dir): {"bind": "/conn", "mode": "rw"},
-        str(storage.files): {"bind": "/workspace", "mode": disk},
+        str(storage.files): {"bind": SANDBOX_FOLDERS[0], "mode": disk},
     }
     tmpfs: dict[str, str] = {}
     uid = user.split(":")[0]
     owner = "uid=0,gid=0" if fork_server else f"uid={uid},gid={uid}"
     if on_disk:  # one disk, one cap: files, /tmp and home
-        binds[str(storage.tmp)] = {"bind": "/tmp", "mode": disk}
-        binds[str(storage.home)] = {"bind": "/home/sandbox", "mode": disk}
+        binds[str(storage.tmp)] = {"bind": SANDBOX_FOLDERS[1], "mode": disk}
+        binds[str(storage.home)] = {"bind": SANDBOX_FOLDERS[2], "mode": disk}
     else:  # no disk of its own: keep /tmp and home off the host's disk, as memory
         tmpfs = {
             "/tmp": f"rw,nosuid,nodev,size={s.workspace_size},mode=1777",

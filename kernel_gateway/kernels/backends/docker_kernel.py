@@ -23,6 +23,7 @@ import docker.errors
 
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.backends.base import Command, ExitInfo, KernelProcess, in_kernel_source
+from kernel_gateway.kernels.backends.docker_container import SANDBOX_FOLDERS
 from kernel_gateway.kernels.backends.docker_events import exit_info
 from kernel_gateway.kernels.languages import PYTHON
 from kernel_gateway.types import ConnectionInfo
@@ -55,6 +56,7 @@ class DockerKernel(KernelProcess):
         self._egress_fd: int | None = None
         """A descriptor of `/conn/egress/` once a network policy gave the kernel one."""
         self.handover = (conn_dir, "/conn")
+        self.sandbox_folders = SANDBOX_FOLDERS
 
     def on_oom(self) -> None:
         """Its container ran out of memory (its `die` follows)."""

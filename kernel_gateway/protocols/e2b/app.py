@@ -41,10 +41,12 @@ from kernel_gateway.protocols.e2b.process import Processes
 from kernel_gateway.protocols.e2b.replies import e2b_error, gone
 from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError, Sandboxes
 from kernel_gateway.protocols.e2b.sandboxes_api import control_routes
+from kernel_gateway.protocols.e2b.snapshots_api import snapshot_routes
 from kernel_gateway.protocols.e2b.template_files import Uploads
 from kernel_gateway.protocols.e2b.templates_api import template_routes
 from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.sessions.snapshots import SavedSessions
 from kernel_gateway.settings import Settings
 
 INTERPRETER_PORT = "49999"
@@ -56,19 +58,27 @@ SANE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 class E2BService:
     """The `/e2b` ASGI app, and the sandboxes it keeps (started and stopped with the app)."""
 
-    def __init__(self, registry: Registry, settings: Settings, records: Path | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        settings: Settings,
+        snapshots: SavedSessions,
+        records: Path | None = None,
+    ) -> None:
         """`records`: the folder that keeps sandboxes for the next gateway (with
         `--persist-sessions`), or None."""
         self.registry = registry
         self.settings = settings
         store = RecordStore(records, Sandbox.from_json) if records is not None else None
-        self.sandboxes = Sandboxes(registry, store, self._commands_running)
+        self.sandboxes = Sandboxes(registry, snapshots, store, self._commands_running)
         self._key_digest = (
             hashlib.sha256(settings.token.encode()).digest() if settings.token else None
         )
         self.uploads = Uploads(settings.token)
         """Signs the URLs templates' COPY files are uploaded to (template_files.py)."""
-        self._control = Router(routes=[*template_routes(self), *control_routes(self)])
+        self._control = Router(
+            routes=[*snapshot_routes(self), *template_routes(self), *control_routes(self)]
+        )
         self._interpreter = Router(routes=interpreter_routes(self))
         self._envd = Router(routes=envd_routes(self))
         self._envds: dict[str, Envd] = {}

@@ -33,12 +33,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kernel_gateway.errors import GatewayError, SessionLost, SessionNotFound, TemplateNotFound
+from kernel_gateway.errors import (
+    GatewayError,
+    SessionLost,
+    SessionNotFound,
+    SnapshotNotFound,
+    TemplateNotFound,
+)
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import ENV_LANGUAGES, env_code
 from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
+from kernel_gateway.sessions.snapshots import SavedSessions, Snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -182,12 +189,14 @@ class Sandboxes:
     def __init__(
         self,
         registry: Registry,
+        snapshots: SavedSessions,
         store: RecordStore[Sandbox] | None = None,
         commands_running: Callable[[str], bool] | None = None,
     ) -> None:
         """`commands_running(sandbox_id)`: whether the sandbox runs commands now (then it
         is in use, for the gateway's idle reaper, as when a cell runs in any context)."""
         self.registry = registry
+        self.snapshots = snapshots
         self._commands_running = commands_running or (lambda _id: False)
         self._by_id: dict[str, Sandbox] = {}
         self._reaper: asyncio.Task[None] | None = None
@@ -240,28 +249,59 @@ class Sandboxes:
         auto_resume: bool = False,
         network: list[str] | str | None = None,
     ) -> Sandbox:
-        """`template`: a built-in name (`TEMPLATES`: the gateway's kernel image), or a
-        gateway template (`name`, `name:tag` or its id). `network`: the domains it may reach
-        (as `POST /sessions` takes them: None for the gateway's default, "none", or
-        patterns)."""
+        """`template`: a built-in name (`TEMPLATES`: the gateway's kernel image), a snapshot
+        (its id or name: E2B's snapshots are templates), or a gateway template (`name`,
+        `name:tag` or its id). `network`: the domains it may reach (as `POST /sessions`
+        takes them: None for the gateway's default, "none", or patterns)."""
         seconds = _timeout(lifetime)
         check_env(env, "'envVars'")
+        snapshot = await self._snapshot(template)
+        if snapshot is not None:
+            try:
+                restored = await self.snapshots.start(snapshot.id, network)
+            except GatewayError as exc:
+                raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
+            saved = snapshot.extra.get("e2b") or {}
+            return await self.around(
+                restored.session,
+                Sandbox(
+                    id=restored.session.id,
+                    template=snapshot.id,
+                    alias=snapshot.name,
+                    language=restored.session.language,
+                    token=secrets.token_urlsafe(32),
+                    started_at=datetime.now(UTC),
+                    end_at=time.time() + seconds,
+                    metadata=dict(metadata),
+                    env={**dict(saved.get("env") or {}), **env},
+                    lifetime=seconds,
+                    auto_pause=auto_pause,
+                    auto_resume=auto_resume,
+                ),
+            )
         session = await self._new_session(template, network)
         ref = session.template
-        sandbox = Sandbox(
-            id=session.id,
-            template=ref.id if ref is not None else template,
-            alias=ref.name if ref is not None else None,
-            language=session.language,
-            token=secrets.token_urlsafe(32),
-            started_at=datetime.now(UTC),
-            end_at=time.time() + seconds,
-            metadata=dict(metadata),
-            env=dict(env),
-            lifetime=seconds,
-            auto_pause=auto_pause,
-            auto_resume=auto_resume,
+        return await self.around(
+            session,
+            Sandbox(
+                id=session.id,
+                template=ref.id if ref is not None else template,
+                alias=ref.name if ref is not None else None,
+                language=session.language,
+                token=secrets.token_urlsafe(32),
+                started_at=datetime.now(UTC),
+                end_at=time.time() + seconds,
+                metadata=dict(metadata),
+                env=dict(env),
+                lifetime=seconds,
+                auto_pause=auto_pause,
+                auto_resume=auto_resume,
+            ),
         )
+
+    async def around(self, session: Session, sandbox: Sandbox) -> Sandbox:
+        """`sandbox`, made of `session` (a new one): recorded, its environment set up; killed
+        if that fails."""
         sandbox.add_main_context()
         self._by_id[sandbox.id] = sandbox
         self._save(sandbox)
@@ -273,6 +313,64 @@ class Sandboxes:
             await self.kill(sandbox.id)
             raise
         return sandbox
+
+    async def _snapshot(self, template: str) -> Snapshot | None:
+        """The snapshot `template` names (its id or name, or `name:default` as E2B writes a
+        snapshot's name), if it names one."""
+        if template in TEMPLATES:
+            return None
+        reference = template.removesuffix(":default")
+        try:
+            return await self.snapshots.get(reference)
+        except SnapshotNotFound:
+            return None
+
+    async def snapshot(self, sandbox_id: str, name: str | None) -> Snapshot:
+        """A snapshot of the sandbox (its files and variables, and its environment)."""
+        sandbox = self.get(sandbox_id)
+        session = self.session(sandbox)
+        extra = {"e2b": {"env": sandbox.env}}
+        try:
+            return await self.snapshots.take(session, name, extra)
+        except GatewayError as exc:
+            raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
+
+    async def fork(
+        self, sandbox_id: str, count: int, lifetime: int | None
+    ) -> list[Sandbox | SandboxError]:
+        """`count` copies of the sandbox as it is now (it runs on), each a sandbox of its own
+        with its metadata and environment, or why it could not start."""
+        seconds = _timeout(lifetime)
+        source = self.get(sandbox_id)
+        session = self.session(source)
+        try:
+            results = await self.snapshots.fork(session, count)
+        except GatewayError as exc:
+            raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
+        forks: list[Sandbox | SandboxError] = []
+        for result in results:
+            if isinstance(result, GatewayError):
+                forks.append(SandboxError(status_for(result), result.message))
+                continue
+            copy = Sandbox(
+                id=result.session.id,
+                template=source.template,
+                alias=source.alias,
+                language=source.language,
+                token=secrets.token_urlsafe(32),
+                started_at=datetime.now(UTC),
+                end_at=time.time() + seconds,
+                metadata=dict(source.metadata),
+                env=dict(source.env),
+                lifetime=seconds,
+                auto_pause=source.auto_pause,
+                auto_resume=source.auto_resume,
+            )
+            try:
+                forks.append(await self.around(result.session, copy))
+            except SandboxError as exc:
+                forks.append(exc)
+        return forks
 
     async def _new_session(self, template: str, network: list[str] | str | None) -> Session:
         """The session of a new sandbox on `template`: the kernel image for a built-in

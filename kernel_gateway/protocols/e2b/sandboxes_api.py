@@ -58,7 +58,7 @@ def _string_map(body: dict[str, Any], name: str) -> dict[str, str]:
     return dict(value)
 
 
-def _int(body: dict[str, Any], name: str) -> int | None:
+def integer(body: dict[str, Any], name: str) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -117,7 +117,7 @@ async def create(request: Request, service: E2BService) -> Response:
         raise SandboxError(400, "'autoResume' and 'lifecycle' must be objects")
     sandbox = await service.sandboxes.create(
         template,
-        _int(body, "timeout"),
+        integer(body, "timeout"),
         _string_map(body, "metadata"),
         _string_map(body, "envVars"),
         auto_pause=body.get("autoPause") is True or lifecycle.get("onTimeout") == "pause",
@@ -167,7 +167,7 @@ async def kill(request: Request, service: E2BService) -> Response:
 
 
 async def set_timeout(request: Request, service: E2BService) -> Response:
-    timeout = _int(await json_body(request), "timeout")
+    timeout = integer(await json_body(request), "timeout")
     if timeout is None:
         raise SandboxError(400, "'timeout' is required")
     service.sandboxes.set_timeout(request.path_params["id"], timeout)
@@ -177,7 +177,7 @@ async def set_timeout(request: Request, service: E2BService) -> Response:
 async def connect(request: Request, service: E2BService) -> Response:
     body = await json_body(request)
     sandbox_id = request.path_params["id"]
-    sandbox, resumed = await service.sandboxes.connect(sandbox_id, _int(body, "timeout"))
+    sandbox, resumed = await service.sandboxes.connect(sandbox_id, integer(body, "timeout"))
     return JSONResponse(sandbox_json(sandbox), status_code=201 if resumed else 200)
 
 

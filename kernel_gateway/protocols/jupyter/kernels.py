@@ -149,7 +149,7 @@ class JupyterKernels:
             return "dead"
         if status == "restarting":
             return "restarting"
-        if status == "busy" or state.execution_state == "busy":
+        if status in ("busy", "hibernating") or state.execution_state == "busy":
             return "busy"
         return "idle"
 

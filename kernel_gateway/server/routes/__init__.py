@@ -19,6 +19,7 @@ from kernel_gateway.server.routes import (
     metrics,
     openapi,
     sessions,
+    snapshots,
     templates,
     web,
 )
@@ -29,6 +30,7 @@ OPERATIONS: tuple[Operation, ...] = (
     *openapi.OPERATIONS,
     *metrics.OPERATIONS,
     *sessions.OPERATIONS,
+    *snapshots.OPERATIONS,
     *files.OPERATIONS,
     *templates.OPERATIONS,
 )

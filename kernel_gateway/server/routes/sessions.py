@@ -19,9 +19,11 @@ from kernel_gateway.server.routes.fragments import (
     SESSION_LINKS,
     STREAM,
 )
+from kernel_gateway.server.routes.snapshots import restored_json
 from kernel_gateway.server.routes.streaming import respond
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
+from kernel_gateway.sessions.snapshots import SavedSessions
 from kernel_gateway.shapes import responses
 from kernel_gateway.shapes.requests import (
     ExecuteRequest,
@@ -40,21 +42,30 @@ def _session(request: Request) -> Session:
     return _registry(request).get(request.path_params["session_id"])
 
 
-async def create(request: Request) -> JSONResponse[responses.Session]:
+async def create(request: Request) -> JSONResponse[responses.RestoredSession]:
     registry = _registry(request)
     settings = registry.settings
     body = await read_model(request, NewSession, settings.max_body_bytes, settings, optional=True)
-    try:
-        session = await registry.create_session(
-            body.language, network_asked(body.network), body.template
+    if body.snapshot is not None and (body.language is not None or body.template is not None):
+        raise InvalidRequest(
+            "'snapshot': a session from a snapshot runs the snapshot's language and template; "
+            "leave out 'language' and 'template'"
         )
+    try:
+        if body.snapshot is not None:
+            saved: SavedSessions = request.state.snapshots
+            restored = await saved.start(body.snapshot, network_asked(body.network))
+            answer = restored_json(restored)
+        else:
+            session = await registry.create_session(
+                body.language, network_asked(body.network), body.template
+            )
+            answer = {**session.to_json(), "restored": None}
     except (TooManySessions, KernelUnavailable) as exc:
         _metrics(request).session_rejections.labels(_rejection(exc)).inc()
         raise
-    logs.bind(session_id=session.id)
-    return JSONResponse(
-        session.to_json(), status_code=201, headers={"Location": f"/sessions/{session.id}"}
-    )
+    logs.bind(session_id=answer["id"])
+    return JSONResponse(answer, status_code=201, headers={"Location": f"/sessions/{answer['id']}"})
 
 
 async def list_all(request: Request) -> JSONResponse[responses.SessionList]:
@@ -205,7 +216,11 @@ OPERATIONS = (
         body=Body(NewSession, required=False),
         replies=(
             Reply(
-                201, "The new session.", responses.Session, headers=LOCATION, links=SESSION_LINKS
+                201,
+                "The new session (`restored`: the snapshot it started from).",
+                responses.RestoredSession,
+                headers=LOCATION,
+                links=SESSION_LINKS,
             ),
         ),
         errors=(*JSON_BODY, 403, 404, 409, 429, *KERNEL_START),
