@@ -9,7 +9,7 @@ from typing import TypedDict
 import httpx
 from starlette.applications import Starlette
 
-from kernel_gateway.cluster import e2b_templates, templates
+from kernel_gateway.cluster import e2b_templates, snapshots, templates
 from kernel_gateway.cluster.directory import NodeDirectory
 from kernel_gateway.cluster.metrics import RouterMetrics
 from kernel_gateway.cluster.proxy import Proxy
@@ -55,7 +55,7 @@ def create_router_app(settings: RouterSettings) -> Starlette:
                 await directory.close()
 
     return Starlette(
-        routes=[*e2b_templates.routes, *routes, *templates.routes],
+        routes=[*e2b_templates.routes, *routes, *snapshots.ROUTES, *templates.routes],
         middleware=front_middleware(metrics, settings.token, settings.host),
         exception_handlers=exception_handlers(),
         lifespan=lifespan,

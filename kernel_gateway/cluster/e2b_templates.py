@@ -29,7 +29,7 @@ A write that some nodes take and others refuse is a 502 naming each node's statu
 the gateway's own template API); a node that answers 404 to a write on an existing template
 (it joined since the template was made) is left out. `Sandbox.create("name")` is placed as
 any sandbox: a node that lacks the template (or its ready build) says so in the header
-`Gateway-Error-Type`, and is passed over (`routes._template_elsewhere`). The router's own
+`Gateway-Error-Type`, and is passed over (`routes._elsewhere`). The router's own
 refusals are E2B's `{"code", "message"}` (`routes.e2b_answers`).
 """
 

@@ -44,6 +44,8 @@ CREATE_ANSWER_SECONDS = 60.0
 # Lists and pages answer at once; a node that takes longer is skipped (lists) or failed.
 QUICK_ANSWER_SECONDS = 10.0
 Endpoint = Callable[[Request], Awaitable[Response]]
+SNAPSHOT_ID = re.compile(r"snap-[0-9a-f]{20}")
+"""A snapshot id after its node's name (sessions/snapshots.py)."""
 
 
 def _state(request: Request) -> tuple[RouterSettings, NodeDirectory, Proxy, RouterMetrics]:
@@ -64,12 +66,19 @@ async def metrics(request: Request) -> Response:
 
 
 async def _offer(
-    request: Request, kind: str, path: str, nodes: list[Node], answer_within: float | None
+    request: Request,
+    kind: str,
+    path: str,
+    nodes: list[Node],
+    answer_within: float | None,
+    body: bytes | None = None,
 ) -> tuple[Node, httpx.Response] | httpx.Response | None:
     """New work offered to `nodes` in turn: the node that took it and its answer, else
-    the last refusal (429 full, 503 draining: nothing was done there), else None."""
+    the last refusal (429 full, 503 draining: nothing was done there), else None. `body`:
+    the request's, when it was read already."""
     settings, _, proxy, router_metrics = _state(request)
-    body = await _read(request, settings.max_body_bytes)
+    if body is None:
+        body = await _read(request, settings.max_body_bytes)
     refused: httpx.Response | None = None
     for node in nodes:
         # A session is counted on its node from the moment it is asked for, so that a
@@ -85,7 +94,7 @@ async def _offer(
             node.creating -= creating
         if creating and upstream.status_code == 201:
             node.placed += 1  # until the node's next answer counts it
-        if upstream.status_code in (429, 503) or await _template_elsewhere(upstream):
+        if upstream.status_code in (429, 503) or await _elsewhere(upstream):
             router_metrics.placement(kind, node.name, "refused")
             await upstream.aread()
             await upstream.aclose()
@@ -96,10 +105,11 @@ async def _offer(
     return refused
 
 
-async def _template_elsewhere(upstream: httpx.Response) -> bool:
+async def _elsewhere(upstream: httpx.Response) -> bool:
     """Whether the node refused because it lacks the template asked for (not built there
-    yet, or not ready): another node may have it (cluster/templates.py). E2B's answers
-    name the gateway's error type in a header (their body has none)."""
+    yet, or not ready: cluster/templates.py) or the snapshot (another node's, asked for by
+    name): another node may have it. E2B's answers name the gateway's error type in a
+    header (their body has none)."""
     if upstream.status_code not in (404, 409):
         return False
     kind = upstream.headers.get(ERROR_TYPE_HEADER)
@@ -109,13 +119,24 @@ async def _template_elsewhere(upstream: httpx.Response) -> bool:
             kind = json.loads(upstream.content)["error"]["type"]
         except (ValueError, KeyError, TypeError):
             return False
-    return kind in ("template_not_found", "template_conflict")
+    return kind in ("template_not_found", "template_conflict", "snapshot_not_found")
 
 
 async def create_session(request: Request) -> Response:
-    directory = request.state.directory
+    """Placed by load; one from a snapshot on the snapshot's node (named in its id; by
+    name, on the first node that has it)."""
+    settings, directory, _, _ = _state(request)
+    body = await _read(request, settings.max_body_bytes)
     nodes = placement.for_session(directory.up())
-    offered = await _offer(request, "session", "/sessions", nodes, CREATE_ANSWER_SECONDS)
+    home = snapshot_node(_snapshot_asked(body))
+    if home is not None:
+        nodes = [n for n in directory.up() if n.name == home]
+        if not nodes:
+            raise NodeUnavailable(
+                f"the snapshot's node {home} does not answer now; retry shortly",
+                retry_after=RETRY_AFTER,
+            )
+    offered = await _offer(request, "session", "/sessions", nodes, CREATE_ANSWER_SECONDS, body)
     if isinstance(offered, tuple):
         return Relayed(offered[1])
     if offered is not None and offered.status_code != 429:
@@ -128,6 +149,26 @@ async def create_session(request: Request) -> Response:
             retry_after=5,
         )
     raise NodeUnavailable(_no_node(directory), retry_after=RETRY_AFTER)
+
+
+def _snapshot_asked(body: bytes) -> str | None:
+    """The `snapshot` a create's body names, if it is readable (the node judges the rest)."""
+    try:
+        document = json.loads(body) if body.strip() else {}
+    except ValueError:
+        return None
+    found = document.get("snapshot") if isinstance(document, dict) else None
+    return found if isinstance(found, str) else None
+
+
+def snapshot_node(reference: str | None) -> str | None:
+    """The node a snapshot id (`<node>.snap-<hex>`) names; None for a name (any node)."""
+    if reference is None:
+        return None
+    name, dot, rest = reference.partition(".")
+    if dot and SNAPSHOT_ID.fullmatch(rest) and NODE_NAME.fullmatch(name):
+        return name
+    return None
 
 
 async def execute_stateless(request: Request) -> Response:

@@ -366,11 +366,9 @@ class SavedSessions:
         lost: list[LostName] = []
         total = 0
         has_namespace = False
+        _refuse_if_busy(session)  # now, rather than after the cell (it holds the lock)
         async with session.slot.lock:
-            if session.busy:
-                raise SessionBusy(
-                    f"session {session.id} is running a cell; snapshot or fork it when idle"
-                )
+            _refuse_if_busy(session)
             if not session.slot.alive:
                 await session.slot.revive()
             kernel = session.slot.kernel
@@ -450,6 +448,11 @@ class SavedSessions:
         """A session whose snapshot could not be loaded: not left behind half-made."""
         with contextlib.suppress(GatewayError):
             await self.registry.delete_session(session.id)
+
+
+def _refuse_if_busy(session: Session) -> None:
+    if session.busy:
+        raise SessionBusy(f"session {session.id} is running a cell; snapshot or fork it when idle")
 
 
 def _settled(name: str) -> bool:

@@ -173,3 +173,15 @@ def test_bench_templates_measures_a_template_beside_the_default_image(tmp_path: 
         assert figures["create_first_result"][image]["n"] == 2, image
     assert figures["template_over_default_p50"] > 0
     assert "| create → first result p50 |" in result.stdout
+
+
+def test_bench_snapshots_measures_forks_and_sessions_from_snapshots(tmp_path: Path) -> None:
+    require_docker()
+    out = tmp_path / "snapshots.json"
+    result = run_bench("bench.snapshots", out)
+    figures = json.loads(out.read_text())
+    for kind in ("small", "dataframe"):
+        for key in ("snapshot", "from_snapshot", "from_snapshot_to_first_result", "fork", "fork_4"):
+            assert figures[kind][key]["n"] > 0, (kind, key)
+    assert figures["dataframe"]["snapshot_bytes"] > 100_000_000
+    assert "| 100 MB DataFrame |" in result.stdout

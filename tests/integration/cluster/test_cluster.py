@@ -173,6 +173,45 @@ def test_hibernated_sessions_resume_on_their_own_node(
             assert resumed and resumed[0]["lost"] == [], out
 
 
+def test_a_session_is_forked_and_snapshotted_through_the_routers(
+    cluster: Deployment, sessions: dict[str, str]
+) -> None:
+    """A fork through one router is its session's node's, and is driven through the others;
+    a snapshot is its node's (named in its id), listed through any router, and sessions
+    start from it there, by id or by name."""
+    routers = cluster.swarm.nodes
+    sid = next(iter(sessions))
+    node = sid.partition(".")[0]
+    with cluster.client(routers[0]) as c:
+        answer = c.post(f"/sessions/{sid}/fork", json={"count": 1})
+        assert answer.status_code == 201, answer.text
+        (fork,) = [f["session"]["id"] for f in answer.json()["forks"]]
+    assert fork.partition(".")[0] == node and fork != sid
+    with cluster.client(routers[1]) as c:
+        out = _run(c, fork, "history.append('fork')\nprint(mark, len(history))")
+        assert out["stdout"].split()[0] == sessions[sid], out
+        assert c.delete(f"/sessions/{fork}").status_code == 204
+        taken = c.post(f"/sessions/{sid}/snapshots", json={"name": "cluster-snap"})
+        assert taken.status_code == 201, taken.text
+        snapshot = taken.json()
+    assert snapshot["id"].startswith(f"{node}.snap-"), snapshot
+    with cluster.client(routers[2]) as c:
+        listed = c.get("/snapshots").json()
+        assert [s["id"] for s in listed["snapshots"]] == [snapshot["id"]], listed
+        for reference in (snapshot["id"], "cluster-snap"):
+            made = c.post("/sessions", json={"snapshot": reference})
+            assert made.status_code == 201, made.text
+            started = made.json()["id"]
+            assert started.partition(".")[0] == node
+            out = _run(c, started, "print(mark, 'fork' in history)")
+            assert out["stdout"] == f"{sessions[sid]} False\n", out
+            assert c.delete(f"/sessions/{started}").status_code == 204
+        assert c.get("/snapshots/cluster-snap").json()["id"] == snapshot["id"]
+        assert c.delete(f"/snapshots/{snapshot['id']}").status_code == 204
+        gone = c.get(f"/snapshots/{snapshot['id']}")
+        assert gone.status_code == 404 and gone.json()["error"]["type"] == "snapshot_not_found"
+
+
 def test_router_health_shows_every_node_and_capacity(cluster: Deployment) -> None:
     for node in cluster.swarm.nodes:
         health = cluster.health(node)
