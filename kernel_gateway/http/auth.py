@@ -32,6 +32,9 @@ PUBLIC_PATHS = frozenset({"/health", "/", "/openapi.json"})
 # /e2b/ authenticates by itself, in E2B's shapes: the gateway's token as X-API-KEY on the
 # control plane, each sandbox's own access token on the data plane (protocols/e2b/app.py).
 PUBLIC_PREFIXES = ("/static/", "/e2b/")
+SELF_CHECKED = frozenset({"/files"})
+"""Surfaces that check a credential of their own: E2B's signed file URLs, whose signature
+is it (protocols/e2b/signed_files.py)."""
 # RFC 9110 Host: a bracketed IPv6 literal or a name, then an optional all-digit port.
 _HOST = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[^\[\]:@]+))(?::[0-9]{0,5})?")
 
@@ -50,6 +53,7 @@ class BearerAuth:
             scope["type"] not in ("http", "websocket")
             or self._digest is None
             or scope["path"] in PUBLIC_PATHS
+            or scope["path"] in SELF_CHECKED
             or scope["path"].startswith(PUBLIC_PREFIXES)
         ):
             await self.app(scope, receive, send)

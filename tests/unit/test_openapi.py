@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from kernel_gateway.http.auth import PUBLIC_PATHS, PUBLIC_PREFIXES
+from kernel_gateway.http.auth import PUBLIC_PATHS, PUBLIC_PREFIXES, SELF_CHECKED
 from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.server.app import create_app
 from kernel_gateway.server.openapi import UNDOCUMENTED, build
@@ -143,6 +143,7 @@ def test_the_public_paths_are_the_public_operations() -> None:
     assert {op.path for op in OPERATIONS if op.public} == PUBLIC_PATHS
     prefixes = {s.prefix + "/" for s in SURFACES if s.prefix in ("/static", "/e2b")}
     assert prefixes == set(PUBLIC_PREFIXES)
+    assert SELF_CHECKED == {"/files"} and SELF_CHECKED <= {s.prefix for s in SURFACES}
 
 
 def test_each_operation_id_and_route_is_declared_once() -> None:

@@ -6,6 +6,7 @@ from starlette.routing import Mount
 from starlette.types import Receive, Scope, Send
 
 from kernel_gateway.http.operations import Surface
+from kernel_gateway.protocols.e2b import signed_files
 from kernel_gateway.protocols.e2b.app import E2BService
 
 
@@ -22,4 +23,11 @@ SURFACE = Surface(
     "E2B's API (sandboxes, the code interpreter, envd) for E2B's own SDKs: its contract is "
     "E2B's OpenAPI and envd specifications",
     [Mount("/e2b", app=E2BEndpoint())],
+)
+
+SIGNED_FILES = Surface(
+    signed_files.PATH,
+    "E2B's signed file URLs (`download_url`, `upload_url`): the SDKs send them to the root, "
+    "the signature names the sandbox (protocols/e2b/signed_files.py)",
+    signed_files.ROUTES,
 )

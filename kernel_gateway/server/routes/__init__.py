@@ -34,6 +34,12 @@ OPERATIONS: tuple[Operation, ...] = (
     *files.OPERATIONS,
     *templates.OPERATIONS,
 )
-SURFACES: tuple[Surface, ...] = (web.SURFACE, mcp.SURFACE, e2b.SURFACE, jupyter.SURFACE)
+SURFACES: tuple[Surface, ...] = (
+    web.SURFACE,
+    mcp.SURFACE,
+    e2b.SURFACE,
+    e2b.SIGNED_FILES,
+    jupyter.SURFACE,
+)
 
 routes = routing_table(OPERATIONS, SURFACES)
