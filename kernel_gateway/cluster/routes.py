@@ -452,6 +452,7 @@ async def _e2b_list(request: Request) -> Response:
     found = sorted(
         (s for listed in answers for s in listed if isinstance(s, dict)),
         key=lambda s: (str(s.get("startedAt", "")), str(s.get("sandboxID", ""))),
+        reverse=request.query_params.get("order", "desc") != "asc",  # E2B's: newest first
     )
     try:
         limit = int(request.query_params.get("limit") or 100)

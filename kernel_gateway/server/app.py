@@ -32,6 +32,7 @@ from kernel_gateway.sessions.durable import DurableSessions
 from kernel_gateway.sessions.gauges import RegistryGauges
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.snapshots import SavedSessions, SnapshotStore
+from kernel_gateway.sessions.usage import UsageSampler
 from kernel_gateway.settings import Settings
 from kernel_gateway.templates.builtin import start_builtin
 from kernel_gateway.templates.service import Templates
@@ -52,6 +53,7 @@ class State(TypedDict):
     mcp: LazyMcp | None
     e2b: E2BService
     snapshots: SavedSessions
+    usage: UsageSampler
     openapi: Callable[[], JSON]
 
 
@@ -96,6 +98,7 @@ def create_app(settings: Settings) -> Starlette:
         egress: EgressProxy | None = None
         gauges: RegistryGauges | None = None
         templates: Templates | None = None
+        usage: UsageSampler | None = None
         try:
             backend = await select_backend(settings, runtime)
             backend_ready = time.monotonic()
@@ -138,7 +141,9 @@ def create_app(settings: Settings) -> Starlette:
             languages = registry.languages
             snapshots = SavedSessions(registry, SnapshotStore(runtime.root / "snapshots"))
             await asyncio.to_thread(snapshots.store.open)
-            async with protocol_state(settings, registry, snapshots, records) as protocols:
+            usage = UsageSampler(settings, registry.sessions)
+            usage.start()
+            async with protocol_state(settings, registry, snapshots, usage, records) as protocols:
                 document = functools.cache(functools.partial(build, settings, list(languages)))
                 yield {
                     "registry": registry,
@@ -146,10 +151,13 @@ def create_app(settings: Settings) -> Starlette:
                     "settings": settings,
                     "metrics": metrics,
                     "snapshots": snapshots,
+                    "usage": usage,
                     "openapi": document,
                     **protocols,
                 }
         finally:
+            if usage is not None:
+                await usage.close()
             if gauges is not None:
                 metrics.unregister(gauges)
             left = await durable.stop()  # kernels left running for the next gateway

@@ -17,6 +17,7 @@ from kernel_gateway.protocols.jupyter.kernels import JupyterKernels
 from kernel_gateway.protocols.mcp.lazy import LazyMcp
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.snapshots import SavedSessions
+from kernel_gateway.sessions.usage import UsageSampler
 from kernel_gateway.settings import Settings
 
 
@@ -28,14 +29,18 @@ class ProtocolState(TypedDict):
 
 @asynccontextmanager
 async def protocol_state(
-    settings: Settings, registry: Registry, snapshots: SavedSessions, records: Path | None = None
+    settings: Settings,
+    registry: Registry,
+    snapshots: SavedSessions,
+    usage: UsageSampler,
+    records: Path | None = None,
 ) -> AsyncIterator[ProtocolState]:
     """`records`: where front doors keep what must outlive the gateway (E2B's sandboxes),
     with `--persist-sessions`; None without."""
     jupyter = JupyterKernels(registry)
     mcp = LazyMcp(registry, settings) if settings.mcp != "off" else None
     e2b = E2BService(
-        registry, settings, snapshots, records / "e2b" if records is not None else None
+        registry, settings, snapshots, usage, records / "e2b" if records is not None else None
     )
     async with AsyncExitStack() as stack:
         stack.push_async_callback(jupyter.close)

@@ -149,6 +149,27 @@ class SessionList(TypedDict):
 
 
 @closed
+class SessionMetric(TypedDict):
+    """What a session's kernel used in one 5-second bucket."""
+
+    timestamp: Annotated[Timestamp, field(description="The start of its bucket.")]
+    cpu_count: Annotated[Count, field(description="The session's CPUs (--cpu-limit, up).")]
+    cpu_used_pct: Annotated[
+        float, field(ge=0, le=100, description="Their share used since the last sample.")
+    ]
+    mem_used: Annotated[Count, field(description="Bytes, without the page cache.")]
+    mem_total: Annotated[Count, field(description="The memory limit, bytes.")]
+    mem_cache: Annotated[Count, field(description="Page cache, bytes.")]
+    disk_used: Annotated[Count, field(description="Bytes used on the session's disk.")]
+    disk_total: Annotated[Count, field(description="The session's disk, bytes.")]
+
+
+@closed
+class SessionMetrics(TypedDict):
+    metrics: Annotated[list[SessionMetric], field(description="Oldest first, at most an hour.")]
+
+
+@closed
 class Snapshot(TypedDict):
     """A snapshot: a session's files and (Python) variables as they were, kept to start new
     sessions from."""

@@ -132,3 +132,32 @@ async def test_launch_failures_are_kernel_unavailable(tmp_path: Path) -> None:
     finally:
         await backend.close()
         runtime.close()
+
+
+def test_a_sessions_metrics_are_its_containers(client: httpx.Client, sid: str) -> None:
+    """CPU, memory and disk of the session's own container and disk: a sample at once for
+    a new session, another per 5 s; memory held by a cell shows; bounds filter by time."""
+    first = client.get(f"/sessions/{sid}/metrics")
+    assert first.status_code == 200, first.text
+    (sample,) = first.json()["metrics"]
+    assert sample["cpu_count"] >= 1 and 0 <= sample["cpu_used_pct"] <= 100
+    assert sample["mem_total"] == 256 * 2**20 and 0 < sample["mem_used"] < sample["mem_total"]
+    assert 0 < sample["disk_used"] <= sample["disk_total"]
+    code = "import time\nblock = b'x' * (96 * 2**20)\nt = time.time()\n"
+    code += "while time.time() - t < 1:\n    pass"
+    assert execute(client, sid, code).done["status"] == "ok"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        samples = client.get(f"/sessions/{sid}/metrics").json()["metrics"]
+        if len(samples) > 1 and samples[-1]["mem_used"] > sample["mem_used"] + 64 * 2**20:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(samples)
+    stamps = [s["timestamp"] for s in samples]
+    assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+    later = client.get(f"/sessions/{sid}/metrics", params={"start": time.time() + 3600})
+    assert later.json() == {"metrics": []}
+    bad = client.get(f"/sessions/{sid}/metrics", params={"start": "yesterday"})
+    assert bad.status_code == 422 and bad.json()["error"]["type"] == "invalid_request"
+    assert client.get("/sessions/nope/metrics").status_code == 404

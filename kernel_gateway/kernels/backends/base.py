@@ -51,6 +51,17 @@ class ExitInfo:
         return f"the kernel exited (exit status {self.code})"
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What a kernel's sandbox uses now: its CPU time so far, its memory (without the page
+    cache it can give back), its memory limit, and that cache."""
+
+    cpu_seconds: float
+    memory_bytes: int
+    memory_limit: int
+    cache_bytes: int
+
+
 class KernelProcess(abc.ABC):
     """One running kernel, seen as a process."""
 
@@ -105,6 +116,11 @@ class KernelProcess(abc.ABC):
 
         Raises only `KernelUnavailable` (also where a backend cannot do it)."""
         raise KernelUnavailable("commands beside a kernel need the docker backend")
+
+    async def usage(self) -> Usage | None:
+        """Its sandbox's CPU time and memory now (sandbox metrics); None where the backend
+        cannot tell, or once it has ended."""
+        return None
 
     async def start_egress_forwarder(self, port: int) -> Path:
         """Start, beside the kernel and as its user, a forwarder from the sandbox's

@@ -167,6 +167,10 @@ class DockerBackend(Backend):
             logger.exception("releasing the storage at %s failed", storage.root)
 
     @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    @property
     def client(self) -> docker.DockerClient:
         assert self._client is not None, "DockerBackend.start() was not awaited"
         return self._client

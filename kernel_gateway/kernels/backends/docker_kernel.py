@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING
 import docker.errors
 
 from kernel_gateway.errors import KernelUnavailable
-from kernel_gateway.kernels.backends.base import Command, ExitInfo, KernelProcess, in_kernel_source
+from kernel_gateway.kernels.backends.base import (
+    Command,
+    ExitInfo,
+    KernelProcess,
+    Usage,
+    in_kernel_source,
+)
 from kernel_gateway.kernels.backends.docker_container import SANDBOX_FOLDERS
 from kernel_gateway.kernels.backends.docker_events import exit_info
 from kernel_gateway.kernels.languages import PYTHON
@@ -57,6 +63,8 @@ class DockerKernel(KernelProcess):
         """A descriptor of `/conn/egress/` once a network policy gave the kernel one."""
         self.handover = (conn_dir, "/conn")
         self.sandbox_folders = SANDBOX_FOLDERS
+        self._container_id: str | None = None
+        """Found on the first `usage` (its cgroup is named by it)."""
 
     def on_oom(self) -> None:
         """Its container ran out of memory (its `die` follows)."""
@@ -96,6 +104,22 @@ class DockerKernel(KernelProcess):
         )
         await command.start(argv, env, cwd, stdin)
         return command
+
+    async def usage(self) -> Usage | None:
+        """See `KernelProcess` (docker_usage.py: its cgroup, else the engine's stats)."""
+        from kernel_gateway.kernels.backends.docker_usage import read_usage
+
+        if self._exit.done():
+            return None
+        backend = self._backend
+        try:
+            if self._container_id is None:
+                found = await backend.call(backend.client.api.inspect_container, self.name)
+                self._container_id = str(found["Id"])
+            limit = backend.settings.memory_limit_bytes
+            return await backend.call(read_usage, backend.client, self._container_id, limit)
+        except (docker.errors.DockerException, OSError, KeyError):
+            return None
 
     async def start_egress_forwarder(self, port: int) -> Path:
         """See `KernelProcess`. The socket and the forwarder live in `/conn/egress/`, a

@@ -47,6 +47,7 @@ from kernel_gateway.protocols.e2b.templates_api import template_routes
 from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.snapshots import SavedSessions
+from kernel_gateway.sessions.usage import UsageSampler
 from kernel_gateway.settings import Settings
 
 INTERPRETER_PORT = "49999"
@@ -63,12 +64,15 @@ class E2BService:
         registry: Registry,
         settings: Settings,
         snapshots: SavedSessions,
+        usage: UsageSampler,
         records: Path | None = None,
     ) -> None:
         """`records`: the folder that keeps sandboxes for the next gateway (with
         `--persist-sessions`), or None."""
         self.registry = registry
         self.settings = settings
+        self.usage = usage
+        """Sessions' metrics (the sandboxes' metrics)."""
         store = RecordStore(records, Sandbox.from_json) if records is not None else None
         self.sandboxes = Sandboxes(registry, snapshots, store, self._commands_running)
         self._key_digest = (

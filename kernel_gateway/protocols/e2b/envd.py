@@ -18,7 +18,10 @@ elsewhere are refused rather than resolved on the host: every access goes throug
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import os
+import posixpath
 import secrets
 import time
 import zlib
@@ -85,6 +88,30 @@ FILE_TYPES = {
     "dir": "FILE_TYPE_DIRECTORY",
     "symlink": "FILE_TYPE_SYMLINK",
 }
+
+
+LINK_HOPS = 8
+
+
+def followed(workspace: Workspace, entry: Entry) -> Entry:
+    """A symlink as envd shows one: the type of what it points to, and that target as an
+    absolute path (`symlinkTarget`), when the target is in the sandbox's working directory
+    (found there without following any link, hop by hop); else the link as it is."""
+    if entry.kind != "symlink" or entry.link_target is None:
+        return entry
+    at = entry
+    for _ in range(LINK_HOPS):
+        assert at.link_target is not None
+        base = posixpath.dirname(to_e2b(at.path))
+        target = posixpath.normpath(posixpath.join(base, at.link_target))
+        try:
+            rel = to_workspace(target)
+            at = workspace.entry(rel)
+        except (ConnectError, GatewayError):
+            return entry
+        if at.kind != "symlink":
+            return dataclasses.replace(entry, kind=at.kind, link_target=target)
+    return entry
 
 
 def entry_json(entry: Entry) -> dict[str, Any]:
@@ -223,6 +250,7 @@ class Envd:
 
     async def _stat(self, message: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
         entry = await asyncio.to_thread(workspace.entry, to_workspace(field(message, "path")))
+        entry = await asyncio.to_thread(followed, workspace, entry)
         return {"entry": entry_json(entry)}
 
     async def _list_dir(self, message: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
@@ -231,6 +259,8 @@ class Envd:
             raise ConnectError("invalid_argument", "'depth' must be a positive integer")
         rel = to_workspace(field(message, "path"))
         entries = await asyncio.to_thread(workspace.list_dir, rel, min(depth, 32))
+        entries = [await asyncio.to_thread(followed, workspace, e) for e in entries]
+        entries.sort(key=lambda e: e.path)  # as envd lists them: a folder, then what is in it
         return {"entries": [entry_json(e) for e in entries]}
 
     async def _make_dir(self, message: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
@@ -253,7 +283,8 @@ class Envd:
         rel = to_workspace(field(message, "path"))
         if not rel:
             raise ConnectError("invalid_argument", f"cannot remove {HOME} itself")
-        await asyncio.to_thread(workspace.remove, rel)
+        with contextlib.suppress(NotFound):  # envd's remove is `rm -rf`: nothing there is done
+            await asyncio.to_thread(workspace.remove, rel)
         return {}
 
     # -- watching a folder (by scans of the workspace) -------------------------------------

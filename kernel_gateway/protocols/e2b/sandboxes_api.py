@@ -4,6 +4,7 @@ paused, resumed and killed, answered in E2B's shapes (`{"code", "message"}` erro
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -19,6 +20,7 @@ from kernel_gateway.protocols.e2b.replies import (
     json_body,
 )
 from kernel_gateway.protocols.e2b.sandboxes import ENVD_VERSION, Sandbox, SandboxError
+from kernel_gateway.sessions.usage import Sample
 from kernel_gateway.settings import Settings
 
 if TYPE_CHECKING:
@@ -37,6 +39,7 @@ def control_routes(service: E2BService) -> list[Route]:
         Route("/v2/sandboxes", guard(create), methods=["POST"]),
         Route("/sandboxes", guard(list_sandboxes), methods=["GET"]),
         Route("/v2/sandboxes", guard(list_sandboxes), methods=["GET"]),
+        Route("/sandboxes/metrics", guard(all_metrics), methods=["GET"]),
         Route("/sandboxes/{id}", guard(get_sandbox), methods=["GET"]),
         Route("/sandboxes/{id}", guard(kill), methods=["DELETE"]),
         Route("/sandboxes/{id}/timeout", guard(set_timeout), methods=["POST"]),
@@ -83,7 +86,6 @@ def sandbox_json(sandbox: Sandbox) -> dict[str, Any]:
 
 def detail_json(sandbox: Sandbox, settings: Settings) -> dict[str, Any]:
     """What get and list answer (E2B's `SandboxDetail` / `ListedSandbox`)."""
-    from datetime import UTC, datetime
 
     def rfc3339(moment: datetime) -> str:
         return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
@@ -187,23 +189,72 @@ async def pause(request: Request, service: E2BService) -> Response:
 
 
 async def metrics(request: Request, service: E2BService) -> Response:
-    service.sandboxes.get(request.path_params["id"])
-    raise SandboxError(501, "sandbox metrics are not served by this gateway (see /metrics)")
+    """E2B's `SandboxMetric` list from `start` to `end` (Unix seconds), oldest first."""
+    sandbox = service.sandboxes.get(request.path_params["id"])
+    session = service.sandboxes.session(sandbox)
+    bounds = [integer(dict(request.query_params), name) for name in ("start", "end")]
+    found = await service.usage.samples(session, *bounds)
+    return JSONResponse([metric_json(s) for s in found])
+
+
+async def all_metrics(request: Request, service: E2BService) -> Response:
+    """`?sandbox_ids=a,b`: each one's latest `SandboxMetric` (those with none left out)."""
+    wanted = [i for i in (request.query_params.get("sandbox_ids") or "").split(",") if i]
+    if not wanted or len(wanted) > 100:
+        raise SandboxError(400, "'sandbox_ids' must name 1 to 100 sandboxes")
+    out: dict[str, Any] = {}
+    for sandbox_id in dict.fromkeys(wanted):
+        try:
+            session = service.sandboxes.session(service.sandboxes.get(sandbox_id))
+        except SandboxError:
+            continue
+        found = await service.usage.samples(session)
+        if found:
+            out[sandbox_id] = metric_json(found[-1])
+    return JSONResponse({"sandboxes": out})
+
+
+def metric_json(sample: Sample) -> dict[str, Any]:
+    """E2B's `SandboxMetric`."""
+    shown = sample.to_json()
+    return {
+        "timestamp": shown["timestamp"],
+        "timestampUnix": sample.at,
+        "cpuCount": sample.cpu_count,
+        "cpuUsedPct": sample.cpu_used_pct,
+        "memUsed": sample.mem_used,
+        "memTotal": sample.mem_total,
+        "memCache": sample.mem_cache,
+        "diskUsed": sample.disk_used,
+        "diskTotal": sample.disk_total,
+    }
 
 
 async def list_sandboxes(request: Request, service: E2BService) -> Response:
+    """E2B's listing: `metadata` (`k=v&...`, each URL-encoded), `state` (comma-separated),
+    `template` (an id or alias), `startedAfter` (RFC 3339, inclusive), `order` (by start
+    time: `desc`, the default, newest first, or `asc`), paged by `limit` and `nextToken`
+    (the id that starts the next page, `X-Next-Token`); `X-Total-Running` counts them all."""
     from urllib.parse import parse_qsl, unquote
 
     query = request.query_params
     states = {s for s in (query.get("state") or "").split(",") if s}
     wanted_metadata = {unquote(k): unquote(v) for k, v in parse_qsl(query.get("metadata") or "")}
+    template = query.get("template")
+    after = _moment(query.get("startedAfter"), "startedAfter")
+    order = query.get("order") or "desc"
+    if order not in ("asc", "desc"):
+        raise SandboxError(400, "'order' must be asc or desc")
+    everyone = list(service.sandboxes.all())
     found = [
         s
-        for s in service.sandboxes.all()
+        for s in everyone
         if (not states or s.state in states)
         and all(s.metadata.get(k) == v for k, v in wanted_metadata.items())
+        and (template is None or template in (s.template, s.alias))
+        and (after is None or s.started_at >= after)
     ]
-    found.sort(key=lambda s: (s.started_at, s.id))
+    found.sort(key=lambda s: (s.started_at, s.id), reverse=order == "desc")
     try:
         limit = int(query.get("limit") or 100)
     except ValueError:
@@ -218,10 +269,21 @@ async def list_sandboxes(request: Request, service: E2BService) -> Response:
             raise SandboxError(400, "'nextToken' does not name a sandbox of this listing")
         start = ids.index(token)
     page = found[start : start + limit]
-    headers = {}
+    headers = {"X-Total-Running": str(sum(1 for s in everyone if s.state == "running"))}
     if start + limit < len(found):
         headers["X-Next-Token"] = found[start + limit].id
     return JSONResponse([detail_json(s, service.settings) for s in page], headers=headers)
+
+
+def _moment(value: str | None, name: str) -> datetime | None:
+    """An RFC 3339 time (`Z` or an offset; one without is taken as UTC)."""
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise SandboxError(400, f"'{name}' must be an RFC 3339 time") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 async def unsupported(request: Request, service: E2BService) -> Response:

@@ -1,0 +1,63 @@
+"""`GET /sessions/{id}/metrics`: what a session's kernel used, sampled every 5 s (see
+kernel_gateway/sessions/usage.py); the gateway's own metrics are `GET /metrics`."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from kernel_gateway.errors import InvalidRequest
+from kernel_gateway.http.operations import Operation, Reply
+from kernel_gateway.http.responses import JSONResponse
+from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.sessions.usage import UsageSampler
+from kernel_gateway.shapes import responses
+
+
+def seconds(request: Request, name: str) -> float | None:
+    """A query parameter in Unix seconds, or None; 422 for one that is not a number."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidRequest(f"'{name}' must be a Unix time in seconds") from None
+    if not value >= 0:
+        raise InvalidRequest(f"'{name}' must be a Unix time in seconds")
+    return value
+
+
+async def metrics(request: Request) -> JSONResponse[responses.SessionMetrics]:
+    registry: Registry = request.state.registry
+    sampler: UsageSampler = request.state.usage
+    session = registry.get(request.path_params["session_id"])
+    found = await sampler.samples(session, seconds(request, "start"), seconds(request, "end"))
+    return JSONResponse({"metrics": [s.to_json() for s in found]})
+
+
+def _bound(name: str, what: str) -> dict[str, object]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": f"Only samples {what} this Unix time (seconds).",
+        "schema": {"type": "number", "minimum": 0},
+    }
+
+
+OPERATIONS = (
+    Operation(
+        "get",
+        "/sessions/{session_id}/metrics",
+        metrics,
+        "sessionMetrics",
+        summary="What the session's kernel used: CPU, memory, disk, every 5 s for an hour.",
+        description="Sampled while its kernel runs (none while it is hibernated); one with "
+        "no sample yet is sampled at once. Empty where the backend cannot tell (the local "
+        "backend).",
+        tags=("sessions",),
+        parameters=(_bound("start", "from"), _bound("end", "up to")),
+        replies=(Reply(200, "The samples, oldest first.", responses.SessionMetrics),),
+        errors=(404, 410, 422),
+    ),
+)
