@@ -52,6 +52,12 @@ class ExitInfo:
 
 
 @dataclass(frozen=True)
+class TerminalSize:
+    rows: int
+    cols: int
+
+
+@dataclass(frozen=True)
 class Usage:
     """What a kernel's sandbox uses now: its CPU time so far, its memory (without the page
     cache it can give back), its memory limit, and that cache."""
@@ -110,9 +116,16 @@ class KernelProcess(abc.ABC):
         """Release everything the kernel held (container, sockets). Idempotent."""
 
     async def run_command(
-        self, argv: list[str], env: dict[str, str], cwd: str | None, stdin: bool
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        stdin: bool,
+        terminal: TerminalSize | None = None,
     ) -> Command:
-        """Start `argv` beside the kernel, in its sandbox, as its user (E2B's commands).
+        """Start `argv` beside the kernel, in its sandbox, as its user (E2B's commands);
+        with `terminal`, on a pseudo-terminal of that size (its output all on STDOUT, its
+        input the terminal's keys).
 
         Raises only `KernelUnavailable` (also where a backend cannot do it)."""
         raise KernelUnavailable("commands beside a kernel need the docker backend")
@@ -154,6 +167,10 @@ class Command(abc.ABC):
 
     @abc.abstractmethod
     async def close_stdin(self) -> None: ...
+
+    async def resize(self, size: TerminalSize) -> None:
+        """A command on a pseudo-terminal: give the terminal this size (SIGWINCH)."""
+        raise KernelUnavailable("the command has no terminal")
 
     @abc.abstractmethod
     async def kill(self, signum: int = 9) -> None:

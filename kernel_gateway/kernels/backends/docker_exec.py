@@ -6,7 +6,9 @@ be killed from inside the container whatever the runtime (a host pid means nothi
 under gVisor). Docker multiplexes stdout and stderr on the exec's socket as frames of
 an 8-byte header (stream, 0, 0, 0, big-endian length) and the bytes; a thread reads
 them and hands them to the event loop. Stdin, when asked for, is written to the same
-socket; closing it shuts the socket's write side.
+socket; closing it shuts the socket's write side. On a terminal (`tty`: E2B's PTYs) the
+socket carries the terminal's raw bytes both ways instead, the pid's line first (the
+wrapper's stderr is the terminal too), and `exec_resize` gives it its size.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import docker
 import docker.errors
 
 from kernel_gateway.errors import KernelUnavailable
-from kernel_gateway.kernels.backends.base import STDERR, STDOUT, Command
+from kernel_gateway.kernels.backends.base import STDERR, STDOUT, Command, TerminalSize
 
 WRAPPER = ["/bin/sh", "-c", 'echo "$$" >&2; exec "$@"', "kg-command"]
 KILL_GROUP = ["/bin/sh", "-c", 'kill -s "$1" -- "-$2" 2>/dev/null || kill -s "$1" "$2"', "kg-kill"]
@@ -51,14 +53,23 @@ class DockerCommand(Command):
         self._raw: Any = None  # the SocketIO around it: closed too, or the fd leaks
         self._exec_id = ""
         self._send_lock = asyncio.Lock()
+        self._tty = False
         self.pid = 0
 
     async def start(
-        self, argv: list[str], env: dict[str, str], cwd: str | None, stdin: bool
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        stdin: bool,
+        terminal: TerminalSize | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
+        self._tty = terminal is not None
         try:
-            self._exec_id, self._raw = await self._call(self._create, argv, env, cwd, stdin)
+            self._exec_id, self._raw = await self._call(
+                self._create, argv, env, cwd, stdin or self._tty
+            )
         except (docker.errors.DockerException, OSError) as exc:
             raise KernelUnavailable(f"could not start the command: {exc}") from exc
         self._sock = getattr(self._raw, "_sock", self._raw)  # the SocketIO's own socket
@@ -70,6 +81,20 @@ class DockerCommand(Command):
             self.pid = await asyncio.wait_for(asyncio.shield(self._started), 30)
         except TimeoutError:
             raise KernelUnavailable("the command did not start within 30 s") from None
+        if terminal is not None:
+            await self.resize(terminal)
+
+    async def resize(self, size: TerminalSize) -> None:
+        if not self._tty:
+            raise KernelUnavailable("the command has no terminal")
+        if self._exit.done():
+            return
+        try:
+            await self._call(
+                self._client.api.exec_resize, self._exec_id, height=size.rows, width=size.cols
+            )
+        except docker.errors.DockerException as exc:
+            raise KernelUnavailable(f"could not resize the terminal: {exc}") from exc
 
     def _create(
         self, argv: list[str], env: dict[str, str], cwd: str | None, stdin: bool
@@ -80,12 +105,12 @@ class DockerCommand(Command):
             stdout=True,
             stderr=True,
             stdin=stdin,
-            tty=False,
+            tty=self._tty,
             user=self._user,
             environment=env,
             workdir=cwd,
         )
-        raw: Any = self._client.api.exec_start(created["Id"], socket=True, tty=False)
+        raw: Any = self._client.api.exec_start(created["Id"], socket=True, tty=self._tty)
         return created["Id"], raw
 
     # -- the reading thread -----------------------------------------------------------------
@@ -95,7 +120,21 @@ class DockerCommand(Command):
         pid_line = b""
         pid_known = False
         try:
-            while True:
+            while self._tty:  # one raw stream: the terminal's, the pid's line first
+                chunk = self._sock.recv(READ_CHUNK)
+                if not chunk:
+                    break
+                if not pid_known:
+                    pid_line += chunk
+                    if b"\n" not in pid_line and len(pid_line) <= MAX_PID_LINE:
+                        continue
+                    first, _, chunk = pid_line.partition(b"\n")
+                    pid_known = True
+                    pid = int(first.strip()) if first.strip().isdigit() else 0
+                    loop.call_soon_threadsafe(_set, self._started, pid)
+                if chunk:
+                    loop.call_soon_threadsafe(self._queue.put_nowait, (STDOUT, chunk))
+            while not self._tty:
                 header = _read_exactly(self._sock, FRAME.size)
                 if header is None:
                     break

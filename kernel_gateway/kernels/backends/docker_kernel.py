@@ -26,6 +26,7 @@ from kernel_gateway.kernels.backends.base import (
     Command,
     ExitInfo,
     KernelProcess,
+    TerminalSize,
     Usage,
     in_kernel_source,
 )
@@ -92,7 +93,12 @@ class DockerKernel(KernelProcess):
         return await self._backend.call(self._backend.container_log, self.name)
 
     async def run_command(
-        self, argv: list[str], env: dict[str, str], cwd: str | None, stdin: bool
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        stdin: bool,
+        terminal: TerminalSize | None = None,
     ) -> Command:
         """`docker exec` in this kernel's container, as its user (see docker_exec.py)."""
         from kernel_gateway.kernels.backends.docker_exec import DockerCommand
@@ -102,7 +108,7 @@ class DockerKernel(KernelProcess):
         command = DockerCommand(
             self._backend.client, self._backend.call, self.name, self._backend.user
         )
-        await command.start(argv, env, cwd, stdin)
+        await command.start(argv, env, cwd, stdin, terminal)
         return command
 
     async def usage(self) -> Usage | None:

@@ -12,6 +12,11 @@ its streams (E2B's background commands) until it ends, is killed, or its
                             "status", "error"}}, then the end-of-stream envelope
     Connect (server stream) the same, for a running pid, from now on
     List, SendInput, CloseStdin, SendSignal (SIGKILL, SIGTERM), StreamInput
+    Update                  a PTY's size
+
+A command started with `pty` (E2B's `sandbox.pty`) runs on a pseudo-terminal of that size:
+its output comes as `{"data": {"pty"}}`, its input is `{"pty"}` (keys, as typed), and
+`Update` resizes it.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from kernel_gateway.errors import GatewayError
-from kernel_gateway.kernels.backends.base import STDOUT, Command
+from kernel_gateway.kernels.backends.base import STDOUT, Command, TerminalSize
 from kernel_gateway.kernels.egress.forwarder import proxy_environment
 from kernel_gateway.protocols.e2b.connect import (
     STREAM_TYPE,
@@ -63,6 +68,8 @@ class Running:
     followers: list[asyncio.Queue[dict[str, Any] | None]] = field(default_factory=list)
     ended: dict[str, Any] | None = None
     pump: asyncio.Task[None] | None = None
+    terminal: bool = False
+    """It runs on a PTY."""
 
     def follow(self) -> asyncio.Queue[dict[str, Any] | None]:
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
@@ -101,7 +108,7 @@ class Processes:
                 answer = self._list()
             elif method == "SendInput":
                 running = self._selected(message)
-                await running.command.send_stdin(_input_bytes(pick(message, "input")))
+                await running.command.send_stdin(_input_bytes(pick(message, "input"), running))
                 answer = {}
             elif method == "CloseStdin":
                 await self._selected(message).command.close_stdin()
@@ -114,7 +121,13 @@ class Processes:
                 await running.command.kill(SIGNALS[signal])
                 answer = {}
             elif method == "Update":
-                raise ConnectError("unimplemented", "PTYs are not supported by this gateway")
+                running = self._selected(message)
+                if not running.terminal:
+                    raise ConnectError("failed_precondition", "the process has no PTY")
+                size = _terminal_size(pick(message, "pty"))
+                if size is not None:
+                    await running.command.resize(size)
+                answer = {}
             else:
                 raise ConnectError("unimplemented", f"process.Process/{method} is not served")
         except ConnectError as exc:
@@ -181,8 +194,7 @@ class Processes:
         config = pick(message, "process") or {}
         if not isinstance(config, dict) or not isinstance(config.get("cmd"), str):
             raise ConnectError("invalid_argument", "'process.cmd' is required")
-        if pick(message, "pty") is not None:
-            raise ConnectError("unimplemented", "PTYs are not supported by this gateway")
+        terminal = _terminal_size(pick(message, "pty"))
         args = config.get("args") or []
         envs = config.get("envs") or {}
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
@@ -218,14 +230,17 @@ class Processes:
         # A sandbox allowed some domains: its commands use the proxy as its kernels do.
         proxy = proxy_environment() if session.network is not None else {}
         env = {"HOME": HOME, **proxy, **self._env, **envs, "PWD": cwd}  # `pwd` says /home/user
+        if terminal is not None:
+            env.setdefault("TERM", "xterm-256color")
         command = await kernel.process.run_command(
-            [config["cmd"], *args], env, cwd, bool(pick(message, "stdin"))
+            [config["cmd"], *args], env, cwd, bool(pick(message, "stdin")), terminal
         )
         tag = pick(message, "tag")
         running = Running(
             command,
             {"cmd": config["cmd"], "args": args, "envs": envs, "cwd": cwd},
             tag if isinstance(tag, str) else None,
+            terminal=terminal is not None,
         )
         self._by_pid[command.pid] = running
         running.pump = asyncio.ensure_future(self._pump(running))
@@ -233,7 +248,7 @@ class Processes:
 
     async def _pump(self, running: Running) -> None:
         async for stream, data in running.command.output():
-            name = "stdout" if stream == STDOUT else "stderr"
+            name = "pty" if running.terminal else "stdout" if stream == STDOUT else "stderr"
             running.publish({"data": {name: base64.b64encode(data).decode()}})
         code = await running.command.wait()
         signum = running.command.signalled
@@ -264,7 +279,7 @@ class Processes:
                     elif "data" in message:
                         if running is None:
                             raise ConnectError("failed_precondition", "no start message first")
-                        data = _input_bytes(pick(message["data"], "input"))
+                        data = _input_bytes(pick(message["data"], "input"), running)
                         await running.command.send_stdin(data)
             reader.finish()
         except ConnectError as exc:
@@ -313,13 +328,40 @@ class Processes:
             del self._by_pid[pid]
 
 
-def _input_bytes(value: Any) -> bytes:
-    if not isinstance(value, dict) or not isinstance(value.get("stdin"), str):
-        raise ConnectError("invalid_argument", "'input.stdin' (base64) is required; no PTYs here")
+def _input_bytes(value: Any, running: Running) -> bytes:
+    """`input.stdin`, or for a command on a PTY `input.pty` (base64 either way)."""
+    name = "pty" if running.terminal else "stdin"
+    if not isinstance(value, dict) or not isinstance(value.get(name), str):
+        other = "stdin" if running.terminal else "pty"
+        if isinstance(value, dict) and other in value:
+            raise ConnectError(
+                "invalid_argument",
+                f"'input.{other}' was sent, but the process "
+                + ("runs on a PTY: send 'input.pty'" if running.terminal else "has no PTY"),
+            )
+        raise ConnectError("invalid_argument", f"'input.{name}' (base64) is required")
     try:
-        return base64.b64decode(value["stdin"], validate=True)
+        return base64.b64decode(value[name], validate=True)
     except ValueError:
-        raise ConnectError("invalid_argument", "'input.stdin' is not base64") from None
+        raise ConnectError("invalid_argument", f"'input.{name}' is not base64") from None
+
+
+MAX_TERMINAL = 1000
+
+
+def _terminal_size(value: Any) -> TerminalSize | None:
+    """A PTY's `{"size": {"rows", "cols"}}`, checked; None when there is none."""
+    if value is None:
+        return None
+    size = value.get("size") if isinstance(value, dict) else None
+    rows = size.get("rows") if isinstance(size, dict) else None
+    cols = size.get("cols") if isinstance(size, dict) else None
+    if not all(isinstance(n, int) and 1 <= n <= MAX_TERMINAL for n in (rows, cols)):
+        raise ConnectError(
+            "invalid_argument", f"'pty.size' needs rows and cols from 1 to {MAX_TERMINAL}"
+        )
+    assert isinstance(rows, int) and isinstance(cols, int)
+    return TerminalSize(rows, cols)
 
 
 def _seconds(raw: str | None, default: float, scale: float = 1.0) -> float:
