@@ -80,6 +80,12 @@ class SessionNetwork:
         """Enter the session in the proxy's policy."""
         await self._proxy.allow(self.session_id, self._secret, self.allow)
 
+    async def change(self, allow: list[str]) -> None:
+        """From now on the session may reach `allow` instead (none: nothing); its way out
+        stays. The proxy judges each new connection by the policy of that moment."""
+        self.allow = list(allow)
+        await self._proxy.allow(self.session_id, self._secret, self.allow)
+
     async def attach(self, kernel: Kernel, *, configure: bool = True) -> None:
         """Give `kernel` its way out (its previous kernel's relay, if any, is closed);
         `configure`: also point the kernel's environment at the proxy (an adopted kernel's

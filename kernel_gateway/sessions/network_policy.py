@@ -86,6 +86,31 @@ async def give(session: Session, allow: list[str], egress: EgressProxy, metrics:
     session.use_network(network)
 
 
+async def change(
+    session: Session,
+    asked: list[str] | str | None,
+    settings: Settings,
+    egress: EgressProxy | None,
+    metrics: Metrics,
+) -> None:
+    """A running session's allowlist replaced by `asked` (checked as a new session's:
+    `--egress-allow`, or `--egress-default` when it asks nothing). A session that had no
+    network gets its way out now; one that had one keeps it, with the new list (empty:
+    nothing). Recorded for a successor gateway."""
+    allow = allowlist(asked, settings, egress)
+    check_language(session.language, allow)
+    network = session.network
+    if network is not None:
+        await network.change(allow)
+    elif allow:
+        assert egress is not None  # `allowlist` refuses a list without a proxy
+        if session.hibernated:
+            await session.resume()
+        await give(session, allow, egress, metrics)
+    session.persist()
+    logger.info("session %s may now reach %s", session.id, ", ".join(allow) or "nothing")
+
+
 async def restore(
     session: Session,
     allow: list[str],

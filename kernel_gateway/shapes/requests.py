@@ -279,6 +279,12 @@ class NewSession(RequestModel):
     ] = None
 
 
+class NetworkChange(RequestModel):
+    """A running session's new network policy (it replaces the one it had)."""
+
+    network: NetworkPolicy
+
+
 class NewSnapshot(RequestModel):
     """A snapshot of the session as it is now."""
 

@@ -20,6 +20,7 @@ from kernel_gateway.protocols.e2b.replies import (
     json_body,
 )
 from kernel_gateway.protocols.e2b.sandboxes import ENVD_VERSION, Sandbox, SandboxError
+from kernel_gateway.sessions import network_policy
 from kernel_gateway.sessions.usage import Sample
 from kernel_gateway.settings import Settings
 
@@ -48,6 +49,7 @@ def control_routes(service: E2BService) -> list[Route]:
         Route("/sandboxes/{id}/resume", guard(connect), methods=["POST"]),
         Route("/sandboxes/{id}/pause", guard(pause), methods=["POST"]),
         Route("/sandboxes/{id}/metrics", guard(metrics), methods=["GET"]),
+        Route("/sandboxes/{id}/network", guard(change_network), methods=["PUT"]),
         Route("/{rest:path}", guard(unsupported), methods=ALL_METHODS),
     ]
 
@@ -148,6 +150,41 @@ def _network(body: dict[str, Any]) -> list[str] | str | None:
     if body.get("allow_internet_access") is False:
         return "none"
     return None
+
+
+ALL_TRAFFIC = "0.0.0.0/0"
+
+
+def network_update(body: dict[str, Any]) -> list[str] | str | None:
+    """E2B's `SandboxNetworkUpdateConfig` as the gateway's policy: `allowOut`, exactly those
+    (domain names; an address or CIDR is refused, as the gateway allows names only);
+    `denyOut` with `0.0.0.0/0` and no `allowOut`, none; neither, the gateway's default. The
+    gateway's sandboxes never reach an address by itself, so other `denyOut` entries hold
+    already."""
+    allow_out = body.get("allowOut")
+    deny_out = body.get("denyOut") or []
+    if allow_out is not None and (
+        not isinstance(allow_out, list) or not all(isinstance(a, str) for a in allow_out)
+    ):
+        raise SandboxError(400, "'allowOut' must be a list of domain names")
+    if not isinstance(deny_out, list) or not all(isinstance(d, str) for d in deny_out):
+        raise SandboxError(400, "'denyOut' must be a list of addresses or CIDR blocks")
+    if allow_out:
+        return list(allow_out)
+    if ALL_TRAFFIC in deny_out or allow_out == []:
+        return "none"
+    return None
+
+
+async def change_network(request: Request, service: E2BService) -> Response:
+    sandbox = service.sandboxes.get(request.path_params["id"])
+    session = service.sandboxes.session(sandbox)
+    asked = network_update(await json_body(request))
+    registry = service.registry
+    await network_policy.change(
+        session, asked, service.settings, registry.egress, registry.warm.metrics
+    )
+    return Response(status_code=204)
 
 
 def _refuse_what_is_not_here(body: dict[str, Any]) -> None:
