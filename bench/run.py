@@ -957,7 +957,7 @@ def main() -> int:
     if args.stateless_only:
         return stateless_only(args)
     n = args.iterations
-    small = max(5, n // 15)
+    small = 2 if args.smoke else max(5, n // 15)
     pool = 4
 
     results: dict[str, Any] = {

@@ -85,12 +85,14 @@ def test_bench_cell_work_measures_each_variant(tmp_path: Path) -> None:
     assert "ipykernel, history in memory" in result.stdout
 
 
-def test_bench_languages_measures_every_language(tmp_path: Path) -> None:
-    require_languages("javascript", "typescript", "r", "bash", "java")
+def test_bench_languages_measures_the_languages_asked_for(tmp_path: Path) -> None:
+    """Three of the six (each language goes through the same code; R and Python draw a
+    chart, bash is the smallest image): the full run measures all six."""
+    require_languages("r", "bash")
     out = tmp_path / "languages.json"
-    result = run_bench("bench.languages", out, timeout=900)
+    result = run_bench("bench.languages", out, "--languages", "python,r,bash", timeout=900)
     figures = json.loads(out.read_text())
-    assert list(figures["languages"]) == ["python", "javascript", "typescript", "r", "bash", "java"]
+    assert list(figures["languages"]) == ["python", "r", "bash"]
     for name, entry in figures["languages"].items():
         for key in ("cold_start", "warm_first_result", "round_trip"):
             assert entry[key]["n"] > 0, (name, key)
@@ -150,10 +152,12 @@ def run_main_bench(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def run_bench(module: str, out: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """`python -m <module> --smoke` on the test image, its figures written to `out`."""
+def run_bench(
+    module: str, out: Path, *args: str, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """`python -m <module> --smoke <args>` on the test image, its figures written to `out`."""
     result = subprocess.run(
-        [sys.executable, "-m", module, "--smoke", "--image", IMAGE, "--json", str(out)],
+        [sys.executable, "-m", module, "--smoke", *args, "--image", IMAGE, "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=timeout,
