@@ -55,7 +55,13 @@ def create_router_app(settings: RouterSettings) -> Starlette:
                 await directory.close()
 
     return Starlette(
-        routes=[*e2b_templates.routes, *routes, *snapshots.ROUTES, *templates.routes],
+        routes=[
+            *snapshots.E2B_ROUTES,
+            *e2b_templates.routes,
+            *routes,
+            *snapshots.ROUTES,
+            *templates.routes,
+        ],
         middleware=front_middleware(metrics, settings.token, settings.host),
         exception_handlers=exception_handlers(),
         lifespan=lifespan,

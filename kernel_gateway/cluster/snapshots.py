@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from kernel_gateway.cluster.directory import Node
+from kernel_gateway.cluster.e2b_templates import to_every_node
 from kernel_gateway.cluster.proxy import NodeUnreachable, Relayed
 from kernel_gateway.cluster.routes import (
     QUICK_ANSWER_SECONDS,
@@ -25,6 +26,9 @@ from kernel_gateway.cluster.routes import (
     _no_node,
     _raw_path,
     _state,
+    _to_session_node,
+    e2b_answers,
+    e2b_pages,
     snapshot_node,
 )
 from kernel_gateway.errors import GatewayError, NodeUnavailable, SnapshotNotFound
@@ -93,6 +97,42 @@ async def snapshot_request(request: Request) -> Response:
     raise SnapshotNotFound(f"no snapshot {reference!r} on any node that answers")
 
 
+async def e2b_delete(request: Request) -> Response:
+    """E2B's `DELETE /templates/{id}`: a snapshot's id goes to its node; anything else (a
+    template, or a snapshot's name) to every node, as a template's delete does."""
+    reference = request.path_params["id"].removesuffix(":default")
+    if snapshot_node(reference) is not None:
+        return await _to_session_node(request, reference)
+    return await to_every_node(request)
+
+
+async def e2b_list(request: Request) -> Response:
+    """E2B's `GET /snapshots`: every node's, paged here (`limit`, `nextToken`)."""
+    _, directory, _, _ = _state(request)
+    params = [
+        (k, v) for k, v in request.query_params.multi_items() if k not in ("limit", "nextToken")
+    ]
+    answers = await asyncio.gather(
+        *(e2b_pages(request, n, request.url.path, params) for n in directory.up())
+    )
+    found = [s for listed in answers for s in listed if isinstance(s, dict)]
+    try:
+        limit = max(1, min(int(request.query_params.get("limit") or 100), 100))
+    except ValueError:
+        limit = 100
+    ids = [str(s.get("snapshotID")) for s in found]
+    token = request.query_params.get("nextToken")
+    start = ids.index(token) if token in ids else 0
+    page = found[start : start + limit]
+    headers = {"X-Next-Token": ids[start + limit]} if start + limit < len(found) else {}
+    return JSONResponse(page, headers=headers)
+
+
+E2B_ROUTES = [
+    # Before e2b_templates.py's routes: its `DELETE /templates/{id}` goes to every node.
+    Route("/e2b/templates/{id}", e2b_answers(e2b_delete), methods=["DELETE"]),
+    Route("/e2b/snapshots", e2b_answers(e2b_list), methods=["GET"]),
+]
 ROUTES = [
     Route("/snapshots", list_snapshots, methods=["GET"]),
     Route("/snapshots/{snapshot_id}", snapshot_request, methods=["GET", "DELETE"]),
