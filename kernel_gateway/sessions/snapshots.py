@@ -149,10 +149,14 @@ class SnapshotStore:
         self.folder = folder
 
     def open(self) -> None:
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.folder, 0o700)
-        for entry in self.folder.iterdir():
-            if entry.name.endswith((".partial", ".old")):  # a save or swap cut short
+        """Remove what a save or swap cut short left (the folder itself is made by the
+        first snapshot: a gateway that never takes one leaves nothing behind)."""
+        try:
+            entries = list(self.folder.iterdir())
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.name.endswith((".partial", ".old")):
                 shutil.rmtree(entry, ignore_errors=True)
 
     def all(self) -> list[Snapshot]:
@@ -185,6 +189,8 @@ class SnapshotStore:
 
     def begin(self) -> Path:
         """A new folder for a snapshot being written (`commit` or `abandon` it)."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.folder, 0o700)
         partial = self.folder / f"{secrets.token_hex(8)}.partial"
         partial.mkdir(mode=0o700)
         return partial

@@ -37,8 +37,10 @@ def containers_of(instance: str, role: str | None = None) -> list[str]:
         labels.append(f"{LABEL_ROLE}={role}")
     client = docker.from_env()
     try:
-        found = client.containers.list(all=True, filters={"label": labels})
-        return [c.name for c in found if c.name is not None]
+        # The low-level listing: the high-level one inspects each container, and fails on
+        # one removed between the listing and its inspection (a fork server replaced).
+        found = client.api.containers(all=True, filters={"label": labels})
+        return sorted(str(c["Names"][0]).lstrip("/") for c in found if c.get("Names"))
     finally:
         client.close()
 

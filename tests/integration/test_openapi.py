@@ -79,7 +79,7 @@ def test_every_event_matches_its_schema_in_sse_and_json(
     frames = schemas["ServerSentEvent"]["oneOf"]
     data_schema = {f["properties"]["event"]["const"]: f["properties"]["data"] for f in frames}
     session = api.post("/sessions")
-    check(document, "Session", session.json())
+    check(document, "RestoredSession", session.json())
     sid = session.json()["id"]
 
     seen: set[str] = set()

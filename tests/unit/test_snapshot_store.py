@@ -38,10 +38,10 @@ def write(store: SnapshotStore, made: Snapshot, content: bytes = b"tar") -> None
 
 def test_written_found_listed_replaced_and_deleted(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path / "snapshots")
-    assert store.all() == []  # no folder yet: none
     store.open()
-    assert stat.S_IMODE(store.folder.stat().st_mode) == 0o700
+    assert store.all() == [] and not store.folder.exists()  # made by the first snapshot
     write(store, snapshot("snap-b", "daily", at=2.0))
+    assert stat.S_IMODE(store.folder.stat().st_mode) == 0o700
     write(store, snapshot("snap-a", at=1.0))
     assert [s.id for s in store.all()] == ["snap-a", "snap-b"]  # oldest first
     assert store.find("snap-b") == store.find("daily") == snapshot("snap-b", "daily", at=2.0)

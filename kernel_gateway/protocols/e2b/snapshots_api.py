@@ -8,7 +8,7 @@ name: the snapshot is meant (it is what the SDK's snapshot calls make).
 
     POST   /sandboxes/{id}/snapshots    {"name"?} → 201 {"snapshotID", "names"}
     GET    /snapshots                   ?sandboxID, ?name, ?limit, ?nextToken (X-Next-Token)
-    DELETE /templates/{id}              a snapshot's id or name: it (else the template)
+    DELETE /templates/{id}              a snapshot's id or name: it (templates_api.py)
     POST   /sandboxes/{id}/fork         {"count", "timeout"} → 201 [{"sandbox"} | {"error"}]
 """
 
@@ -23,7 +23,6 @@ from starlette.routing import Route
 from kernel_gateway.protocols.e2b.replies import ControlHandler, Handler, guarded, json_body
 from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError
 from kernel_gateway.protocols.e2b.sandboxes_api import integer, sandbox_json
-from kernel_gateway.protocols.e2b.templates_api import delete_template
 from kernel_gateway.sessions.snapshots import MAX_FORKS, Snapshot
 
 if TYPE_CHECKING:
@@ -34,7 +33,7 @@ PAGE = 100
 
 
 def snapshot_routes(service: E2BService) -> list[Route]:
-    """Before the templates' routes: a snapshot's `DELETE /templates/{id}` is caught here."""
+    """The snapshots' own routes (their `DELETE /templates/{id}` is the templates')."""
 
     def guard(handler: ControlHandler) -> Handler:
         return guarded(service, handler)
@@ -42,7 +41,6 @@ def snapshot_routes(service: E2BService) -> list[Route]:
     return [
         Route("/sandboxes/{id}/snapshots", guard(create), methods=["POST"]),
         Route("/snapshots", guard(list_snapshots), methods=["GET"]),
-        Route("/templates/{id}", guard(delete), methods=["DELETE"]),
         Route("/sandboxes/{id}/fork", guard(fork), methods=["POST"]),
     ]
 
@@ -86,17 +84,6 @@ async def list_snapshots(request: Request, service: E2BService) -> Response:
     if start + limit < len(found):
         headers["X-Next-Token"] = found[start + limit].id
     return JSONResponse([info(s) for s in page], headers=headers)
-
-
-async def delete(request: Request, service: E2BService) -> Response:
-    """A snapshot's id or name: 204; anything else is a template's (templates_api.py)."""
-    reference = request.path_params["id"].removesuffix(TAG)
-    snapshots = service.sandboxes.snapshots
-    found = await snapshots.find(None, reference)
-    if not found:
-        return await delete_template(request, service)
-    await snapshots.delete(found[0].id)
-    return Response(status_code=204)
 
 
 async def fork(request: Request, service: E2BService) -> Response:

@@ -313,7 +313,13 @@ async def get_template(request: Request, service: E2BService) -> Response:
 
 async def delete_template(request: Request, service: E2BService) -> Response:
     """204; E2B's 404 for none (the SDK's `delete_snapshot` reads it as False), 409 while
-    it builds or sessions run on it."""
+    it builds or sessions run on it. A snapshot's id or name (`name:default`) deletes the
+    snapshot: E2B's snapshots are templates (snapshots_api.py)."""
+    snapshots = service.sandboxes.snapshots
+    found = await snapshots.find(None, request.path_params["id"].removesuffix(":default"))
+    if found:
+        await snapshots.delete(found[0].id)
+        return Response(status_code=204)
     template = template_named(service, request.path_params["id"])
     await templates_of(service).delete(template)
     return Response(status_code=204)

@@ -185,7 +185,9 @@ def test_a_session_is_forked_and_snapshotted_through_the_routers(
     with cluster.client(routers[0]) as c:
         answer = c.post(f"/sessions/{sid}/fork", json={"count": 1})
         assert answer.status_code == 201, answer.text
-        (fork,) = [f["session"]["id"] for f in answer.json()["forks"]]
+        forks = answer.json()["forks"]
+        assert all("session" in f for f in forks), forks
+        (fork,) = [f["session"]["id"] for f in forks]
     assert fork.partition(".")[0] == node and fork != sid
     with cluster.client(routers[1]) as c:
         out = _run(c, fork, "history.append('fork')\nprint(mark, len(history))")
