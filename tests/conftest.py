@@ -95,7 +95,10 @@ def gateway(
     adds gVisor) a later module's docker tests were given the gVisor gateway."""
     if backend_name not in gateways:
         tmp = tmp_path_factory.mktemp(f"rt-{backend_name}")
-        gateways[backend_name] = ServerThread(backend_settings(backend_name, tmp)).__enter__()
+        # Two warm kernels: most tests take a session at once, and its successor starts
+        # while the test runs (with one, the next test waited for a whole cold start).
+        settings = backend_settings(backend_name, tmp, pool_size=2)
+        gateways[backend_name] = ServerThread(settings).__enter__()
     server = gateways[backend_name]
     assert server.settings.runtime == BACKENDS[backend_name][1], backend_name
     return server

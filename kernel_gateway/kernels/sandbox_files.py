@@ -24,6 +24,15 @@ from kernel_gateway.kernels.kernel import Kernel
 EXCLUDED = ("home/sandbox/.ipython",)
 """Left out of an archive: the running kernel's own files (IPython's history database is
 open, and a restored kernel has its own; hibernation restores `In`/`Out` itself)."""
+ARCHIVE = (
+    'target="$1"; shift; cd / && find "$@" -xdev -mindepth 1 '
+    + " ".join(f"-path {pattern} -prune -o" for pattern in EXCLUDED)
+    + ' -print0 | tar --create --file="$target" --null --no-recursion --files-from=- '
+    "--warning=no-file-changed --warning=no-file-ignored"
+)
+"""What is in each folder (not the folders themselves: a new sandbox's are its own, with
+their owners and modes, and `tar` as its user must not try to change them), on its own file
+system, listed by `find` and archived by `tar` one entry each."""
 TAR_WARNINGS = 1
 """GNU tar's exit status when a file changed as it was read, or was not a file (a socket):
 the archive is made, without it."""
@@ -43,9 +52,7 @@ async def archive(kernel: Kernel, target: Path, seconds: float) -> int:
     _, inside = _handover(kernel)
     name = f"files-{secrets.token_hex(8)}.tar"
     folders = [folder.lstrip("/") for folder in kernel.process.sandbox_folders]
-    argv = ["tar", "--create", f"--file={inside}/{name}", "--directory=/", "--one-file-system"]
-    argv += [f"--exclude={pattern}" for pattern in EXCLUDED]
-    argv += ["--warning=no-file-changed", "--warning=no-file-ignored", "--", *folders]
+    argv = ["sh", "-c", ARCHIVE, "sh", f"{inside}/{name}", *folders]
     try:
         await _run(kernel, argv, seconds, "writing the session's files")
         return await keep(kernel, name, target, mode=0o444)
