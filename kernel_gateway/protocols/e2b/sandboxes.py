@@ -253,7 +253,7 @@ class Sandboxes:
         (its id or name: E2B's snapshots are templates), or a gateway template (`name`,
         `name:tag` or its id). `network`: the domains it may reach (as `POST /sessions`
         takes them: None for the gateway's default, "none", or patterns)."""
-        seconds = _timeout(lifetime)
+        seconds = timeout_seconds(lifetime)
         check_env(env, "'envVars'")
         snapshot = await self._snapshot(template)
         if snapshot is not None:
@@ -324,53 +324,6 @@ class Sandboxes:
             return await self.snapshots.get(reference)
         except SnapshotNotFound:
             return None
-
-    async def snapshot(self, sandbox_id: str, name: str | None) -> Snapshot:
-        """A snapshot of the sandbox (its files and variables, and its environment)."""
-        sandbox = self.get(sandbox_id)
-        session = self.session(sandbox)
-        extra = {"e2b": {"env": sandbox.env}}
-        try:
-            return await self.snapshots.take(session, name, extra)
-        except GatewayError as exc:
-            raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
-
-    async def fork(
-        self, sandbox_id: str, count: int, lifetime: int | None
-    ) -> list[Sandbox | SandboxError]:
-        """`count` copies of the sandbox as it is now (it runs on), each a sandbox of its own
-        with its metadata and environment, or why it could not start."""
-        seconds = _timeout(lifetime)
-        source = self.get(sandbox_id)
-        session = self.session(source)
-        try:
-            results = await self.snapshots.fork(session, count)
-        except GatewayError as exc:
-            raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
-        forks: list[Sandbox | SandboxError] = []
-        for result in results:
-            if isinstance(result, GatewayError):
-                forks.append(SandboxError(status_for(result), result.message))
-                continue
-            copy = Sandbox(
-                id=result.session.id,
-                template=source.template,
-                alias=source.alias,
-                language=source.language,
-                token=secrets.token_urlsafe(32),
-                started_at=datetime.now(UTC),
-                end_at=time.time() + seconds,
-                metadata=dict(source.metadata),
-                env=dict(source.env),
-                lifetime=seconds,
-                auto_pause=source.auto_pause,
-                auto_resume=source.auto_resume,
-            )
-            try:
-                forks.append(await self.around(result.session, copy))
-            except SandboxError as exc:
-                forks.append(exc)
-        return forks
 
     async def _new_session(self, template: str, network: list[str] | str | None) -> Session:
         """The session of a new sandbox on `template`: the kernel image for a built-in
@@ -478,7 +431,7 @@ class Sandboxes:
 
     def set_timeout(self, sandbox_id: str, timeout: int) -> None:
         sandbox = self.get(sandbox_id)
-        sandbox.end_at = time.time() + _timeout(timeout)
+        sandbox.end_at = time.time() + timeout_seconds(timeout)
         self._save(sandbox)
 
     async def connect(self, sandbox_id: str, lifetime: int | None) -> tuple[Sandbox, bool]:
@@ -496,7 +449,7 @@ class Sandboxes:
                 ) from None
         sandbox.paused = False
         if lifetime is not None:
-            sandbox.end_at = max(sandbox.end_at, time.time() + _timeout(lifetime))
+            sandbox.end_at = max(sandbox.end_at, time.time() + timeout_seconds(lifetime))
         self._save(sandbox)
         return sandbox, resumed
 
@@ -621,7 +574,7 @@ def setup_code(language: str, env: dict[str, str], cwd: str) -> str | None:
     return "\n".join(lines) or None
 
 
-def _timeout(timeout: int | None) -> int:
+def timeout_seconds(timeout: int | None) -> int:
     seconds = DEFAULT_TIMEOUT if timeout is None else timeout
     if not 0 < seconds <= MAX_TIMEOUT:
         raise SandboxError(400, f"timeout must be between 1 and {MAX_TIMEOUT} seconds")

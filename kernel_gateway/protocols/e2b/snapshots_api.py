@@ -14,14 +14,23 @@ name: the snapshot is meant (it is what the SDK's snapshot calls make).
 
 from __future__ import annotations
 
+import secrets
+import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from kernel_gateway.errors import GatewayError
 from kernel_gateway.protocols.e2b.replies import ControlHandler, Handler, guarded, json_body
-from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError
+from kernel_gateway.protocols.e2b.sandboxes import (
+    Sandbox,
+    SandboxError,
+    status_for,
+    timeout_seconds,
+)
 from kernel_gateway.protocols.e2b.sandboxes_api import integer, sandbox_json
 from kernel_gateway.sessions.snapshots import MAX_FORKS, Snapshot
 
@@ -52,11 +61,16 @@ def info(snapshot: Snapshot) -> dict[str, Any]:
 
 
 async def create(request: Request, service: E2BService) -> Response:
+    """A snapshot of the sandbox: its files and variables, and its environment (which a
+    sandbox made from it gets again)."""
     body = await json_body(request)
     name = body.get("name")
     if name is not None and not isinstance(name, str):
         raise SandboxError(400, "'name' must be a string")
-    snapshot = await service.sandboxes.snapshot(request.path_params["id"], name or None)
+    sandboxes = service.sandboxes
+    sandbox = sandboxes.get(request.path_params["id"])
+    extra = {"e2b": {"env": sandbox.env}}
+    snapshot = await sandboxes.snapshots.take(sandboxes.session(sandbox), name or None, extra)
     return JSONResponse(info(snapshot), status_code=201)
 
 
@@ -93,9 +107,7 @@ async def fork(request: Request, service: E2BService) -> Response:
         count = 1
     if not 1 <= count <= MAX_FORKS:
         raise SandboxError(400, f"'count' must be between 1 and {MAX_FORKS}")
-    results = await service.sandboxes.fork(
-        request.path_params["id"], count, integer(body, "timeout")
-    )
+    results = await copies(service, request.path_params["id"], count, integer(body, "timeout"))
     answer: list[dict[str, Any]] = []
     for result in results:
         if isinstance(result, Sandbox):
@@ -103,3 +115,38 @@ async def fork(request: Request, service: E2BService) -> Response:
         else:
             answer.append({"error": {"code": result.status, "message": result.message}})
     return JSONResponse(answer, status_code=201)
+
+
+async def copies(
+    service: E2BService, sandbox_id: str, count: int, lifetime: int | None
+) -> list[Sandbox | SandboxError]:
+    """`count` copies of the sandbox as it is now (it runs on), each a sandbox of its own
+    with its metadata and environment, or why it could not start."""
+    seconds = timeout_seconds(lifetime)
+    sandboxes = service.sandboxes
+    source = sandboxes.get(sandbox_id)
+    results = await sandboxes.snapshots.fork(sandboxes.session(source), count)
+    forks: list[Sandbox | SandboxError] = []
+    for result in results:
+        if isinstance(result, GatewayError):
+            forks.append(SandboxError(status_for(result), result.message))
+            continue
+        copy = Sandbox(
+            id=result.session.id,
+            template=source.template,
+            alias=source.alias,
+            language=source.language,
+            token=secrets.token_urlsafe(32),
+            started_at=datetime.now(UTC),
+            end_at=time.time() + seconds,
+            metadata=dict(source.metadata),
+            env=dict(source.env),
+            lifetime=seconds,
+            auto_pause=source.auto_pause,
+            auto_resume=source.auto_resume,
+        )
+        try:
+            forks.append(await sandboxes.around(result.session, copy))
+        except SandboxError as exc:
+            forks.append(exc)
+    return forks
