@@ -309,3 +309,75 @@ def test_a_killed_sandbox_says_so() -> None:
         sbx.commands.run("true")
     with pytest.raises(exceptions.NotFoundException):
         e2b.Sandbox.connect(sbx.sandbox_id)
+
+
+def test_a_terminal_runs_keys_and_takes_a_new_size(sandbox: Any) -> None:
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    def session(keys: bytes, resize_to: int | None = None) -> str:
+        terminal = sandbox.pty.create(PtySize(rows=24, cols=80), envs={"ABC": "123"})
+        if resize_to is not None:
+            sandbox.pty.resize(terminal.pid, PtySize(rows=24, cols=resize_to))
+        sandbox.pty.send_stdin(terminal.pid, keys)
+        output: list[bytes] = []
+        result = terminal.wait(on_pty=output.append)
+        text = b"".join(output).decode()
+        assert result.exit_code == 0, text
+        return text
+
+    # The terminal echoes the keys too; none of them holds these numbers.
+    first = session(b"echo $ABC; tput cols; exit\n")
+    assert "123" in first and "80" in first, first
+    assert "100" in session(b"tput cols; exit\n", resize_to=100)
+
+
+def test_signed_file_urls_need_no_other_credential(sandbox: Any) -> None:
+    sandbox.files.write("shared.txt", "from the sandbox")
+    url = sandbox.download_url("shared.txt")
+    assert "signature=v1_" in url
+    assert httpx.get(url).text == "from the sandbox"  # no key, no token: the signature
+    upload = sandbox.upload_url("dropped.txt")
+    sent = httpx.post(upload, files={"file": ("dropped.txt", b"from outside")})
+    assert sent.status_code == 200, sent.text
+    assert sandbox.files.read("dropped.txt") == "from outside"
+    expired = httpx.get(sandbox.download_url("shared.txt", use_signature_expiration=-60))
+    assert expired.status_code == 401
+    assert expired.json() == {"code": 401, "message": "signature is already expired"}
+    forged = httpx.get(url.replace("shared.txt", "other.txt", 1))
+    assert forged.status_code == 401  # signed for another path
+    assert httpx.get(url.split("&signature")[0]).status_code == 401
+
+
+def test_metrics_are_the_sandboxs(sandbox: Any) -> None:
+    metrics = sandbox.get_metrics()
+    assert metrics, metrics
+    last = metrics[-1]
+    assert last.cpu_count >= 1 and 0 < last.mem_used < last.mem_total
+    assert 0 < last.disk_used <= last.disk_total
+
+
+def test_a_snapshot_starts_sandboxes_and_a_fork_copies_one(sandbox: Any) -> None:
+    sandbox.run_code("plan = ['a', 'b']")
+    sandbox.files.write("notes.txt", "kept")
+    snapshot = sandbox.create_snapshot()
+    try:
+        started = e2b.Sandbox.create(snapshot.snapshot_id, timeout=60)
+        try:
+            assert started.run_code("plan").text == "['a', 'b']"
+            assert started.files.read("notes.txt") == "kept"
+        finally:
+            started.kill()
+        listed = e2b.Sandbox.list_snapshots(sandbox_id=sandbox.sandbox_id).next_items()
+        assert snapshot.snapshot_id in [s.snapshot_id for s in listed]
+    finally:
+        assert e2b.Sandbox.delete_snapshot(snapshot.snapshot_id) is True
+    assert e2b.Sandbox.delete_snapshot(snapshot.snapshot_id) is False
+    if not hasattr(sandbox, "fork"):  # the oldest SDK tested has no fork
+        return
+    (copy,) = sandbox.fork()
+    try:
+        copy.run_code("plan.append('c')")
+        assert copy.run_code("plan").text == "['a', 'b', 'c']"
+        assert sandbox.run_code("plan").text == "['a', 'b']"
+    finally:
+        copy.kill()
