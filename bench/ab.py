@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny run, to check the bench works")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.iterations, args.seconds, args.rounds = 20, 2.0, 1
+        args.iterations, args.seconds, args.rounds = 20, 0.5, 1
     results = compare(args)
     print()
     print(table(results))

@@ -950,7 +950,7 @@ def main() -> int:
             ["--base", args.compare, "--image", args.image, "--json", str(args.json), *smoke]
         )
     if args.smoke:
-        args.iterations, args.density, args.throughput_seconds = 10, 3, 2.0
+        args.iterations, args.density, args.throughput_seconds = 10, 2, 0.5
         args.fork_servers, args.skip_container_stateless = 2, True
     if args.image_only:
         return image_only(args)
