@@ -183,9 +183,14 @@ class KernelUnavailable(GatewayError):
 
 class HibernationFailed(KernelUnavailable):
     """A session could not be saved to disk (to hibernate, snapshot or fork it): nothing was
-    made of it, and it runs on as it was."""
+    made of it, and it runs on as it was. Answered with `Retry-After` (`RETRY_SAVE`): the
+    session may save once it has changed (a value deleted, files made smaller)."""
 
     error_type = "hibernation_failed"
+
+
+RETRY_SAVE = 5.0
+"""Seconds a client is told to wait before asking again for a save that failed."""
 
 
 class ShuttingDown(GatewayError):

@@ -28,7 +28,7 @@ ARCHIVE = (
     'target="$1"; shift; cd / && find "$@" -xdev -mindepth 1 '
     + " ".join(f"-path {pattern} -prune -o" for pattern in EXCLUDED)
     + ' -print0 | tar --create --file="$target" --null --no-recursion --files-from=- '
-    "--warning=no-file-changed --warning=no-file-ignored"
+    "--ignore-failed-read --warning=no-file-changed --warning=no-file-ignored"
 )
 """What is in each folder (not the folders themselves: a new sandbox's are its own, with
 their owners and modes, and `tar` as its user must not try to change them), on its own file
@@ -46,16 +46,18 @@ def supported(kernel: Kernel) -> str | None:
     return None
 
 
-async def archive(kernel: Kernel, target: Path, seconds: float) -> int:
-    """Write the sandbox's folders to `target` (a new file of the gateway's, 0444): its size.
-    SnapshotError says why not (past `seconds`, the archiver is killed)."""
+async def archive(kernel: Kernel, target: Path, seconds: float) -> tuple[int, str]:
+    """Write the sandbox's folders to `target` (a new file of the gateway's, 0444): its size,
+    and what `find` and `tar` said of files they could not keep (a name too long, a file
+    the user cannot read: left out, the rest kept). SnapshotError says why not at all (past
+    `seconds`, the archiver is killed)."""
     _, inside = _handover(kernel)
     name = f"files-{secrets.token_hex(8)}.tar"
     folders = [folder.lstrip("/") for folder in kernel.process.sandbox_folders]
     argv = ["sh", "-c", ARCHIVE, "sh", f"{inside}/{name}", *folders]
     try:
-        await _run(kernel, argv, seconds, "writing the session's files")
-        return await keep(kernel, name, target, mode=0o444)
+        said = await _run(kernel, argv, seconds, "writing the session's files")
+        return await keep(kernel, name, target, mode=0o444), said
     finally:
         with contextlib.suppress(OSError, SnapshotError):
             host, _ = _handover(kernel)
@@ -71,12 +73,16 @@ async def unpack(kernel: Kernel, source: Path, seconds: float) -> None:
     script = 'find "$1" -mindepth 1 -delete && exec tar --extract --file="$2" --directory=/ '
     script += "--preserve-permissions --no-same-owner --no-overwrite-dir"
     try:
-        await _run(kernel, ["sh", "-c", script, "sh", working, inside], seconds, "unpacking")
+        said = await _run(kernel, ["sh", "-c", script, "sh", working, inside], seconds, "unpacking")
+        if said:  # tar ended with warnings only: something was not put back
+            raise SnapshotError(f"unpacking: {said[:STDERR_KEPT]}")
     finally:
         await take_back(kernel, name)
 
 
-async def _run(kernel: Kernel, argv: list[str], seconds: float, doing: str) -> None:
+async def _run(kernel: Kernel, argv: list[str], seconds: float, doing: str) -> str:
+    """Run `argv` beside the kernel within `seconds`: what it said on stderr (it succeeded,
+    or ended with GNU tar's warnings status), else SnapshotError."""
     try:
         command = await kernel.process.run_command(argv, {}, "/", stdin=False)
     except KernelUnavailable as exc:
@@ -94,9 +100,10 @@ async def _run(kernel: Kernel, argv: list[str], seconds: float, doing: str) -> N
     except BaseException:
         await _kill(command)
         raise
+    said = errors.decode(errors="replace").strip()
     if status > TAR_WARNINGS:
-        said = errors.decode(errors="replace").strip() or f"exit status {status}"
-        raise SnapshotError(f"{doing} failed: {said}")
+        raise SnapshotError(f"{doing} failed: {said or f'exit status {status}'}")
+    return said
 
 
 async def _kill(command: Command) -> None:

@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from kernel_gateway.errors import (
+    RETRY_SAVE,
     Conflict,
     HibernationFailed,
     KernelUnavailable,
@@ -230,7 +231,8 @@ class Hibernator:
                 except SnapshotError as exc:
                     self.metrics.hibernation_failed()
                     raise HibernationFailed(
-                        f"session {session.id} could not be saved ({exc}); it runs on as it was"
+                        f"session {session.id} could not be saved ({exc}); it runs on as it was",
+                        retry_after=RETRY_SAVE,
                     ) from None
                 if session.closed or session.last_activity != activity or session.busy:
                     # Used meanwhile (a cell, a notebook, a command): the use wins.
@@ -244,7 +246,8 @@ class Hibernator:
                 except SnapshotError as exc:
                     self.metrics.hibernation_failed()
                     raise HibernationFailed(
-                        f"session {session.id} could not be saved ({exc}); it runs on as it was"
+                        f"session {session.id} could not be saved ({exc}); it runs on as it was",
+                        retry_after=RETRY_SAVE,
                     ) from None
                 h.saved = HibernatedState(
                     since=time.time(), bytes=saved.bytes, lost=[x.to_json() for x in saved.lost]

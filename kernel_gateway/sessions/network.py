@@ -82,7 +82,8 @@ class SessionNetwork:
 
     async def change(self, allow: list[str]) -> None:
         """From now on the session may reach `allow` instead (none: nothing); its way out
-        stays. The proxy judges each new connection by the policy of that moment."""
+        stays. A new connection is judged by the new list (one the old list allowed, to a
+        host it no longer does, for up to the proxy's `DECISION_SECONDS` more)."""
         self.allow = list(allow)
         await self._proxy.allow(self.session_id, self._secret, self.allow)
 

@@ -338,7 +338,9 @@ class Session:
             "queued": self.cells.queued,
             "restarts": self.slot.restarts,
             "failed": self.slot.policy.failed,
-            "network": {"allow": network.allow} if network is not None else "none",
+            "network": {"allow": network.allow}
+            if network is not None and network.allow
+            else "none",
             "hibernation": self.hibernation.to_json() if self.hibernation is not None else None,
             "template": self.template.to_json() if self.template is not None else None,
         }

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_gateway.errors import (
+    RETRY_SAVE,
     Conflict,
     GatewayError,
     HibernationFailed,
@@ -281,10 +282,25 @@ class SavedSessions:
         self,
         reference: str,
         network: list[str] | str | None = None,
+        language: str | None = None,
+        template: str | None = None,
     ) -> Restored:
         """A new session from the snapshot `reference` (id or name): its files, its variables,
-        its language and template, and its network policy unless `network` asks another."""
+        its language and template, and its network policy unless `network` asks another.
+        A `language` or `template` asked as well must be the snapshot's (else 409)."""
         snapshot = await self.get(reference)
+        if language is not None:
+            asked = self.registry.languages.get_or_raise(language).name
+            if asked != snapshot.language:
+                raise Conflict(
+                    f"snapshot {snapshot.id} is of a {snapshot.language} session, not {asked}"
+                )
+        if template is not None and template != snapshot.template:
+            raise Conflict(
+                f"snapshot {snapshot.id} runs "
+                + (f"the template {snapshot.template}" if snapshot.template else "no template")
+                + f", not {template!r} (leave 'template' out, or give its id)"
+            )
         return await self._start(snapshot, self.store.path(snapshot), network)
 
     async def fork(self, session: Session, count: int) -> list[Restored | GatewayError]:
@@ -401,10 +417,14 @@ class SavedSessions:
                             "only the files are kept",
                         }
                     )
-                total += await sandbox_files.archive(kernel, folder / FILES, seconds)
+                size, said = await sandbox_files.archive(kernel, folder / FILES, seconds)
+                total += size
+                if said:
+                    lost.append({"name": "files", "reason": f"not all were kept: {said[:500]}"})
             except SnapshotError as exc:
                 raise HibernationFailed(
-                    f"session {session.id} could not be saved ({exc}); it runs on as it was"
+                    f"session {session.id} could not be saved ({exc}); it runs on as it was",
+                    retry_after=RETRY_SAVE,
                 ) from None
         for other in self.registry.companions(session.id):
             lost.append(

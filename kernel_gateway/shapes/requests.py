@@ -33,6 +33,7 @@ from typing import (
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainValidator,
@@ -273,8 +274,8 @@ class NewSession(RequestModel):
             max_length=200,
             description="A snapshot (`GET /snapshots`) to start from, by id or name: the "
             "session gets its files and (Python) variables, its language and template, and "
-            "its network policy unless `network` asks another. `language` and `template` "
-            "may not be given with it.",
+            "its network policy unless `network` asks another. A `language` or `template` "
+            "given with it must be the snapshot's (else 409 `conflict`).",
         ),
     ] = None
 
@@ -294,10 +295,21 @@ class NewSnapshot(RequestModel):
     ] = None
 
 
+def _whole(value: object) -> object:
+    """A JSON number with no fraction (`93.0`) is an integer, as JSON Schema says."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 class ForkRequest(RequestModel):
     """Copies of the session as it is now."""
 
-    count: Annotated[int, Field(ge=1, le=100, description="How many copies (1 to 100).")] = 1
+    count: Annotated[
+        int,
+        Field(ge=1, le=100, description="How many copies (1 to 100)."),
+        BeforeValidator(_whole),
+    ] = 1
 
 
 class ExecuteRequest(RequestModel):

@@ -188,8 +188,8 @@ def test_bad_requests_get_clear_errors(api: httpx.Client) -> None:
         (api.delete("/snapshots/nope"), 404, "snapshot_not_found"),
         (
             api.post("/sessions", json={"snapshot": "x", "language": "python"}),
-            422,
-            "invalid_request",
+            404,
+            "snapshot_not_found",
         ),
     ]
     for response, status, kind in cases:
@@ -206,6 +206,15 @@ def test_bad_requests_get_clear_errors(api: httpx.Client) -> None:
         assert busy.status_code == 409 and busy.json()["error"]["type"] == "session_busy"
         assert running.result().stdout == "slept\n"
     assert len(api.get("/sessions").json()["sessions"]) == 1
+    taken = api.post(f"/sessions/{source}/snapshots", json={}).json()["id"]
+    for extra in ({"language": "python"}, {"fork": 1}):
+        if "fork" in extra:  # a whole JSON number is an integer
+            assert api.post(f"/sessions/{source}/fork", json={"count": 1.0}).status_code == 201
+            continue
+        same = api.post("/sessions", json={"snapshot": taken, **extra})
+        assert same.status_code == 201, same.text
+    other = api.post("/sessions", json={"snapshot": taken, "template": "analytics"})
+    assert other.status_code == 409 and other.json()["error"]["type"] == "conflict", other.text
 
 
 def test_snapshots_are_counted_and_a_replaced_name_is_not_one_more(api: httpx.Client) -> None:

@@ -68,7 +68,9 @@ def test_output_from_forks_subprocesses_and_odd_text_arrives(
     for line in ("6", "forked child", "from a subprocess", "x" * 700_000):
         assert line in out.splitlines(), line[:40]
     if backend_name == "docker":
-        assert out.endswith("partiallone ? surrogate\n")
+        # The subprocess wrote to the file descriptor, Python to sys.stdout: two streams the
+        # fork server collects apart, so their order at the very end is not promised.
+        assert "partiallone ? surrogate\n" in out, out[-200:]
     else:
         assert out.endswith("partial")
 

@@ -57,11 +57,17 @@ ERROR_PAGES = {
 puts the reason in the status line, where clients that show no body (CONNECT) show it."""
 
 
+DECISION_SECONDS = 5
+"""How long squid keeps an allowing decision of the policy helper."""
+
+
 def render(*, port: int, policy: str, helper: str, errors: str, python: str) -> str:
     """squid.conf listening on 127.0.0.1:`port` (the proxy's own loopback), the policy file
     at `policy`, the helper script at `helper`, the error pages in `errors`."""
     blocked = " ".join(BLOCKED_DESTINATIONS)
-    acl_options = "ttl=5 negative_ttl=0 children-max=2 children-startup=1"
+    # An allow is remembered DECISION_SECONDS (a policy narrowed while a session runs holds
+    # for its new connections within that); a refusal is never remembered.
+    acl_options = f"ttl={DECISION_SECONDS} negative_ttl=0 children-max=2 children-startup=1"
     return f"""\
 # Written by kernel-gateway (kernel_gateway/kernels/egress/squid_conf.py); do not edit.
 http_port 127.0.0.1:{port}

@@ -35,8 +35,9 @@ OPERATIONS = (
         description='`{"network": {"allow": [...]}}` or `{"network": "none"}`, checked as a '
         "new session's (within `--egress-allow`, else 403 `network_not_allowed`). A session "
         "that had no network gets its way out at once; one that had one keeps it with the new "
-        "list. Each new connection is judged by the policy of its moment; one already open "
-        "stays open until it closes.",
+        "list. A new connection is judged by the new policy at once where it widens it, and "
+        "within 5 s where it narrows it (the proxy remembers an allowing decision that "
+        "long); a connection already open stays open until it closes.",
         tags=("sessions",),
         body=Body(NetworkChange),
         replies=(Reply(200, "The session, with its new `network`.", responses.Session),),

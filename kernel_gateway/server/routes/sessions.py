@@ -46,15 +46,12 @@ async def create(request: Request) -> JSONResponse[responses.RestoredSession]:
     registry = _registry(request)
     settings = registry.settings
     body = await read_model(request, NewSession, settings.max_body_bytes, settings, optional=True)
-    if body.snapshot is not None and (body.language is not None or body.template is not None):
-        raise InvalidRequest(
-            "'snapshot': a session from a snapshot runs the snapshot's language and template; "
-            "leave out 'language' and 'template'"
-        )
     try:
         if body.snapshot is not None:
             saved: SavedSessions = request.state.snapshots
-            restored = await saved.start(body.snapshot, network_asked(body.network))
+            restored = await saved.start(
+                body.snapshot, network_asked(body.network), body.language, body.template
+            )
             answer = restored_json(restored)
         else:
             session = await registry.create_session(
