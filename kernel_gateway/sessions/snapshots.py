@@ -188,11 +188,12 @@ class SnapshotStore:
     def path(self, snapshot: Snapshot) -> Path:
         return self.folder / snapshot.id
 
-    def begin(self) -> Path:
-        """A new folder for a snapshot being written (`commit` or `abandon` it)."""
+    def begin(self, name: str | None = None) -> Path:
+        """A new folder for a snapshot being written (`commit` or `abandon` it), called
+        `<name>.partial` (a random name by default)."""
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.folder, 0o700)
-        partial = self.folder / f"{secrets.token_hex(8)}.partial"
+        partial = self.folder / f"{name or secrets.token_hex(8)}.partial"
         partial.mkdir(mode=0o700)
         return partial
 
@@ -362,11 +363,7 @@ class SavedSessions:
         snapshot `snapshot_id` (`keep`), or left as `<id>.partial` for a fork."""
         if session.hibernated:
             await session.resume()
-        partial = await asyncio.to_thread(self.store.begin)
-        if not keep:
-            fork_folder = self.store.folder / f"{snapshot_id}.partial"
-            await asyncio.to_thread(os.rename, partial, fork_folder)
-            partial = fork_folder
+        partial = await asyncio.to_thread(self.store.begin, None if keep else snapshot_id)
         try:
             snapshot = await self._write(session, partial, snapshot_id, name, extra)
             if keep:
