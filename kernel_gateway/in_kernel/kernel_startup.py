@@ -195,6 +195,29 @@ def _install_outcome_log() -> None:
     IPythonKernel.__init__ = __init__  # type: ignore[method-assign]
 
 
+def _install_lossless_iopub() -> None:
+    """IOPub's PUB socket queues without limit here, where the kernel's own memory pays.
+
+    ZMQ's PUB drops messages past its high-water mark (1,000 messages) when the gateway
+    reads slower than the code prints; the one dropped could be the `idle` status that
+    ends the cell. The gateway's side holds few messages (kernels/channels.py), so a
+    flood of output waits in the sandbox, under its memory limit, not in the gateway.
+    """
+    import zmq
+    from ipykernel.kernelapp import IPKernelApp
+
+    original: Any = IPKernelApp.init_iopub
+
+    def init_iopub(self: Any, context: Any) -> None:
+        context.setsockopt(zmq.SNDHWM, 0)  # the default of sockets made from now on
+        try:
+            original(self, context)
+        finally:
+            context.sockopts.pop(zmq.SNDHWM, None)
+
+    IPKernelApp.init_iopub = init_iopub  # type: ignore[method-assign]
+
+
 def _settings(connection_file: str) -> dict[str, Any]:
     """`startup.json`, written by the gateway beside the connection file."""
     path = os.path.join(os.path.dirname(connection_file), "startup.json")
@@ -464,6 +487,7 @@ def main(argv: list[str]) -> None:
     _install_tolerant_fd_capture()
     _install_thread_output_routing()
     _install_outcome_log()
+    _install_lossless_iopub()
     _install_stdio_habits()
     _install_chart_habits()
     _install_offline_pip(bool(settings.get("offline")))

@@ -38,6 +38,9 @@ from kernel_gateway.types import ConnectionInfo
 
 logger = logging.getLogger(__name__)
 
+IOPUB_QUEUE = 100
+"""IOPub messages the gateway holds unread per kernel (ZMQ's receive high-water mark)."""
+
 Receiver = Callable[[str, list[bytes]], None]
 """Called with the channel ("shell", "control" or "iopub") and the frames of a message."""
 Broken = Callable[[Exception], None]
@@ -69,6 +72,10 @@ class ZmqChannels(Channels):
             "iopub": _socket(context, zmq.SUB, socket_url(info, "iopub")),
         }
         self._sockets["iopub"].setsockopt(zmq.SUBSCRIBE, b"")
+        # A message may be up to 64 KiB of printed text (in_kernel/kernel_startup.py): at
+        # ZMQ's default 1,000 a session printing faster than the gateway reads would hold
+        # 64 MiB here. The kernel's side queues the rest in the sandbox, without loss.
+        self._sockets["iopub"].setsockopt(zmq.RCVHWM, IOPUB_QUEUE)
         self._readers: list[asyncio.Task[None]] = []
 
     def start(self, receive: Receiver, broken: Broken) -> None:
