@@ -104,6 +104,10 @@ class SnapshotNotFound(NotFound):
     error_type = "snapshot_not_found"
 
 
+class VolumeNotFound(NotFound):
+    error_type = "volume_not_found"
+
+
 class Gone(GatewayError):
     status_code = 410
     error_type = "gone"
@@ -146,6 +150,12 @@ class TemplateConflict(Conflict):
     error_type = "template_conflict"
 
 
+class VolumeInUse(Conflict):
+    """A volume mounted by a session cannot be deleted."""
+
+    error_type = "volume_in_use"
+
+
 class PayloadTooLarge(GatewayError):
     status_code = 413
     error_type = "payload_too_large"
@@ -174,6 +184,11 @@ class TooManyTemplates(GatewayError):
 class TooManySnapshots(GatewayError):
     status_code = 429
     error_type = "too_many_snapshots"
+
+
+class TooManyVolumes(GatewayError):
+    status_code = 429
+    error_type = "too_many_volumes"
 
 
 class KernelUnavailable(GatewayError):

@@ -69,10 +69,13 @@ from kernel_gateway.client.errors import (
     TemplateNotFoundError,
     TooManySnapshotsError,
     TooManyTemplatesError,
+    TooManyVolumesError,
     TransportError,
     UnavailableError,
     UnknownLanguageError,
     UnsupportedMediaTypeError,
+    VolumeInUseError,
+    VolumeNotFoundError,
 )
 from kernel_gateway.client.models import (
     Callbacks,
@@ -161,6 +164,9 @@ __all__ = [
     "SnapshotNotFoundError",
     "TemplateNotFoundError",
     "TooManySnapshotsError",
+    "TooManyVolumesError",
+    "VolumeInUseError",
+    "VolumeNotFoundError",
     "TooManyTemplatesError",
     "SessionNotFoundError",
     "UnknownLanguageError",

@@ -19,7 +19,8 @@
         │   ├── SessionNotFoundError    404 session_not_found
         │   ├── ExecutionNotFoundError  404 execution_not_found
         │   ├── TemplateNotFoundError   404 template_not_found
-        │   └── SnapshotNotFoundError   404 snapshot_not_found
+        │   ├── SnapshotNotFoundError   404 snapshot_not_found
+        │   └── VolumeNotFoundError     404 volume_not_found
         ├── MethodNotAllowedError       405 method_not_allowed
         ├── GoneError                   410 gone
         │   ├── ExecutionExpiredError   410 execution_expired (past the session's retention)
@@ -29,10 +30,12 @@
         │   ├── SessionBusyError        409 session_busy     (too many queued executions)
         │   ├── SessionClosedError      409 session_closed   (deleted while the request waited)
         │   ├── SessionFailedError      409 session_failed   (its kernel kept dying: gave up)
-        │   └── TemplateConflictError   409 template_conflict (name taken, building, in use)
+        │   ├── TemplateConflictError   409 template_conflict (name taken, building, in use)
+        │   └── VolumeInUseError        409 volume_in_use    (mounted by a session)
         ├── RateLimitError              429 too_many_sessions (retry_after)
         │   ├── TooManyTemplatesError   429 too_many_templates (--max-templates)
-        │   └── TooManySnapshotsError   429 too_many_snapshots (--max-snapshots)
+        │   ├── TooManySnapshotsError   429 too_many_snapshots (--max-snapshots)
+        │   └── TooManyVolumesError     429 too_many_volumes (--max-volumes)
         └── ServerError                 500 internal_error (and any other 5xx)
             ├── BadGatewayError         502 bad_gateway (a cluster router: a node's answer broke)
             └── UnavailableError        503 (retry_after)
@@ -172,6 +175,10 @@ class SnapshotNotFoundError(NotFoundError):
     """404: no snapshot with this id or name."""
 
 
+class VolumeNotFoundError(NotFoundError):
+    """404: no volume with this id or name."""
+
+
 class GoneError(APIError):
     """410: what was asked for existed but is no longer kept."""
 
@@ -225,6 +232,14 @@ class TooManySnapshotsError(RateLimitError):
     """429: the gateway keeps its maximum of snapshots (`--max-snapshots`)."""
 
 
+class TooManyVolumesError(RateLimitError):
+    """429: the gateway keeps its maximum of volumes (`--max-volumes`)."""
+
+
+class VolumeInUseError(ConflictError):
+    """409: the volume is mounted by a session (delete that first)."""
+
+
 class ServerError(APIError):
     """5xx: the gateway failed."""
 
@@ -273,6 +288,9 @@ BY_TYPE: dict[str, type[APIError]] = {
     "execution_not_found": ExecutionNotFoundError,
     "template_not_found": TemplateNotFoundError,
     "snapshot_not_found": SnapshotNotFoundError,
+    "volume_not_found": VolumeNotFoundError,
+    "volume_in_use": VolumeInUseError,
+    "too_many_volumes": TooManyVolumesError,
     "gone": GoneError,
     "execution_expired": ExecutionExpiredError,
     "session_lost": SessionLostError,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Generic, TypeVar
 
 from starlette.responses import Response
@@ -43,3 +45,22 @@ def error_response(exc: GatewayError) -> JSONResponse[JSON]:
     if exc.status_code == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(exc.to_json(), status_code=exc.status_code, headers=headers)
+
+
+CHUNK = 256 * 1024
+
+
+async def file_chunks(fd: int, size: int) -> AsyncIterator[bytes]:
+    """Exactly `size` bytes from an already opened fd (the file may change meanwhile)."""
+    remaining = size
+    try:
+        while remaining > 0:
+            chunk = await asyncio.to_thread(os.read, fd, min(CHUNK, remaining))
+            if not chunk:
+                break
+            remaining -= len(chunk)
+            yield chunk
+        if remaining:  # the file shrank under us: keep Content-Length honest
+            yield b"\0" * remaining
+    finally:
+        os.close(fd)

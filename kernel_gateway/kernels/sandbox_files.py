@@ -70,7 +70,10 @@ async def unpack(kernel: Kernel, source: Path, seconds: float) -> None:
     the archive was made stays removed. SnapshotError says why not."""
     name, inside = await give(kernel, source)
     working = kernel.process.sandbox_folders[0]
-    script = 'find "$1" -mindepth 1 -delete && exec tar --extract --file="$2" --directory=/ '
+    # Volumes mounted below it are left alone (-xdev); their mount points cannot be removed,
+    # nor the folders holding them, so find's complaints about those are expected.
+    script = 'find "$1" -xdev -mindepth 1 -delete 2>/dev/null; '
+    script += 'exec tar --extract --file="$2" --directory=/ '
     script += "--preserve-permissions --no-same-owner --no-overwrite-dir"
     try:
         said = await _run(kernel, ["sh", "-c", script, "sh", working, inside], seconds, "unpacking")

@@ -30,9 +30,12 @@ import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from kernel_gateway.errors import KernelUnavailable
+
+if TYPE_CHECKING:
+    from kernel_gateway.kernels.volumes import VolumeMount
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +67,9 @@ class SessionStorage:
     """
 
     root: Path
+    mounts: tuple[VolumeMount, ...] = ()
+    """Volumes every kernel launched on this storage mounts (kernels/volumes.py): a restart,
+    a resume from hibernation and an E2B context see the same ones."""
 
     @property
     def files(self) -> Path:
@@ -125,7 +131,7 @@ def carry(carrier: SessionStorage, storage: SessionStorage) -> None:
     try:
         for name in CARRIED:
             point = carrier.root / name
-            _run("mount", "--bind", str(storage.root / name), str(point))
+            run_command("mount", "--bind", str(storage.root / name), str(point))
             done.append(point)
     except BaseException:
         for point in reversed(done):
@@ -146,7 +152,7 @@ def share(root: Path) -> None:
         fields = line.split(" - ", 1)[0].split()
         if len(fields) > 4 and _unescape(fields[4]) == point:
             if not any(f.startswith("shared:") for f in fields[6:]):
-                _run("mount", "--make-shared", point)
+                run_command("mount", "--make-shared", point)
             return
 
 
@@ -242,11 +248,11 @@ class LoopStorage(StorageProvider):
                 os.ftruncate(fd, self.size)  # sparse: disk is used as files are written
             finally:
                 os.close(fd)
-            _run("mkfs.ext4", *MKFS_OPTIONS, str(image))
-            _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(root))
+            run_command("mkfs.ext4", *MKFS_OPTIONS, str(image))
+            run_command("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(root))
             # Shared: mounts made below it later reach the kernel's container (its binds
             # receive them), which is how a warm kernel takes up a hibernated session's disk.
-            _run("mount", "--make-shared", str(root))
+            run_command("mount", "--make-shared", str(root))
             if self.direct_io:
                 set_direct_io(root)
             storage = SessionStorage(root)
@@ -341,7 +347,7 @@ def unmount(point: Path) -> None:
     )
     if result.returncode != 0:
         logger.warning("umount %s failed (%s); detaching lazily", point, result.stderr.strip())
-        _run("umount", "-l", str(point))
+        run_command("umount", "-l", str(point))
 
 
 def set_direct_io(root: Path) -> None:
@@ -377,7 +383,7 @@ def detach(device: str, backing: Path | None = None) -> None:
     the device is still attached to `backing` (to anything, when no backing is given).
     """
     try:
-        _run("losetup", "-d", device)
+        run_command("losetup", "-d", device)
     except OSError:
         if attached(device, backing):
             raise
@@ -407,7 +413,7 @@ def loop_devices_of(match: Callable[[Path], bool]) -> list[str]:
     return found
 
 
-def _run(*argv: str) -> None:
+def run_command(*argv: str) -> None:
     result = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
     if result.returncode != 0:
         message = result.stderr.strip() or result.stdout.strip() or f"exit {result.returncode}"

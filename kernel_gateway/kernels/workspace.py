@@ -52,6 +52,26 @@ class Entry:
     mode: int
     modified: float
     link_target: str | None = None
+    uid: int = 0
+    gid: int = 0
+    accessed: float = 0.0
+    changed: float = 0.0
+    """Its inode's last change (ctime)."""
+
+
+def _entry(rel: str, info: os.stat_result, target: str | None = None) -> Entry:
+    return Entry(
+        rel,
+        _kind(info.st_mode),
+        info.st_size,
+        stat.S_IMODE(info.st_mode),
+        info.st_mtime,
+        target,
+        info.st_uid,
+        info.st_gid,
+        info.st_atime,
+        info.st_ctime,
+    )
 
 
 def _kind(mode: int) -> str:
@@ -195,8 +215,7 @@ class Workspace:
     def entry(self, raw_path: str) -> Entry:
         """What is at `raw_path` ("" for the workspace itself); NotFound if nothing."""
         if raw_path.strip("/") in ("", "."):
-            info = os.stat(self.root, follow_symlinks=False)
-            return Entry("", "dir", info.st_size, stat.S_IMODE(info.st_mode), info.st_mtime)
+            return _entry("", os.stat(self.root, follow_symlinks=False))
         parts = split_path(raw_path)
         try:
             with self._parent_dir(parts) as dir_fd:
@@ -207,9 +226,8 @@ class Workspace:
     @staticmethod
     def _entry_at(dir_fd: int, name: str, rel: str) -> Entry:
         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        kind = _kind(info.st_mode)
-        target = os.readlink(name, dir_fd=dir_fd) if kind == "symlink" else None
-        return Entry(rel, kind, info.st_size, stat.S_IMODE(info.st_mode), info.st_mtime, target)
+        target = os.readlink(name, dir_fd=dir_fd) if stat.S_ISLNK(info.st_mode) else None
+        return _entry(rel, info, target)
 
     def list_dir(self, raw_path: str, depth: int = 1) -> list[Entry]:
         """The entries under a folder, `depth` levels down (links listed, not followed)."""

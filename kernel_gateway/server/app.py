@@ -21,6 +21,7 @@ from kernel_gateway.kernels.backends.base import Backend
 from kernel_gateway.kernels.pools.fork import fork_pool
 from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
+from kernel_gateway.kernels.volumes import Volumes
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.jupyter.kernels import JupyterKernels
@@ -53,6 +54,7 @@ class State(TypedDict):
     mcp: LazyMcp | None
     e2b: E2BService
     snapshots: SavedSessions
+    volumes: Volumes
     usage: UsageSampler
     openapi: Callable[[], JSON]
 
@@ -127,6 +129,13 @@ def create_app(settings: Settings) -> Starlette:
                 templates.egress = egress
             start_builtin(templates, settings.builtin_template_list, backend.name)
             registry = Registry(settings, warm, runtime.instance, forks, others, egress, templates)
+            volumes = Volumes(
+                runtime.root / "volumes",
+                capped=backend.disks_capped,
+                owner=backend.workspace_owner,
+                max_volumes=settings.max_volumes,
+            )
+            await volumes.open()  # before adoption: adopted sessions' volumes are mounted
             await durable.start(backend, runtime, registry)
             registry.start()
             gauges = RegistryGauges(registry)
@@ -151,6 +160,7 @@ def create_app(settings: Settings) -> Starlette:
                     "settings": settings,
                     "metrics": metrics,
                     "snapshots": snapshots,
+                    "volumes": volumes,
                     "usage": usage,
                     "openapi": document,
                     **protocols,

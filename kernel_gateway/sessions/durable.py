@@ -158,7 +158,7 @@ class DurableSessions:
     ) -> bool:
         assert self.store is not None
         warm = registry.pools.get(record.language)
-        storage = SessionStorage(registry.warm.workspaces / record.storage)
+        storage = SessionStorage(registry.warm.workspaces / record.storage, record.volume_mounts)
         kernel: Kernel | None = None
         reason = None
         if warm is None:

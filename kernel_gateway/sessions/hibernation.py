@@ -401,7 +401,7 @@ class Hibernator:
         storage = session.slot.storage
         pool = self.pool_of(session)
         self._refuse_if_closed(session)
-        if self._carry:
+        if self._carry and not storage.mounts:  # a warm kernel mounts no volumes
             warm = await pool.acquire()
             try:
                 devices = await pool.backend.carry(warm.storage, storage)

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel_gateway.kernels.volumes import VolumeMount
 from kernel_gateway.records import RecordStore
 from kernel_gateway.shapes.events import LostName
 
@@ -84,13 +85,21 @@ class SessionRecord:
     """Set while it is hibernated: no kernel runs (`kernel_id` is its last one's), its
     namespace is in its snapshot."""
     carrier: str | None = None
-    template: str | None = None
-    """`template_id/build_id` of the template its kernel runs, if any."""
     """The storage folder (by name) whose kernel was given this session's disk when it
     resumed (`Backend.carry`): kept until the session is hibernated again or deleted."""
+    template: str | None = None
+    """`template_id/build_id` of the template its kernel runs, if any."""
+    mounts: list[list[str]] = field(default_factory=list)
+    """Its volumes: `[volume id, name, folder on the host, mount path]` each."""
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self)}
+
+    @property
+    def volume_mounts(self) -> tuple[VolumeMount, ...]:
+        return tuple(
+            VolumeMount(i, n, Path(source), target) for i, n, source, target in self.mounts
+        )
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SessionRecord:
@@ -114,6 +123,7 @@ class SessionRecord:
             if data.get("hibernated")
             else None,
             carrier=str(data["carrier"]) if data.get("carrier") else None,
+            mounts=[[str(part) for part in m] for m in data.get("mounts") or []],
             running=None
             if running is None
             else RunningCell(

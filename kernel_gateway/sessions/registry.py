@@ -47,6 +47,7 @@ from kernel_gateway.kernels.languages import PYTHON, Languages
 from kernel_gateway.kernels.pools.fork import ForkPool
 from kernel_gateway.kernels.pools.lease import Lease
 from kernel_gateway.kernels.pools.warm import KernelLess, WarmPool
+from kernel_gateway.kernels.volumes import VolumeMount
 from kernel_gateway.kernels.workspace import Workspace
 from kernel_gateway.sessions import network_policy
 from kernel_gateway.sessions.execution import Execution
@@ -306,8 +307,7 @@ class Registry:
         await network_policy.restore(session, allow, self.settings, self.egress, self.warm.metrics)
 
     async def _give_network(self, session: Session, allow: list[str]) -> None:
-        """`session` may reach `allow`: its way out, now and for each later kernel."""
-        assert self.egress is not None
+        assert self.egress is not None  # its way out, now and for each later kernel
         await network_policy.give(session, allow, self.egress, self.warm.metrics)
 
     async def create_session(
@@ -315,9 +315,12 @@ class Registry:
         language: str | None = None,
         network: list[str] | str | None = None,
         template: str | None = None,
+        mounts: tuple[VolumeMount, ...] = (),
     ) -> Session:
         self._refuse_if_draining()
         allow = self.network_policy(network)
+        if mounts and self.backend.volumes is not None:
+            raise BadRequest(self.backend.volumes)
         ref: TemplateRef | None = None
         if template is not None:
             pool, ref = self.template_pools.for_reference(template, language)
@@ -332,7 +335,7 @@ class Registry:
             )
         self._reserved += 1
         try:
-            lease = await pool.acquire()
+            lease = await (pool.acquire_mounting(mounts) if mounts else pool.acquire())
         finally:
             self._reserved -= 1
         session = self._session_on(
@@ -384,9 +387,8 @@ class Registry:
     # -- companions: more kernels on one session's files ---------------------------------------
 
     async def create_companion(self, owner_id: str, language: str | None = None) -> Session:
-        """A session of `language` whose kernel runs on session `owner_id`'s storage: the same
-        files, variables of its own (E2B's contexts). Closed with its owner; not persisted
-        (a restarted gateway adopts the owner only). Counts towards `--max-sessions`."""
+        """A session of `language` on session `owner_id`'s storage: its files, variables of its
+        own (E2B's contexts). Closed with its owner; not persisted; counts as a session."""
         self._refuse_if_draining()
         owner = self.get(owner_id)
         # A context of a session on a template runs on the template too (its language's).
@@ -412,9 +414,8 @@ class Registry:
         return session
 
     def _held(self) -> int:
-        """Kernels held against `--max-sessions`: sessions and their companions. Hibernated
-        sessions hold none, and do not count (a resume is never refused for capacity: the
-        session is the user's; idle ones hibernate again)."""
+        """Kernels held against `--max-sessions`: sessions and companions (hibernated ones
+        hold none: a resume is never refused for capacity; idle ones hibernate again)."""
         running = sum(1 for s in self._sessions.values() if not s.hibernated)
         return running + sum(len(c) for c in self._companions.values())
 

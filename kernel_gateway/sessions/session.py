@@ -32,6 +32,7 @@ from kernel_gateway.errors import (
 )
 from kernel_gateway.kernels.backends.base import SessionStorage
 from kernel_gateway.kernels.languages import PYTHON
+from kernel_gateway.kernels.volumes import VolumeMount
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.sessions.adoption import Adoption
 from kernel_gateway.sessions.cells import CellRunner
@@ -273,6 +274,11 @@ class Session:
         return self._network
 
     @property
+    def mounts(self) -> tuple[VolumeMount, ...]:
+        """The volumes its kernels mount."""
+        return self.slot.storage.mounts
+
+    @property
     def carrier(self) -> SessionStorage | None:
         """The storage of the warm kernel that resumed it, carrying its disk."""
         return self.hibernation.carrier if self.hibernation is not None else None
@@ -343,6 +349,7 @@ class Session:
             else "none",
             "hibernation": self.hibernation.to_json() if self.hibernation is not None else None,
             "template": self.template.to_json() if self.template is not None else None,
+            "volumes": {m.target: m.name for m in self.mounts},
         }
 
     # -- persistence -------------------------------------------------------------------------
@@ -371,6 +378,7 @@ class Session:
             hibernated=hibernation.record_state if hibernation is not None else None,
             carrier=carrier.root.name if carrier is not None else None,
             template=self.template.key if self.template is not None else None,
+            mounts=[[m.volume_id, m.name, str(m.source), m.target] for m in self.mounts],
         )
 
     def restore(self, record: SessionRecord, carrier: SessionStorage | None = None) -> None:

@@ -50,6 +50,7 @@ from kernel_gateway.errors import (
 from kernel_gateway.kernels import sandbox_files
 from kernel_gateway.kernels.hibernation import SnapshotError, drop, keep, load, save
 from kernel_gateway.kernels.languages import PYTHON
+from kernel_gateway.kernels.volumes import VolumeMount
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.shapes import responses
@@ -285,10 +286,12 @@ class SavedSessions:
         network: list[str] | str | None = None,
         language: str | None = None,
         template: str | None = None,
+        mounts: tuple[VolumeMount, ...] = (),
     ) -> Restored:
         """A new session from the snapshot `reference` (id or name): its files, its variables,
         its language and template, and its network policy unless `network` asks another.
-        A `language` or `template` asked as well must be the snapshot's (else 409)."""
+        A `language` or `template` asked as well must be the snapshot's (else 409).
+        `mounts`: volumes it mounts (a snapshot holds none of a volume's files)."""
         snapshot = await self.get(reference)
         if language is not None:
             asked = self.registry.languages.get_or_raise(language).name
@@ -302,7 +305,7 @@ class SavedSessions:
                 + (f"the template {snapshot.template}" if snapshot.template else "no template")
                 + f", not {template!r} (leave 'template' out, or give its id)"
             )
-        return await self._start(snapshot, self.store.path(snapshot), network)
+        return await self._start(snapshot, self.store.path(snapshot), network, mounts)
 
     async def fork(self, session: Session, count: int) -> list[Restored | GatewayError]:
         """`count` new sessions, each a copy of `session` as it is now (which runs on); each
@@ -313,7 +316,7 @@ class SavedSessions:
         folder = self.store.folder / f"{snapshot.id}.partial"
         try:
             results = await asyncio.gather(
-                *(self._start(snapshot, folder, None) for _ in range(count)),
+                *(self._start(snapshot, folder, None, session.mounts) for _ in range(count)),
                 return_exceptions=True,
             )
         finally:
@@ -447,10 +450,16 @@ class SavedSessions:
         )
 
     async def _start(
-        self, snapshot: Snapshot, folder: Path, network: list[str] | str | None
+        self,
+        snapshot: Snapshot,
+        folder: Path,
+        network: list[str] | str | None,
+        mounts: tuple[VolumeMount, ...] = (),
     ) -> Restored:
         asked = network if network is not None else snapshot.network
-        session = await self.registry.create_session(snapshot.language, asked, snapshot.template)
+        session = await self.registry.create_session(
+            snapshot.language, asked, snapshot.template, mounts
+        )
         try:
             async with session.slot.lock:
                 kernel = session.slot.kernel

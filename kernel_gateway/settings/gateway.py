@@ -325,6 +325,27 @@ class Settings:
         "gets 429 `too_many_snapshots` until one is deleted ([Snapshots](snapshots.md))",
         minimum=0,
     )
+    max_volumes: int = setting(
+        100,
+        "most volumes this gateway keeps",
+        doc="volumes kept at once (`POST /volumes`); beyond it a new one gets 429 "
+        "`too_many_volumes` until one is deleted ([Volumes](volumes.md))",
+        minimum=0,
+    )
+    volume_size: str = setting(
+        "1g",
+        "size cap of a volume made without a size of its own, e.g. 512m, 1g",
+        doc="a new volume's size cap when its request names none (same size spellings as "
+        "`--workspace-size`; [Volumes](volumes.md))",
+        check=values.parse_size,
+    )
+    max_volume_size: str = setting(
+        "10g",
+        "largest size cap a volume may ask for",
+        doc="the largest `size` a volume may ask for; a larger one is refused with 400 "
+        "([Volumes](volumes.md))",
+        check=values.parse_size,
+    )
     hibernated_ttl: float = setting(
         7 * 24 * 3600.0,
         "seconds a hibernated session is kept before it is deleted with its files",
@@ -601,6 +622,14 @@ class Settings:
     def workspace_size_bytes(self) -> int:
         """`workspace_size` in bytes (validated at startup, so this never raises)."""
         return values.parse_size(self.workspace_size)
+
+    @property
+    def volume_size_bytes(self) -> int:
+        return values.parse_size(self.volume_size)
+
+    @property
+    def max_volume_size_bytes(self) -> int:
+        return values.parse_size(self.max_volume_size)
 
     def stateless_limit(self, forked: bool) -> int:
         """`--max-stateless`, or its default for the way stateless requests are served."""

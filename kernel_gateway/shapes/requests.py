@@ -261,6 +261,20 @@ SnapshotName = Annotated[
 ]
 
 
+VolumeRef = Annotated[str, Field(min_length=1, max_length=128)]
+MountPath = Annotated[str, Field(max_length=1024)]
+VolumeMounts = Annotated[
+    dict[VolumeRef, MountPath] | None,
+    Field(
+        max_length=16,
+        description="Volumes (`GET /volumes`) to mount, by name or id → where: an absolute "
+        'path such as `/mnt/data` (`{"datasets": "/mnt/data"}`). Not under the system '
+        "(/usr, /etc, ...) nor over /tmp, the working directory or home themselves. A "
+        "session with volumes gets a kernel started for it (about a second more).",
+    ),
+]
+
+
 class NewSession(RequestModel):
     """A new session: send an empty object (or no body) for Python."""
 
@@ -276,6 +290,29 @@ class NewSession(RequestModel):
             "session gets its files and (Python) variables, its language and template, and "
             "its network policy unless `network` asks another. A `language` or `template` "
             "given with it must be the snapshot's (else 409 `conflict`).",
+        ),
+    ] = None
+    volumes: VolumeMounts = None
+
+
+class NewVolume(RequestModel):
+    """A new volume."""
+
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=128,
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+            description="Its name, unique on the gateway: letters, digits and `-_.`, starting "
+            "with a letter or digit.",
+        ),
+    ]
+    size: Annotated[
+        int | str | None,
+        Field(
+            description="Its size cap: bytes, or a size such as `512m` or `2g`; default the "
+            "gateway's `--volume-size`, at most its `--max-volume-size`.",
         ),
     ] = None
 

@@ -124,6 +124,10 @@ class Session(TypedDict):
         SessionTemplate | None,
         field(description="The template its kernel was started from, else null."),
     ]
+    volumes: Annotated[
+        dict[str, str],
+        field(description="The volumes it mounts: mount path → volume name."),
+    ]
 
 
 @closed
@@ -193,6 +197,51 @@ class Snapshot(TypedDict):
 @closed
 class SnapshotList(TypedDict):
     snapshots: list[Snapshot]
+
+
+@closed
+class VolumeInfo(TypedDict):
+    """A volume: a disk of its own that outlives sessions, mounted by any number of them."""
+
+    id: Annotated[str, field(description="`vol-` and 20 hex digits (after `node.` in a cluster).")]
+    name: Annotated[str, field(description="Its name, unique on the gateway.")]
+    size: Annotated[Count, field(description="Its size cap in bytes.")]
+    used: Annotated[Count, field(description="Bytes its files use now.")]
+    capped: Annotated[
+        bool,
+        field(
+            description="Whether the cap is enforced (a disk of its own: writes past it fail "
+            "with ENOSPC); false where the gateway cannot make disks (not root, no loop "
+            "devices)."
+        ),
+    ]
+    created_at: Timestamp
+    mounted_by: Annotated[
+        dict[str, str],
+        field(description="The sessions that mount it now: session id → mount path."),
+    ]
+
+
+@closed
+class VolumeList(TypedDict):
+    volumes: list[VolumeInfo]
+
+
+@closed
+class VolumeEntry(TypedDict):
+    """A file, folder or symlink in a volume (links listed, never followed)."""
+
+    path: Annotated[str, field(description="Relative to the volume's root.")]
+    type: Literal["file", "dir", "symlink", "other"]
+    size: Count
+    mode: Annotated[int, field(description="Its permission bits (`0o644` is 420).")]
+    modified: Timestamp
+    target: Annotated[str | None, field(description="A symlink's target, else null.")]
+
+
+@closed
+class VolumeListing(TypedDict):
+    entries: list[VolumeEntry]
 
 
 @closed

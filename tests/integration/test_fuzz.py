@@ -65,6 +65,8 @@ def fuzzed_gateway(tmp_path: Path, backend: str) -> Any:
         "6",
         "--max-stateless",
         "2",
+        "--max-volumes",
+        "3",
         "--idle-timeout",
         "120",
         "--log-format",

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from kernel_gateway.kernels.storage import reclaim
 from tests.support.backends import IMAGE
 from tests.support.ports import free_port
 
@@ -180,8 +181,11 @@ def gateway(
     """A gateway process on `tmp_path/rt`, up for the block; stopped (SIGTERM) after."""
     port = free_port()
     cmd = serve_command(tmp_path / "rt", port, *args, token=token)
-    with _running(Gateway(cmd, port, tmp_path, token=token, env=env, up_within=90)) as gw:
-        yield gw
+    try:
+        with _running(Gateway(cmd, port, tmp_path, token=token, env=env, up_within=90)) as gw:
+            yield gw
+    finally:  # volumes stay mounted when a gateway stops (for its successor): not a test's
+        reclaim(tmp_path / "rt" / "volumes")
 
 
 @contextmanager

@@ -8,9 +8,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import uvicorn
 
+from kernel_gateway.kernels.storage import reclaim
 from kernel_gateway.server.app import create_app
 from kernel_gateway.settings import Settings
 
@@ -57,6 +59,8 @@ class ServerThread:
         # A server that does not stop never ran its lifespan's shutdown: its kernels and
         # session disks are left behind (a connection handler that outlives its client).
         assert not self.thread.is_alive(), "the test server did not stop within 60 s"
+        # Volumes stay mounted when a gateway stops (for its successor): not a test's.
+        reclaim(Path(self.settings.runtime_dir) / "volumes")
 
     @property
     def url(self) -> str:

@@ -209,6 +209,18 @@ class Backend(abc.ABC):
         return None
 
     @property
+    def volumes(self) -> str | None:
+        """Why this backend's kernels cannot mount volumes (`SessionStorage.mounts`), or None
+        if they can."""
+        return f"the {self.name} backend cannot mount volumes into kernels"
+
+    @property
+    def disks_capped(self) -> bool:
+        """Whether this backend makes size-capped disks (root, loop devices): volumes are
+        such disks where it does."""
+        return False
+
+    @property
     def images(self) -> ImageBuilder | None:
         """How this backend builds template images (see `kernels/images.py`), or None."""
         return None

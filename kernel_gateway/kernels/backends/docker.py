@@ -132,6 +132,14 @@ class DockerBackend(Backend):
         return await to_the_end(self.call(self._storage.prepare, root, self._owner))
 
     @property
+    def volumes(self) -> str | None:
+        return None  # bind mounts, under runc and gVisor alike
+
+    @property
+    def disks_capped(self) -> bool:
+        return self._storage.capped
+
+    @property
     def can_carry(self) -> bool:
         """On its own disks under runc: each a shared mount, bound into the kernel's container
         so that mounts made below it reach the container. gVisor serves binds through its

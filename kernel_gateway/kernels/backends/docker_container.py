@@ -70,6 +70,8 @@ def container_options(
     tmpfs: dict[str, str] = {}
     uid = user.split(":")[0]
     owner = "uid=0,gid=0" if fork_server else f"uid={uid},gid={uid}"
+    for mount in storage.mounts:  # volumes (kernels/volumes.py), where the session asked
+        binds[str(mount.source)] = {"bind": mount.target, "mode": "rw"}
     if on_disk:  # one disk, one cap: files, /tmp and home
         binds[str(storage.tmp)] = {"bind": SANDBOX_FOLDERS[1], "mode": disk}
         binds[str(storage.home)] = {"bind": SANDBOX_FOLDERS[2], "mode": disk}

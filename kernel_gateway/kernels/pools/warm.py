@@ -10,6 +10,7 @@ that hands kernels out.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -33,6 +34,7 @@ from kernel_gateway.kernels.pools.refill import Refill
 from kernel_gateway.kernels.pools.start_commands import run_start_commands
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.kernels.storage import unpack_seed
+from kernel_gateway.kernels.volumes import VolumeMount
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.settings import Settings
 from kernel_gateway.shapes.responses import WarmPoolStats
@@ -277,12 +279,17 @@ class WarmPool:
         self.kernels_started += 1
         return kernel
 
-    async def _start_one(self) -> WarmKernel | None:
+    async def acquire_mounting(self, mounts: tuple[VolumeMount, ...]) -> WarmKernel:
+        """A kernel started for one session on new storage whose kernels mount `mounts`
+        (volumes): warm kernels mount none, and a container's mounts are fixed at its start."""
+        return await self._new_kernel(mounts)
+
+    async def _new_kernel(self, mounts: tuple[VolumeMount, ...] = ()) -> WarmKernel:
         storage: SessionStorage | None = None
         try:
             root = self._runtime.new_workspace()
             storage = SessionStorage(root)
-            storage = await self.backend.prepare_storage(root)
+            storage = dataclasses.replace(await self.backend.prepare_storage(root), mounts=mounts)
             if self.language.seed is not None:
                 await self._seed(storage, self.language.seed)
             kernel = await self.launch(storage)
@@ -290,7 +297,10 @@ class WarmPool:
             if storage is not None:
                 await asyncio.shield(self.remove_storage(storage))
             raise
-        warm = WarmKernel(kernel, storage, self)
+        return WarmKernel(kernel, storage, self)
+
+    async def _start_one(self) -> WarmKernel | None:
+        warm = await self._new_kernel()
         if self._refill.closed:
             await self.discard(warm)
             return None

@@ -23,6 +23,7 @@ from kernel_gateway.server.routes import (
     sessions,
     snapshots,
     templates,
+    volumes,
     web,
 )
 
@@ -35,6 +36,7 @@ OPERATIONS: tuple[Operation, ...] = (
     *session_metrics.OPERATIONS,
     *session_network.OPERATIONS,
     *snapshots.OPERATIONS,
+    *volumes.OPERATIONS,
     *files.OPERATIONS,
     *templates.OPERATIONS,
 )

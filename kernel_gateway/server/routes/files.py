@@ -7,9 +7,6 @@ run as a page on the gateway's own origin.
 
 from __future__ import annotations
 
-import asyncio
-import os
-from collections.abc import AsyncIterator
 from urllib.parse import quote
 
 from starlette.requests import Request
@@ -17,7 +14,7 @@ from starlette.responses import Response, StreamingResponse
 
 from kernel_gateway.http.bodies import check_declared_length
 from kernel_gateway.http.operations import Body, Operation, Reply
-from kernel_gateway.http.responses import JSONResponse
+from kernel_gateway.http.responses import JSONResponse, file_chunks
 from kernel_gateway.kernels.workspace import (
     INLINE_IMAGE_TYPES,
     FileInfo,
@@ -27,8 +24,6 @@ from kernel_gateway.kernels.workspace import (
 )
 from kernel_gateway.server.routes.sessions import _registry, awake_session
 from kernel_gateway.shapes import responses
-
-CHUNK = 256 * 1024
 
 
 async def list_files(request: Request) -> JSONResponse[responses.FileList]:
@@ -62,23 +57,7 @@ async def download(request: Request) -> Response:
         "X-Content-Type-Options": "nosniff",
         "Cache-Control": "no-store",
     }
-    return StreamingResponse(_read_chunks(fd, info.st_size), media_type=mime, headers=headers)
-
-
-async def _read_chunks(fd: int, size: int) -> AsyncIterator[bytes]:
-    """Exactly `size` bytes from an already opened fd (the file may change meanwhile)."""
-    remaining = size
-    try:
-        while remaining > 0:
-            chunk = await asyncio.to_thread(os.read, fd, min(CHUNK, remaining))
-            if not chunk:
-                break
-            remaining -= len(chunk)
-            yield chunk
-        if remaining:  # the file shrank under us: keep Content-Length honest
-            yield b"\0" * remaining
-    finally:
-        os.close(fd)
+    return StreamingResponse(file_chunks(fd, info.st_size), media_type=mime, headers=headers)
 
 
 async def upload(request: Request) -> JSONResponse[responses.FileInfo]:

@@ -21,6 +21,7 @@ from kernel_gateway.server.routes.fragments import (
 )
 from kernel_gateway.server.routes.snapshots import restored_json
 from kernel_gateway.server.routes.streaming import respond
+from kernel_gateway.server.routes.volumes import resolve_mounts
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.sessions.snapshots import SavedSessions
@@ -46,16 +47,17 @@ async def create(request: Request) -> JSONResponse[responses.RestoredSession]:
     registry = _registry(request)
     settings = registry.settings
     body = await read_model(request, NewSession, settings.max_body_bytes, settings, optional=True)
+    mounts = await resolve_mounts(request.state.volumes, body.volumes or {})
     try:
         if body.snapshot is not None:
             saved: SavedSessions = request.state.snapshots
             restored = await saved.start(
-                body.snapshot, network_asked(body.network), body.language, body.template
+                body.snapshot, network_asked(body.network), body.language, body.template, mounts
             )
             answer = restored_json(restored)
         else:
             session = await registry.create_session(
-                body.language, network_asked(body.network), body.template
+                body.language, network_asked(body.network), body.template, mounts
             )
             answer = {**session.to_json(), "restored": None}
     except (TooManySessions, KernelUnavailable) as exc:

@@ -1,0 +1,276 @@
+"""Volumes: named disks that outlive sessions, mounted by any number of them at once.
+
+A volume is a folder of the gateway's, `<runtime>/volumes/<id>/` (0700), holding
+`volume.json` (what it is) and its content under `data/`. Where the gateway can give
+sessions disks of their own (root, loop devices: kernels/storage.py), `data/` is an ext4
+image (`volume.img`) of the volume's size, loop-mounted: a write past the size gets
+`ENOSPC` in every sandbox that mounts it, and the host's disk is safe. Unlike a session's
+disk it has a journal: a volume outlives crashes. Elsewhere `data/` is a plain folder and
+the size is not enforced (`Volumes.capped` is False; the startup log says so).
+
+A session sees a volume only where it mounted it (a bind mount of `data/` into its
+container, `SessionStorage.mounts`); the runtime folder is never visible to kernels.
+
+The folder is read afresh on every call, so a successor and any gateway beside it on the
+same runtime folder see the same volumes. A volume stays mounted on the host when the
+gateway stops: the kernels a successor adopts keep their binds of it, and the successor
+finds it mounted and never mounts the same image twice. It is unmounted when deleted.
+
+The functions here block (mkfs, mount): `Volumes` runs them in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import posixpath
+import re
+import secrets
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernel_gateway.errors import (
+    BadRequest,
+    Conflict,
+    GatewayError,
+    TooManyVolumes,
+    VolumeInUse,
+    VolumeNotFound,
+)
+from kernel_gateway.kernels.storage import run_command, unmount
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+ID = re.compile(r"^vol-[0-9a-f]{20}$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MKFS_OPTIONS = (
+    "-q", "-F", "-t", "ext4", "-m", "0",
+    "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+)  # fmt: skip
+"""As a session's disk (kernels/storage.py), but with a journal: a volume outlives crashes."""
+MOUNT_OPTIONS = "loop,nosuid,nodev,noatime,discard"
+MIN_SIZE = 16 * 1024 * 1024
+"""The smallest volume: ext4's own structures need a few MiB."""
+SYSTEM_FOLDERS = (
+    "/bin", "/boot", "/conn", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
+    "/opt/venv", "/proc", "/root", "/run", "/sbin", "/sys", "/usr", "/var",
+)  # fmt: skip
+"""Where a volume may not be mounted: the system, the kernel's own programs and sockets."""
+
+
+@dataclass(frozen=True)
+class Volume:
+    id: str
+    name: str
+    size: int
+    """Its size cap in bytes (enforced where `Volumes.capped`)."""
+    created_at: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"format": FORMAT, "id": self.id, "name": self.name, "size": self.size,
+                "created_at": self.created_at}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VolumeMount:
+    """A volume as one session mounts it: its data folder on the host, bound at `target`."""
+
+    volume_id: str
+    name: str
+    source: Path
+    target: str
+
+
+def mount_target(path: str) -> str:
+    """`path` as a place to mount a volume in a sandbox (normalized), or BadRequest."""
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        raise BadRequest(f"a volume's mount path must be an absolute path, not {path!r}")
+    if len(path) > 1024:
+        raise BadRequest("a volume's mount path is longer than 1024 characters")
+    target = posixpath.normpath(path)
+    if target.startswith("//"):
+        target = "/" + target.lstrip("/")
+    parts = [p for p in target.split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise BadRequest(f"a volume cannot be mounted at {path!r}")
+    for folder in SYSTEM_FOLDERS:
+        if target == folder or target.startswith(folder + "/"):
+            raise BadRequest(
+                f"a volume cannot be mounted at {target!r}: {folder} is the sandbox's system "
+                "(mount it under /mnt, /data or the home or working directory)"
+            )
+    if target in ("/tmp", "/workspace", "/home", "/home/sandbox", "/home/user", "/mnt", "/opt"):
+        raise BadRequest(
+            f"a volume cannot be mounted over {target} itself: mount it at a folder below it "
+            f"({target.rstrip('/')}/data)"
+        )
+    return target
+
+
+class Volumes:
+    """The volumes of every gateway on one runtime folder."""
+
+    def __init__(
+        self, root: Path, *, capped: bool, owner: tuple[int, int] | None, max_volumes: int
+    ) -> None:
+        self.root = root
+        self.capped = capped
+        """Whether each volume is a disk of its own size (else a plain, uncapped folder)."""
+        self._owner = owner
+        self._max = max_volumes
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        """Make the folder and mount every volume not mounted yet (a restart, a reboot)."""
+        await asyncio.to_thread(self._open)
+
+    def _open(self) -> None:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for volume in self._load():
+            try:
+                self._ensure_mounted(volume)
+            except OSError as exc:
+                logger.error("volume %s (%s) could not be mounted: %s", volume.name, volume.id, exc)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def all(self) -> list[Volume]:
+        return await asyncio.to_thread(self._load)
+
+    async def get(self, ref: str) -> Volume:
+        """A volume by id or name."""
+        return await asyncio.to_thread(self._get, ref)
+
+    def _get(self, ref: str) -> Volume:
+        if ID.match(ref):
+            volume = self._read(self.root / ref)
+            if volume is not None:
+                return volume
+        for volume in self._load():
+            if volume.name == ref:
+                return volume
+        raise VolumeNotFound(f"no volume with id or name {ref!r}")
+
+    def _load(self) -> list[Volume]:
+        try:
+            entries = sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return []
+        found = [self._read(self.root / e) for e in entries if ID.match(e)]
+        return sorted((v for v in found if v is not None), key=lambda v: (v.created_at, v.id))
+
+    @staticmethod
+    def _read(folder: Path) -> Volume | None:
+        try:
+            data = json.loads((folder / "volume.json").read_text())
+            return Volume(
+                str(data["id"]), str(data["name"]), int(data["size"]), str(data["created_at"])
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # being made or removed, or not a volume
+
+    def data(self, volume: Volume) -> Path:
+        """The volume's content on the host (what sessions mount)."""
+        return self.root / volume.id / "data"
+
+    async def used_bytes(self, volume: Volume) -> int:
+        def used() -> int:
+            st = os.statvfs(self.data(volume))
+            return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+        try:
+            return await asyncio.to_thread(used)
+        except OSError:
+            return 0
+
+    # -- changing ----------------------------------------------------------------------------
+
+    async def create(self, name: str, size: int) -> Volume:
+        if not NAME.match(name):
+            raise BadRequest(
+                f"a volume's name is 1 to 128 letters, digits and -_. starting with a letter or "
+                f"digit, not {name!r}"
+            )
+        if size < MIN_SIZE:
+            raise BadRequest(f"a volume is at least {MIN_SIZE // (1024 * 1024)} MiB")
+        async with self._lock:
+            volumes = await self.all()
+            if any(v.name == name for v in volumes):
+                raise Conflict(f"a volume named {name!r} exists already")
+            if len(volumes) >= self._max:
+                raise TooManyVolumes(
+                    f"the gateway keeps at most {self._max} volumes (--max-volumes); delete one"
+                )
+            volume = Volume(
+                "vol-" + secrets.token_hex(10),
+                name,
+                size,
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            )
+            try:
+                await asyncio.shield(asyncio.to_thread(self._make, volume))
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise GatewayError(f"could not make the volume's disk: {exc}") from exc
+            return volume
+
+    def _make(self, volume: Volume) -> None:
+        folder = self.root / volume.id
+        folder.mkdir(mode=0o700)
+        try:
+            (folder / "data").mkdir(mode=0o755)
+            if self.capped:
+                image = folder / "volume.img"
+                fd = os.open(image, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+                try:
+                    os.ftruncate(fd, volume.size)  # sparse: disk is used as files are written
+                finally:
+                    os.close(fd)
+                run_command("mkfs.ext4", *MKFS_OPTIONS, str(image))
+                self._ensure_mounted(volume)
+            if self._owner is not None:
+                os.chown(folder / "data", *self._owner)
+            (folder / "data").chmod(0o755)
+            temporary = folder / "volume.json.new"
+            temporary.write_text(json.dumps(volume.to_json()))
+            temporary.rename(folder / "volume.json")  # it exists once complete
+        except BaseException:
+            self._remove(folder)
+            raise
+
+    def _ensure_mounted(self, volume: Volume) -> None:
+        folder = self.root / volume.id
+        image = folder / "volume.img"
+        if not image.exists() or os.path.ismount(folder / "data"):
+            return
+        run_command("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(folder / "data"))
+        lost = folder / "data" / "lost+found"
+        with contextlib.suppress(OSError):
+            shutil.rmtree(lost)  # mkfs's own folder: not the user's
+
+    async def delete(self, ref: str, mounted_by: list[str]) -> Volume:
+        """Delete a volume and its content. `mounted_by`: sessions that mount it (refused)."""
+        async with self._lock:
+            volume = await self.get(ref)
+            if mounted_by:
+                raise VolumeInUse(
+                    f"volume {volume.name!r} is mounted by session(s) {', '.join(mounted_by)}: "
+                    "delete them first"
+                )
+            await asyncio.shield(asyncio.to_thread(self._remove, self.root / volume.id))
+            return volume
+
+    @staticmethod
+    def _remove(folder: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (folder / "volume.json").unlink()  # no longer listed, whatever follows
+        data = folder / "data"
+        if os.path.ismount(data):
+            unmount(data)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,316 @@
+"""Volumes (see kernel_gateway/kernels/volumes.py): disks that outlive sessions.
+
+    POST   /volumes                         a new volume (201)
+    GET    /volumes                         every volume, with the sessions mounting it
+    GET    /volumes/{volume}                one, by id or name
+    DELETE /volumes/{volume}                it and its files (409 while a session mounts it)
+    GET    /volumes/{volume}/entries        what a folder holds (`?path=`, `?depth=`)
+    GET    /volumes/{volume}/files/{path}   a file's bytes
+    PUT    /volumes/{volume}/files/{path}   write a file (folders are made)
+    DELETE /volumes/{volume}/files/{path}   a file, or a folder with all it holds
+
+A session mounts volumes with `POST /sessions {"volumes": {"name": "/mnt/data"}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from kernel_gateway.errors import BadRequest, InvalidRequest
+from kernel_gateway.http.bodies import check_declared_length, read_model
+from kernel_gateway.http.operations import Body, Operation, Reply
+from kernel_gateway.http.responses import JSONResponse, file_chunks
+from kernel_gateway.kernels.volumes import Volume, VolumeMount, Volumes, mount_target
+from kernel_gateway.kernels.workspace import Entry, Workspace, guess_mime, iso_time
+from kernel_gateway.server.routes.fragments import JSON_BODY, LOCATION
+from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.settings import Settings, values
+from kernel_gateway.shapes import responses
+from kernel_gateway.shapes.requests import NewVolume
+
+MAX_DEPTH = 32
+
+
+def _volumes(request: Request) -> Volumes:
+    volumes: Volumes = request.state.volumes
+    return volumes
+
+
+def _registry(request: Request) -> Registry:
+    registry: Registry = request.state.registry
+    return registry
+
+
+def mounted_by(registry: Registry, volume: Volume) -> dict[str, str]:
+    """The sessions (and E2B contexts' owners) that mount `volume`: id → mount path."""
+    return {
+        s.id: m.target for s in registry.sessions() for m in s.mounts if m.volume_id == volume.id
+    }
+
+
+def volume_size(settings: Settings, asked: int | str | None) -> int:
+    """A new volume's size cap in bytes: `asked` (bytes or `2g`), else the default."""
+    if asked is None:
+        return settings.volume_size_bytes
+    try:
+        size = asked if isinstance(asked, int) else values.parse_size(asked)
+    except ValueError as exc:
+        raise InvalidRequest(f"size: {exc}") from None
+    if size > settings.max_volume_size_bytes:
+        raise InvalidRequest(
+            f"size: at most {settings.max_volume_size} (the gateway's --max-volume-size)"
+        )
+    return size
+
+
+async def resolve_mounts(volumes: Volumes, asked: dict[str, str]) -> tuple[VolumeMount, ...]:
+    """A session's `volumes` ({name or id: mount path}) as mounts; 404 for a missing volume,
+    400 for a mount path that is not allowed or taken twice."""
+    mounts: list[VolumeMount] = []
+    for ref, path in asked.items():
+        volume = await volumes.get(ref)
+        target = mount_target(path)
+        for other in mounts:
+            if other.volume_id == volume.id:
+                raise BadRequest(f"volume {volume.name!r} is asked for twice")
+            if (
+                other.target == target
+                or target.startswith(other.target + "/")
+                or (other.target.startswith(target + "/"))
+            ):
+                raise BadRequest(f"mount paths {other.target!r} and {target!r} overlap")
+        mounts.append(VolumeMount(volume.id, volume.name, volumes.data(volume), target))
+    return tuple(mounts)
+
+
+async def volume_json(request: Request, volume: Volume) -> responses.VolumeInfo:
+    volumes = _volumes(request)
+    return {
+        "id": volume.id,
+        "name": volume.name,
+        "size": volume.size,
+        "used": await volumes.used_bytes(volume),
+        "capped": volumes.capped,
+        "created_at": volume.created_at,
+        "mounted_by": mounted_by(_registry(request), volume),
+    }
+
+
+async def create(request: Request) -> JSONResponse[responses.VolumeInfo]:
+    settings = _registry(request).settings
+    body = await read_model(request, NewVolume, settings.max_body_bytes, settings)
+    volume = await _volumes(request).create(body.name, volume_size(settings, body.size))
+    return JSONResponse(
+        await volume_json(request, volume),
+        status_code=201,
+        headers={"Location": f"/volumes/{volume.id}"},
+    )
+
+
+async def list_all(request: Request) -> JSONResponse[responses.VolumeList]:
+    found = await _volumes(request).all()
+    return JSONResponse({"volumes": [await volume_json(request, v) for v in found]})
+
+
+async def get(request: Request) -> JSONResponse[responses.VolumeInfo]:
+    volume = await _volumes(request).get(request.path_params["volume"])
+    return JSONResponse(await volume_json(request, volume))
+
+
+async def delete(request: Request) -> Response:
+    volumes = _volumes(request)
+    volume = await volumes.get(request.path_params["volume"])
+    await volumes.delete(volume.id, sorted(mounted_by(_registry(request), volume)))
+    return Response(status_code=204)
+
+
+# -- its files, as the gateway writes them (owned by the kernels' user) ----------------------
+
+
+async def content(request: Request) -> Workspace:
+    """The volume's files, reached without following links (as a session's workspace)."""
+    volumes = _volumes(request)
+    volume = await volumes.get(request.path_params["volume"])
+    return Workspace(volumes.data(volume), _registry(request).backend.workspace_owner)
+
+
+def entry_json(entry: Entry) -> responses.VolumeEntry:
+    kind = entry.kind if entry.kind in ("file", "dir", "symlink") else "other"
+    return {
+        "path": entry.path,
+        "type": kind,  # type: ignore[typeddict-item]
+        "size": entry.size,
+        "mode": entry.mode,
+        "modified": iso_time(entry.modified),
+        "target": entry.link_target,
+    }
+
+
+async def entries(request: Request) -> JSONResponse[responses.VolumeListing]:
+    workspace = await content(request)
+    path = request.query_params.get("path", "")
+    raw_depth = request.query_params.get("depth", "1")
+    if not raw_depth.isdigit() or not 1 <= int(raw_depth) <= MAX_DEPTH:
+        raise BadRequest(f"depth must be a whole number from 1 to {MAX_DEPTH}")
+    found = await asyncio.to_thread(workspace.list_dir, path, int(raw_depth))
+    return JSONResponse({"entries": [entry_json(e) for e in found]})
+
+
+async def download(request: Request) -> Response:
+    workspace = await content(request)
+    path = request.path_params["path"]
+    fd, info = await asyncio.to_thread(workspace.open_read, path)
+    headers = {
+        "Content-Length": str(info.st_size),
+        "Content-Disposition": "attachment",
+        "Content-Security-Policy": "sandbox; default-src 'none'",
+        "X-Content-Type-Options": "nosniff",
+        "Cache-Control": "no-store",
+    }
+    return StreamingResponse(
+        file_chunks(fd, info.st_size), media_type=guess_mime(path), headers=headers
+    )
+
+
+async def write_stream(
+    workspace: Workspace, path: str, chunks: AsyncIterable[bytes], limit: int
+) -> Entry:
+    """Write a file from a stream of chunks, atomically; nothing is left on failure."""
+    pending = await asyncio.to_thread(workspace.begin_upload, path, limit)
+    try:
+        async for chunk in chunks:
+            if chunk:
+                await asyncio.to_thread(pending.write, chunk)
+        info = await asyncio.to_thread(pending.commit)
+    except BaseException:
+        await asyncio.to_thread(pending.abort)
+        raise
+    return await asyncio.to_thread(workspace.entry, info.path)
+
+
+async def upload(request: Request) -> JSONResponse[responses.VolumeEntry]:
+    workspace = await content(request)
+    limit = _registry(request).settings.max_upload_bytes
+    check_declared_length(request, limit)
+    written = await write_stream(workspace, request.path_params["path"], request.stream(), limit)
+    return JSONResponse(entry_json(written), status_code=201)
+
+
+async def delete_file(request: Request) -> Response:
+    workspace = await content(request)
+    await asyncio.to_thread(workspace.remove, request.path_params["path"])
+    return Response(status_code=204)
+
+
+OPERATIONS = (
+    Operation(
+        "post",
+        "/volumes",
+        create,
+        "createVolume",
+        summary="A new volume: a disk of its own that outlives sessions.",
+        tags=("volumes",),
+        body=Body(NewVolume),
+        replies=(Reply(201, "The new volume.", responses.VolumeInfo, headers=LOCATION),),
+        errors=(*JSON_BODY, 409, 429),
+    ),
+    Operation(
+        "get",
+        "/volumes",
+        list_all,
+        "listVolumes",
+        summary="Every volume, oldest first, with the sessions mounting it.",
+        tags=("volumes",),
+        replies=(Reply(200, "The volumes.", responses.VolumeList),),
+    ),
+    Operation(
+        "get",
+        "/volumes/{volume}",
+        get,
+        "getVolume",
+        summary="A volume, by id or name.",
+        tags=("volumes",),
+        replies=(Reply(200, "The volume.", responses.VolumeInfo),),
+        errors=(404,),
+    ),
+    Operation(
+        "delete",
+        "/volumes/{volume}",
+        delete,
+        "deleteVolume",
+        summary="Delete a volume and every file on it.",
+        description="Refused with 409 `volume_in_use` while a session mounts it.",
+        tags=("volumes",),
+        replies=(Reply(204, "Deleted."),),
+        errors=(404, 409),
+    ),
+    Operation(
+        "get",
+        "/volumes/{volume}/entries",
+        entries,
+        "listVolumeEntries",
+        summary="What a folder of the volume holds, `depth` levels down.",
+        tags=("volumes",),
+        parameters=(
+            {
+                "name": "path",
+                "in": "query",
+                "required": False,
+                "description": "The folder, relative to the volume's root (default: the root).",
+                "schema": {"type": "string"},
+            },
+            {
+                "name": "depth",
+                "in": "query",
+                "required": False,
+                "description": f"Levels to list, 1 to {MAX_DEPTH} (default 1).",
+                "schema": {"type": "string", "pattern": "^[0-9]+$"},
+            },
+        ),
+        replies=(
+            Reply(200, "The entries, links listed and never followed.", responses.VolumeListing),
+        ),
+        errors=(400, 403, 404, 409),
+    ),
+    Operation(
+        "get",
+        "/volumes/{volume}/files/{path:path}",
+        download,
+        "downloadVolumeFile",
+        summary="A file's bytes.",
+        tags=("volumes",),
+        replies=(Reply(200, "The file (an attachment).", content={"*/*": {"schema": {}}}),),
+        errors=(400, 403, 404, 409),
+    ),
+    Operation(
+        "put",
+        "/volumes/{volume}/files/{path:path}",
+        upload,
+        "uploadVolumeFile",
+        summary="Write a file (raw body); folders are made.",
+        tags=("volumes",),
+        body=Body(
+            required=False,
+            content={
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        ),
+        replies=(Reply(201, "Written.", responses.VolumeEntry),),
+        errors=(400, 403, 404, 409, 413),
+    ),
+    Operation(
+        "delete",
+        "/volumes/{volume}/files/{path:path}",
+        delete_file,
+        "deleteVolumeFile",
+        summary="Delete a file, a symlink, or a folder with all it holds.",
+        tags=("volumes",),
+        replies=(Reply(204, "Deleted."),),
+        errors=(400, 403, 404),
+    ),
+)
+"""Volumes, each endpoint routed and documented from its record."""
