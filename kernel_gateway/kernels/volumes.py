@@ -198,8 +198,7 @@ class Volumes:
                 f"a volume's name is 1 to 128 letters, digits and -_. starting with a letter or "
                 f"digit, not {name!r}"
             )
-        if size < MIN_SIZE:
-            raise BadRequest(f"a volume is at least {MIN_SIZE // (1024 * 1024)} MiB")
+        size = max(size, MIN_SIZE)
         async with self._lock:
             volumes = await self.all()
             if any(v.name == name for v in volumes):

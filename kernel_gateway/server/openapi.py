@@ -141,7 +141,9 @@ _ERROR_REASONS = {
     413: "The body is over the size limit (refused before it is read whole).",
     415: "A JSON body sent without `Content-Type: application/json`.",
     422: "Well-formed JSON with wrong or unknown fields, or a bad value.",
-    429: "Too many sessions or stateless executions at once; retry after `Retry-After`.",
+    429: "Too many sessions or stateless executions at once: retry after `Retry-After`; or a "
+    "quota is full (`too_many_snapshots`, `too_many_templates`, `too_many_volumes`, no "
+    "`Retry-After`): delete one first.",
     503: "No kernel could be started in time (`kernel_unavailable`), or the gateway is "
     "draining for a restart and did nothing (`shutting_down`); retry after `Retry-After`; or "
     "the backend runs no templates (`backend_unavailable`).",
@@ -163,8 +165,10 @@ def _json(schema: str) -> JSON:
 
 def _error(status: int) -> JSON:
     extra: JSON = {}
-    if status in (429, 503):
+    if status == 503:
         extra["Retry-After"] = _RETRY_AFTER
+    if status == 429:  # a full quota (snapshots, templates, volumes) frees only by a delete
+        extra["Retry-After"] = {**_RETRY_AFTER, "required": False}
     if status == 401:
         extra["WWW-Authenticate"] = {
             "required": True,

@@ -309,10 +309,15 @@ class NewVolume(RequestModel):
         ),
     ]
     size: Annotated[
-        int | str | None,
+        Annotated[int, Field(ge=1)]
+        | Annotated[
+            str, Field(pattern=r"^\s*0*[1-9][0-9]{0,15}\s*([kKmMgGtT]([iI]?[bB])?|[bB])?\s*$")
+        ]
+        | None,
         Field(
             description="Its size cap: bytes, or a size such as `512m` or `2g`; default the "
-            "gateway's `--volume-size`, at most its `--max-volume-size`.",
+            "gateway's `--volume-size`. At least 16 MiB (smaller is rounded up); more than the "
+            "gateway's `--max-volume-size` is refused with 403.",
         ),
     ] = None
 

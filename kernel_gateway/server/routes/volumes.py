@@ -20,11 +20,11 @@ from collections.abc import AsyncIterable
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from kernel_gateway.errors import BadRequest, InvalidRequest
+from kernel_gateway.errors import BadRequest, Forbidden, InvalidRequest
 from kernel_gateway.http.bodies import check_declared_length, read_model
 from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse, file_chunks
-from kernel_gateway.kernels.volumes import Volume, VolumeMount, Volumes, mount_target
+from kernel_gateway.kernels.volumes import MIN_SIZE, Volume, VolumeMount, Volumes, mount_target
 from kernel_gateway.kernels.workspace import Entry, Workspace, guess_mime, iso_time
 from kernel_gateway.server.routes.fragments import JSON_BODY, LOCATION
 from kernel_gateway.sessions.registry import Registry
@@ -61,10 +61,10 @@ def volume_size(settings: Settings, asked: int | str | None) -> int:
     except ValueError as exc:
         raise InvalidRequest(f"size: {exc}") from None
     if size > settings.max_volume_size_bytes:
-        raise InvalidRequest(
-            f"size: at most {settings.max_volume_size} (the gateway's --max-volume-size)"
+        raise Forbidden(
+            f"size: volumes here are at most {settings.max_volume_size} (--max-volume-size)"
         )
-    return size
+    return max(size, MIN_SIZE)
 
 
 async def resolve_mounts(volumes: Volumes, asked: dict[str, str]) -> tuple[VolumeMount, ...]:
@@ -216,7 +216,7 @@ OPERATIONS = (
         tags=("volumes",),
         body=Body(NewVolume),
         replies=(Reply(201, "The new volume.", responses.VolumeInfo, headers=LOCATION),),
-        errors=(*JSON_BODY, 409, 429),
+        errors=(*JSON_BODY, 403, 409, 429),
     ),
     Operation(
         "get",
@@ -268,7 +268,7 @@ OPERATIONS = (
                 "in": "query",
                 "required": False,
                 "description": f"Levels to list, 1 to {MAX_DEPTH} (default 1).",
-                "schema": {"type": "string", "pattern": "^[0-9]+$"},
+                "schema": {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH},
             },
         ),
         replies=(
