@@ -176,6 +176,23 @@ class Volumes:
         except (OSError, ValueError, KeyError, TypeError):
             return None  # being made or removed, or not a volume
 
+    async def mounts(self, asked: dict[str, str]) -> tuple[VolumeMount, ...]:
+        """A session's volumes ({name or id: mount path}) as mounts; VolumeNotFound for one
+        missing, BadRequest for a mount path not allowed or overlapping another."""
+        mounts: list[VolumeMount] = []
+        for ref, path in asked.items():
+            volume = await self.get(ref)
+            target = mount_target(path)
+            for other in mounts:
+                if other.volume_id == volume.id:
+                    raise BadRequest(f"volume {volume.name!r} is asked for twice")
+                if f"{target}/".startswith(f"{other.target}/") or f"{other.target}/".startswith(
+                    f"{target}/"
+                ):
+                    raise BadRequest(f"mount paths {other.target!r} and {target!r} overlap")
+            mounts.append(VolumeMount(volume.id, volume.name, self.data(volume), target))
+        return tuple(mounts)
+
     def data(self, volume: Volume) -> Path:
         """The volume's content on the host (what sessions mount)."""
         return self.root / volume.id / "data"

@@ -152,7 +152,9 @@ def create_app(settings: Settings) -> Starlette:
             await asyncio.to_thread(snapshots.store.open)
             usage = UsageSampler(settings, registry.sessions)
             usage.start()
-            async with protocol_state(settings, registry, snapshots, usage, records) as protocols:
+            async with protocol_state(
+                settings, registry, snapshots, usage, volumes, records
+            ) as protocols:
                 document = functools.cache(functools.partial(build, settings, list(languages)))
                 yield {
                     "registry": registry,

@@ -12,6 +12,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import TypedDict
 
+from kernel_gateway.kernels.volumes import Volumes
 from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.jupyter.kernels import JupyterKernels
 from kernel_gateway.protocols.mcp.lazy import LazyMcp
@@ -33,6 +34,7 @@ async def protocol_state(
     registry: Registry,
     snapshots: SavedSessions,
     usage: UsageSampler,
+    volumes: Volumes,
     records: Path | None = None,
 ) -> AsyncIterator[ProtocolState]:
     """`records`: where front doors keep what must outlive the gateway (E2B's sandboxes),
@@ -40,7 +42,12 @@ async def protocol_state(
     jupyter = JupyterKernels(registry)
     mcp = LazyMcp(registry, settings) if settings.mcp != "off" else None
     e2b = E2BService(
-        registry, settings, snapshots, usage, records / "e2b" if records is not None else None
+        registry,
+        settings,
+        snapshots,
+        usage,
+        volumes,
+        records / "e2b" if records is not None else None,
     )
     async with AsyncExitStack() as stack:
         stack.push_async_callback(jupyter.close)

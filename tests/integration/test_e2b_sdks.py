@@ -46,7 +46,10 @@ def e2b_env(servers: ServerFactory) -> Iterator[dict[str, str]]:
     server = servers("docker", token=TOKEN, pool_size=2, max_sessions=16)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "PYTEST_"))}
     env.update(
-        E2B_API_URL=server.url + "/e2b", E2B_SANDBOX_URL=server.url + "/e2b", E2B_API_KEY=TOKEN
+        E2B_API_URL=server.url + "/e2b",
+        E2B_SANDBOX_URL=server.url + "/e2b",
+        E2B_VOLUME_API_URL=server.url + "/e2b",
+        E2B_API_KEY=TOKEN,
     )
     yield env
 

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from kernel_gateway import logs
+from kernel_gateway.kernels.volumes import Volumes
 from kernel_gateway.logs import ROUTE_TEMPLATE
 from kernel_gateway.protocols.e2b import sandboxes as sandboxes_module
 from kernel_gateway.protocols.e2b.app import E2BService
@@ -23,6 +24,11 @@ from tests.support.fake_kernel import fake_registry, until
 
 def _usage(registry: Registry) -> UsageSampler:
     return UsageSampler(registry.settings, registry.sessions)
+
+
+def _volumes(registry: Registry) -> Volumes:
+    root = registry.settings.runtime_dir / "volumes"
+    return Volumes(root, capped=False, owner=None, max_volumes=registry.settings.max_volumes)
 
 
 def _saved(registry: Registry) -> SavedSessions:
@@ -90,7 +96,9 @@ async def test_contexts_share_the_files_and_close_with_the_sandbox(registry: Reg
 
 
 async def test_the_control_plane_answers_in_e2bs_shapes(registry: Registry) -> None:
-    service = E2BService(registry, registry.settings, _saved(registry), _usage(registry))
+    service = E2BService(
+        registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+    )
     transport = httpx.ASGITransport(app=_with_state(service))
     async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
         refused = await http.post("/v2/sandboxes", json={}, headers={"X-API-KEY": "wrong"})
@@ -142,7 +150,9 @@ def _with_state(service: E2BService):  # type: ignore[no-untyped-def]
 
 
 async def test_list_pages_by_next_token(registry: Registry) -> None:
-    service = E2BService(registry, registry.settings, _saved(registry), _usage(registry))
+    service = E2BService(
+        registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+    )
     made = [await service.sandboxes.create("base", 60, {"n": str(i)}, {}) for i in range(3)]
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
@@ -164,7 +174,9 @@ async def test_list_pages_by_next_token(registry: Registry) -> None:
 async def test_each_call_names_its_route_and_sandbox_for_logs_and_metrics(
     registry: Registry,
 ) -> None:
-    service = E2BService(registry, registry.settings, _saved(registry), _usage(registry))
+    service = E2BService(
+        registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+    )
     seen: list[tuple[str, str | None]] = []
 
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
@@ -231,7 +243,9 @@ async def test_sandboxes_are_kept_for_the_next_gateway(registry: Registry, tmp_p
 
 
 async def test_what_a_sandbox_cannot_have_is_refused_not_ignored(registry: Registry) -> None:
-    service = E2BService(registry, registry.settings, _saved(registry), _usage(registry))
+    service = E2BService(
+        registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+    )
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
     async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
@@ -247,11 +261,15 @@ async def test_what_a_sandbox_cannot_have_is_refused_not_ignored(registry: Regis
         for body in (
             {"network": {"allowOut": "example.com"}},
             {"mcp": {"github": {}}},
-            {"volumeMounts": [{"name": "v", "path": "/data"}]},
+            {"volumeMounts": {"v": "/data"}},
+            {"volumeMounts": [{"name": "v"}]},
         ):
             refused = await http.post("/v2/sandboxes", json=body, headers=key)
             assert refused.status_code == 400, (body, refused.text)
             assert refused.json()["code"] == 400
+        missing = {"volumeMounts": [{"name": "v", "path": "/data"}]}
+        refused = await http.post("/v2/sandboxes", json=missing, headers=key)
+        assert refused.status_code == 404 and "no volume" in refused.json()["message"]
         # Old SDKs send allow_internet_access=True for every sandbox: accepted (no effect).
         made = await http.post("/v2/sandboxes", json={"allow_internet_access": True}, headers=key)
         sandbox = made.json()
@@ -276,7 +294,9 @@ async def test_auto_pause_at_the_end_and_auto_resume_on_a_call(
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sandboxes_module, "REAP_EVERY", 0.05)
-    service = E2BService(registry, registry.settings, _saved(registry), _usage(registry))
+    service = E2BService(
+        registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+    )
     service.start()
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
@@ -309,7 +329,9 @@ async def test_auto_pause_at_the_end_and_auto_resume_on_a_call(
 async def test_without_a_token_a_key_is_still_required(tmp_path: Path) -> None:
     """A web page cannot send X-API-KEY without the browser asking the gateway first."""
     async with fake_registry(tmp_path, max_sessions=2) as (registry, _):
-        service = E2BService(registry, registry.settings, _saved(registry), _usage(registry))
+        service = E2BService(
+            registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+        )
         transport = httpx.ASGITransport(app=_with_state(service))
         async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
             assert (await http.post("/sandboxes")).status_code == 401
@@ -319,7 +341,9 @@ async def test_without_a_token_a_key_is_still_required(tmp_path: Path) -> None:
 
 
 async def test_bad_data_plane_input_is_a_clear_error_never_a_500(registry: Registry) -> None:
-    service = E2BService(registry, registry.settings, _saved(registry), _usage(registry))
+    service = E2BService(
+        registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+    )
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
     async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:

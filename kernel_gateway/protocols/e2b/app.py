@@ -32,6 +32,7 @@ from starlette.routing import Match, Route, Router
 from starlette.types import Receive, Scope, Send
 
 from kernel_gateway import logs
+from kernel_gateway.kernels.volumes import Volumes
 from kernel_gateway.logs import ROUTE_TEMPLATE
 from kernel_gateway.protocols.e2b.envd import Envd
 from kernel_gateway.protocols.e2b.envd_api import envd_routes
@@ -44,6 +45,7 @@ from kernel_gateway.protocols.e2b.sandboxes_api import control_routes
 from kernel_gateway.protocols.e2b.snapshots_api import snapshot_routes
 from kernel_gateway.protocols.e2b.template_files import Uploads
 from kernel_gateway.protocols.e2b.templates_api import template_routes
+from kernel_gateway.protocols.e2b.volumes_api import VolumeTokens, volume_routes
 from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.snapshots import SavedSessions
@@ -65,6 +67,7 @@ class E2BService:
         settings: Settings,
         snapshots: SavedSessions,
         usage: UsageSampler,
+        volumes: Volumes,
         records: Path | None = None,
     ) -> None:
         """`records`: the folder that keeps sandboxes for the next gateway (with
@@ -78,10 +81,18 @@ class E2BService:
         self._key_digest = (
             hashlib.sha256(settings.token.encode()).digest() if settings.token else None
         )
+        self.volumes = volumes
+        self.volume_tokens = VolumeTokens(settings.token)
+        """Signs the tokens of the volumes' content API (volumes_api.py)."""
         self.uploads = Uploads(settings.token)
         """Signs the URLs templates' COPY files are uploaded to (template_files.py)."""
         self._control = Router(
-            routes=[*snapshot_routes(self), *template_routes(self), *control_routes(self)]
+            routes=[
+                *snapshot_routes(self),
+                *template_routes(self),
+                *volume_routes(self),
+                *control_routes(self),
+            ]
         )
         self._interpreter = Router(routes=interpreter_routes(self))
         self._envd = Router(routes=envd_routes(self))

@@ -42,6 +42,7 @@ from kernel_gateway.errors import (
 )
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import ENV_LANGUAGES, env_code
+from kernel_gateway.kernels.volumes import VolumeMount
 from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
@@ -126,6 +127,8 @@ class Sandbox:
     """The name of the gateway template it runs (None: `template` is a built-in name)."""
     language: str = "python"
     """Its own context's language (its template's)."""
+    volume_mounts: list[dict[str, str]] = field(default_factory=list)
+    """E2B's `volumeMounts`: `{"name", "path"}` each."""
 
     @property
     def state(self) -> str:
@@ -149,6 +152,7 @@ class Sandbox:
             "auto_resume": self.auto_resume,
             "alias": self.alias,
             "language": self.language,
+            "volume_mounts": self.volume_mounts,
         }
 
     @classmethod
@@ -169,6 +173,9 @@ class Sandbox:
             auto_resume=bool(data.get("auto_resume", False)),
             alias=data.get("alias"),
             language=str(data.get("language") or "python"),
+            volume_mounts=[
+                {str(k): str(v) for k, v in m.items()} for m in data.get("volume_mounts", [])
+            ],
         )
         sandbox.add_main_context()
         return sandbox
@@ -248,6 +255,7 @@ class Sandboxes:
         auto_pause: bool = False,
         auto_resume: bool = False,
         network: list[str] | str | None = None,
+        mounts: tuple[VolumeMount, ...] = (),
     ) -> Sandbox:
         """`template`: a built-in name (`TEMPLATES`: the gateway's kernel image), a snapshot
         (its id or name: E2B's snapshots are templates), or a gateway template (`name`,
@@ -258,7 +266,7 @@ class Sandboxes:
         snapshot = await self._snapshot(template)
         if snapshot is not None:
             try:
-                restored = await self.snapshots.start(snapshot.id, network)
+                restored = await self.snapshots.start(snapshot.id, network, mounts=mounts)
             except GatewayError as exc:
                 raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
             saved = snapshot.extra.get("e2b") or {}
@@ -279,7 +287,7 @@ class Sandboxes:
                     auto_resume=auto_resume,
                 ),
             )
-        session = await self._new_session(template, network)
+        session = await self._new_session(template, network, mounts)
         ref = session.template
         return await self.around(
             session,
@@ -302,6 +310,7 @@ class Sandboxes:
     async def around(self, session: Session, sandbox: Sandbox) -> Sandbox:
         """`sandbox`, made of `session` (a new one): recorded, its environment set up; killed
         if that fails."""
+        sandbox.volume_mounts = [{"name": m.name, "path": m.target} for m in session.mounts]
         sandbox.add_main_context()
         self._by_id[sandbox.id] = sandbox
         self._save(sandbox)
@@ -325,7 +334,9 @@ class Sandboxes:
         except SnapshotNotFound:
             return None
 
-    async def _new_session(self, template: str, network: list[str] | str | None) -> Session:
+    async def _new_session(
+        self, template: str, network: list[str] | str | None, mounts: tuple[VolumeMount, ...]
+    ) -> Session:
         """The session of a new sandbox on `template`: the kernel image for a built-in
         name, else the gateway template's ready build (E2B's 404 for one not there)."""
         builtin = template in TEMPLATES
@@ -337,9 +348,8 @@ class Sandboxes:
                 "no templates of its own)",
             )
         try:
-            if builtin:
-                return await self.registry.create_session(network=network)
-            return await self.registry.create_session(network=network, template=template)
+            ref = None if builtin else template
+            return await self.registry.create_session(None, network, ref, mounts)
         except TemplateNotFound as exc:
             raise SandboxError(
                 404, f"template {template!r} not found ({exc.message})", kind=exc.error_type

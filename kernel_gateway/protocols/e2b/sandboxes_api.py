@@ -11,6 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from kernel_gateway.errors import GatewayError
+from kernel_gateway.kernels.volumes import VolumeMount
 from kernel_gateway.protocols.e2b.replies import (
     ALL_METHODS,
     ControlHandler,
@@ -19,7 +21,7 @@ from kernel_gateway.protocols.e2b.replies import (
     guarded,
     json_body,
 )
-from kernel_gateway.protocols.e2b.sandboxes import ENVD_VERSION, Sandbox, SandboxError
+from kernel_gateway.protocols.e2b.sandboxes import ENVD_VERSION, Sandbox, SandboxError, status_for
 from kernel_gateway.sessions import network_policy
 from kernel_gateway.sessions.usage import Sample
 from kernel_gateway.settings import Settings
@@ -106,6 +108,7 @@ def detail_json(sandbox: Sandbox, settings: Settings) -> dict[str, Any]:
         "state": sandbox.state,
         "metadata": sandbox.metadata,
         "envdAccessToken": sandbox.token,
+        "volumeMounts": sandbox.volume_mounts,
     }
 
 
@@ -127,8 +130,25 @@ async def create(request: Request, service: E2BService) -> Response:
         auto_pause=body.get("autoPause") is True or lifecycle.get("onTimeout") == "pause",
         auto_resume=auto_resume.get("enabled") is True or lifecycle.get("autoResume") is True,
         network=_network(body),
+        mounts=await _volume_mounts(body, service),
     )
     return JSONResponse(sandbox_json(sandbox), status_code=201)
+
+
+async def _volume_mounts(body: dict[str, Any], service: E2BService) -> tuple[VolumeMount, ...]:
+    """E2B's `volumeMounts` (`[{"name", "path"}]`) as the gateway's mounts (docs/volumes.md)."""
+    asked = body.get("volumeMounts") or []
+    if not isinstance(asked, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("name"), str) and isinstance(m.get("path"), str)
+        for m in asked
+    ):
+        raise SandboxError(400, "'volumeMounts' must be a list of {name, path}")
+    if len({m["name"] for m in asked}) != len(asked):
+        raise SandboxError(400, "'volumeMounts' names a volume twice")
+    try:
+        return await service.volumes.mounts({m["name"]: m["path"] for m in asked})
+    except GatewayError as exc:
+        raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
 
 
 def _network(body: dict[str, Any]) -> list[str] | str | None:
@@ -190,9 +210,10 @@ async def change_network(request: Request, service: E2BService) -> Response:
 def _refuse_what_is_not_here(body: dict[str, Any]) -> None:
     """A create asking for what this gateway's sandboxes cannot have: a clear 400, never a
     sandbox that silently lacks it."""
-    for name, what in (("mcp", "MCP servers in a sandbox"), ("volumeMounts", "volumes")):
-        if body.get(name):
-            raise SandboxError(400, f"{what} ('{name}') are not supported by this gateway")
+    if body.get("mcp"):
+        raise SandboxError(
+            400, "MCP servers in a sandbox ('mcp') are not supported by this gateway"
+        )
 
 
 async def get_sandbox(request: Request, service: E2BService) -> Response:

@@ -21,7 +21,6 @@ from kernel_gateway.server.routes.fragments import (
 )
 from kernel_gateway.server.routes.snapshots import restored_json
 from kernel_gateway.server.routes.streaming import respond
-from kernel_gateway.server.routes.volumes import resolve_mounts
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.sessions.snapshots import SavedSessions
@@ -47,7 +46,7 @@ async def create(request: Request) -> JSONResponse[responses.RestoredSession]:
     registry = _registry(request)
     settings = registry.settings
     body = await read_model(request, NewSession, settings.max_body_bytes, settings, optional=True)
-    mounts = await resolve_mounts(request.state.volumes, body.volumes or {})
+    mounts = await request.state.volumes.mounts(body.volumes or {})
     try:
         if body.snapshot is not None:
             saved: SavedSessions = request.state.snapshots

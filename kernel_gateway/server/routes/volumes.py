@@ -24,7 +24,7 @@ from kernel_gateway.errors import BadRequest, Forbidden, InvalidRequest
 from kernel_gateway.http.bodies import check_declared_length, read_model
 from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse, file_chunks
-from kernel_gateway.kernels.volumes import MIN_SIZE, Volume, VolumeMount, Volumes, mount_target
+from kernel_gateway.kernels.volumes import MIN_SIZE, Volume, Volumes
 from kernel_gateway.kernels.workspace import Entry, Workspace, guess_mime, iso_time
 from kernel_gateway.server.routes.fragments import JSON_BODY, LOCATION
 from kernel_gateway.sessions.registry import Registry
@@ -65,26 +65,6 @@ def volume_size(settings: Settings, asked: int | str | None) -> int:
             f"size: volumes here are at most {settings.max_volume_size} (--max-volume-size)"
         )
     return max(size, MIN_SIZE)
-
-
-async def resolve_mounts(volumes: Volumes, asked: dict[str, str]) -> tuple[VolumeMount, ...]:
-    """A session's `volumes` ({name or id: mount path}) as mounts; 404 for a missing volume,
-    400 for a mount path that is not allowed or taken twice."""
-    mounts: list[VolumeMount] = []
-    for ref, path in asked.items():
-        volume = await volumes.get(ref)
-        target = mount_target(path)
-        for other in mounts:
-            if other.volume_id == volume.id:
-                raise BadRequest(f"volume {volume.name!r} is asked for twice")
-            if (
-                other.target == target
-                or target.startswith(other.target + "/")
-                or (other.target.startswith(target + "/"))
-            ):
-                raise BadRequest(f"mount paths {other.target!r} and {target!r} overlap")
-        mounts.append(VolumeMount(volume.id, volume.name, volumes.data(volume), target))
-    return tuple(mounts)
 
 
 async def volume_json(request: Request, volume: Volume) -> responses.VolumeInfo:

@@ -381,3 +381,43 @@ def test_a_snapshot_starts_sandboxes_and_a_fork_copies_one(sandbox: Any) -> None
         assert sandbox.run_code("plan").text == "['a', 'b']"
     finally:
         copy.kill()
+
+
+def test_volumes_outlive_sandboxes_and_are_shared_through_the_sdk() -> None:
+    volume_class = e2b_core.Volume
+    volume = volume_class.create("sdk-shared")
+    try:
+        entry = volume.write_file("/seed/hello.txt", "from the SDK")
+        assert entry.path == "/seed/hello.txt" and entry.size == 12
+        assert volume.exists("/seed") and not volume.exists("/nothing")
+        first = e2b.Sandbox.create(timeout=60, volume_mounts={"/mnt/data": volume})
+        try:
+            out = first.run_code("print(open('/mnt/data/seed/hello.txt').read())")
+            assert out.logs.stdout == ["from the SDK\n"]
+            first.commands.run("echo written > /mnt/data/out.txt")
+        finally:
+            first.kill()
+        # The sandbox is gone; its write is not. A second one mounts it by name elsewhere.
+        second = e2b.Sandbox.create(timeout=60, volume_mounts={"/home/sandbox/v": "sdk-shared"})
+        try:
+            assert second.files.read("/home/sandbox/v/out.txt") == "written\n"
+            info = e2b.Sandbox.get_info(second.sandbox_id)
+            mounts = getattr(info, "volume_mounts", None)
+            if mounts is not None:  # newer SDKs show them
+                assert [(m.name, m.path) for m in mounts] == [("sdk-shared", "/home/sandbox/v")]
+        finally:
+            second.kill()
+        names = sorted(e.name for e in volume.list("/"))
+        assert names == ["out.txt", "seed"]
+        assert volume.read_file("/out.txt") == "written\n"
+        volume.make_dir("/a/b", force=True)
+        volume.remove("/a")
+        assert not volume.exists("/a")
+        with pytest.raises(exceptions.NotFoundException):
+            volume.read_file("/missing.txt")
+        assert [v.name for v in volume_class.list()] == ["sdk-shared"]
+    finally:
+        assert volume_class.destroy(volume.volume_id) is True
+    assert volume_class.destroy(volume.volume_id) is False
+    with pytest.raises(exceptions.SandboxException):
+        e2b.Sandbox.create(timeout=60, volume_mounts={"/mnt/x": "no-such-volume"})
