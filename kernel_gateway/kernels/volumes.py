@@ -237,6 +237,7 @@ class Volumes:
             return volume
 
     def _make(self, volume: Volume) -> None:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = self.root / volume.id
         folder.mkdir(mode=0o700)
         try:

@@ -1,0 +1,96 @@
+"""Volumes as plain folders (no root needed): made, found by id or name, listed afresh from
+disk, refused while mounted, deleted with their files; where a volume may be mounted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernel_gateway.errors import (
+    BadRequest,
+    Conflict,
+    TooManyVolumes,
+    VolumeInUse,
+    VolumeNotFound,
+)
+from kernel_gateway.kernels.volumes import MIN_SIZE, Volumes, mount_target
+
+
+def volumes(tmp_path: Path, most: int = 3) -> Volumes:
+    return Volumes(tmp_path / "volumes", capped=False, owner=None, max_volumes=most)
+
+
+async def test_a_volume_is_made_found_listed_and_deleted(tmp_path: Path) -> None:
+    store = volumes(tmp_path)
+    await store.open()
+    made = await store.create("data", 1)
+    assert made.id.startswith("vol-") and made.size == MIN_SIZE  # rounded up
+    (store.data(made) / "file.txt").write_text("kept")
+    assert await store.get("data") == made == await store.get(made.id)
+    again = volumes(tmp_path)  # another gateway on the same folder sees it
+    assert [v.name for v in await again.all()] == ["data"]
+    with pytest.raises(VolumeInUse, match="s1"):
+        await store.delete("data", ["s1"])
+    assert (store.data(made) / "file.txt").read_text() == "kept"
+    await store.delete(made.id, [])
+    assert await store.all() == []
+    assert not (tmp_path / "volumes" / made.id).exists()
+    with pytest.raises(VolumeNotFound):
+        await store.get("data")
+
+
+async def test_names_are_unique_checked_and_the_count_capped(tmp_path: Path) -> None:
+    store = volumes(tmp_path, most=2)
+    await store.create("a", MIN_SIZE)
+    with pytest.raises(Conflict):
+        await store.create("a", MIN_SIZE)
+    for bad in ("", "has space", "../up", "-dash", "x" * 129):
+        with pytest.raises(BadRequest):
+            await store.create(bad, MIN_SIZE)
+    await store.create("b", MIN_SIZE)
+    with pytest.raises(TooManyVolumes):
+        await store.create("c", MIN_SIZE)
+
+
+async def test_a_half_made_volume_is_not_listed(tmp_path: Path) -> None:
+    store = volumes(tmp_path)
+    await store.open()
+    (tmp_path / "volumes" / ("vol-" + "0" * 20)).mkdir()  # no volume.json yet
+    (tmp_path / "volumes" / "stray").mkdir()
+    assert await store.all() == []
+
+
+async def test_mounts_resolve_names_and_refuse_overlaps(tmp_path: Path) -> None:
+    store = volumes(tmp_path)
+    one = await store.create("one", MIN_SIZE)
+    await store.create("two", MIN_SIZE)
+    (mount,) = await store.mounts({"one": "/mnt//data/"})
+    assert (mount.volume_id, mount.target, mount.source) == (one.id, "/mnt/data", store.data(one))
+    with pytest.raises(BadRequest, match="overlap"):
+        await store.mounts({"one": "/mnt/a", "two": "/mnt/a/b"})
+    with pytest.raises(BadRequest, match="overlap"):
+        await store.mounts({"one": "/mnt/a", "two": "/mnt/a"})
+    assert len(await store.mounts({"one": "/mnt/a", "two": "/mnt/ab"})) == 2
+    with pytest.raises(VolumeNotFound):
+        await store.mounts({"three": "/mnt/c"})
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["relative", "/", "/usr/local/x", "/etc", "/proc/1", "/opt/venv/lib", "/tmp", "/workspace",
+     "/home/sandbox", "/mnt", "/conn/x", "/mnt/../etc/x", "/x\0y"],
+)  # fmt: skip
+def test_a_volume_is_never_mounted_over_the_system(path: str) -> None:
+    with pytest.raises(BadRequest):
+        mount_target(path)
+
+
+@pytest.mark.parametrize(
+    ("path", "target"),
+    [("/mnt/data", "/mnt/data"), ("/data/", "/data"), ("/workspace/shared", "/workspace/shared"),
+     ("/home/sandbox/cache", "/home/sandbox/cache"), ("//srv//x", "/srv/x"),
+     ("/mnt/a/../b", "/mnt/b")],
+)  # fmt: skip
+def test_mount_paths_are_normalized(path: str, target: str) -> None:
+    assert mount_target(path) == target
