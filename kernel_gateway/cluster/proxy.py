@@ -81,28 +81,36 @@ class Proxy:
         *,
         answer_within: float | None = None,
         query: str | None = None,
+        method: str | None = None,
     ) -> httpx.Response:
         """The node's answer to `request` sent to `path`, its body not yet read.
 
         `answer_within` bounds the wait for the answer to start (None: no bound, for streams
-        and cells that may run for an hour). `query`: the query string to send instead of
-        the request's. Raises `NodeUnreachable` when no connection could be made,
-        `BadGateway` when the node did not answer with HTTP (or refused the cluster's token:
-        a misconfiguration, not the client's fault), or not within `answer_within`.
+        and cells that may run for an hour). `query`, `method`: instead of the request's.
+        Raises `NodeUnreachable` when no connection could be made, `BadGateway` when the
+        node did not answer with HTTP (or refused the cluster's token: a misconfiguration,
+        not the client's fault), or not within `answer_within`.
         """
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROPPED_REQUEST]
+        # E2B's API checks its own credentials (a volume's token is a bearer token there): the
+        # client's Authorization goes through; elsewhere it is the cluster's token.
+        public = _public(path)
+        headers = [
+            (k, v)
+            for k, v in request.headers.items()
+            if k.lower() not in DROPPED_REQUEST or (public and k.lower() == "authorization")
+        ]
         if body is not None and not isinstance(body, bytes):
             # A streamed body keeps its declared length (else httpx would send it chunked).
             if declared := request.headers.get("content-length"):
                 headers.append(("content-length", declared))
-        if self._token:
+        if self._token and not public:
             headers.append(("authorization", f"Bearer {self._token}"))
         if rid := logs.current().get("request_id"):
             headers.append(("x-request-id", rid))
         if query is None:
             query = request.scope.get("query_string", b"").decode("latin-1")
         upstream = self._http.build_request(
-            request.method,
+            method or request.method,
             f"{node.url}{path}" + (f"?{query}" if query else ""),
             headers=headers,
             content=body,

@@ -22,6 +22,7 @@ from kernel_gateway.cluster.proxy import Body, NodeUnreachable, Proxy, Relayed
 from kernel_gateway.cluster.settings import RouterSettings
 from kernel_gateway.errors import (
     BadRequest,
+    Conflict,
     GatewayError,
     NodeLost,
     NodeUnavailable,
@@ -46,6 +47,8 @@ QUICK_ANSWER_SECONDS = 10.0
 Endpoint = Callable[[Request], Awaitable[Response]]
 SNAPSHOT_ID = re.compile(r"snap-[0-9a-f]{20}")
 """A snapshot id after its node's name (sessions/snapshots.py)."""
+VOLUME_ID = re.compile(r"vol-[0-9a-f]{20}")
+"""A volume id after its node's name (kernels/volumes.py)."""
 
 
 def _state(request: Request) -> tuple[RouterSettings, NodeDirectory, Proxy, RouterMetrics]:
@@ -119,21 +122,34 @@ async def _elsewhere(upstream: httpx.Response) -> bool:
             kind = json.loads(upstream.content)["error"]["type"]
         except (ValueError, KeyError, TypeError):
             return False
-    return kind in ("template_not_found", "template_conflict", "snapshot_not_found")
+    return kind in (
+        "template_not_found",
+        "template_conflict",
+        "snapshot_not_found",
+        "volume_not_found",
+    )
 
 
 async def create_session(request: Request) -> Response:
-    """Placed by load; one from a snapshot on the snapshot's node (named in its id; by
-    name, on the first node that has it)."""
+    """Placed by load; one from a snapshot on the snapshot's node, one mounting volumes on
+    theirs (named in their ids; by name, on the first node that has them)."""
     settings, directory, _, _ = _state(request)
     body = await _read(request, settings.max_body_bytes)
     nodes = placement.for_session(directory.up())
-    home = snapshot_node(_snapshot_asked(body))
-    if home is not None:
+    snapshot, volumes = _asked(body)
+    homes = {snapshot_node(snapshot)} | {volume_node(v) for v in volumes}
+    homes.discard(None)
+    if len(homes) > 1:
+        raise Conflict(
+            "the snapshot and volumes asked for are on different nodes "
+            f"({', '.join(sorted(h for h in homes if h))}): a session runs on one"
+        )
+    if homes:
+        (home,) = homes
         nodes = [n for n in directory.up() if n.name == home]
         if not nodes:
             raise NodeUnavailable(
-                f"the snapshot's node {home} does not answer now; retry shortly",
+                f"the node {home} of the snapshot or volumes does not answer now; retry shortly",
                 retry_after=RETRY_AFTER,
             )
     offered = await _offer(request, "session", "/sessions", nodes, CREATE_ANSWER_SECONDS, body)
@@ -151,14 +167,31 @@ async def create_session(request: Request) -> Response:
     raise NodeUnavailable(_no_node(directory), retry_after=RETRY_AFTER)
 
 
-def _snapshot_asked(body: bytes) -> str | None:
-    """The `snapshot` a create's body names, if it is readable (the node judges the rest)."""
+def _asked(body: bytes) -> tuple[str | None, list[str]]:
+    """The `snapshot` and `volumes` a create's body names, if it is readable (the node
+    judges the rest)."""
     try:
         document = json.loads(body) if body.strip() else {}
     except ValueError:
+        return None, []
+    if not isinstance(document, dict):
+        return None, []
+    snapshot = document.get("snapshot")
+    volumes = document.get("volumes")
+    return (
+        snapshot if isinstance(snapshot, str) else None,
+        [v for v in volumes if isinstance(v, str)] if isinstance(volumes, dict) else [],
+    )
+
+
+def volume_node(reference: str | None) -> str | None:
+    """The node a volume id (`<node>.vol-<hex>`) names; None for a name (any node)."""
+    if reference is None:
         return None
-    found = document.get("snapshot") if isinstance(document, dict) else None
-    return found if isinstance(found, str) else None
+    name, dot, rest = reference.partition(".")
+    if dot and VOLUME_ID.fullmatch(rest) and NODE_NAME.fullmatch(name):
+        return name
+    return None
 
 
 def snapshot_node(reference: str | None) -> str | None:

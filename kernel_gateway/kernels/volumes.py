@@ -48,7 +48,8 @@ from kernel_gateway.kernels.storage import run_command, unmount
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
-ID = re.compile(r"^vol-[0-9a-f]{20}$")
+ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9_-]{0,62}\.)?vol-[0-9a-f]{20}$")
+"""`vol-` and 20 hex digits, after `<node>.` in a cluster (`--node-name`)."""
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MKFS_OPTIONS = (
     "-q", "-F", "-t", "ext4", "-m", "0",
@@ -118,9 +119,17 @@ class Volumes:
     """The volumes of every gateway on one runtime folder."""
 
     def __init__(
-        self, root: Path, *, capped: bool, owner: tuple[int, int] | None, max_volumes: int
+        self,
+        root: Path,
+        *,
+        capped: bool,
+        owner: tuple[int, int] | None,
+        max_volumes: int,
+        node: str | None = None,
     ) -> None:
         self.root = root
+        self._node = node
+        """This gateway's node name in a cluster: new volumes' ids start with it."""
         self.capped = capped
         """Whether each volume is a disk of its own size (else a plain, uncapped folder)."""
         self._owner = owner
@@ -225,7 +234,7 @@ class Volumes:
                     f"the gateway keeps at most {self._max} volumes (--max-volumes); delete one"
                 )
             volume = Volume(
-                "vol-" + secrets.token_hex(10),
+                (f"{self._node}." if self._node else "") + "vol-" + secrets.token_hex(10),
                 name,
                 size,
                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -134,6 +134,7 @@ def create_app(settings: Settings) -> Starlette:
                 capped=backend.disks_capped,
                 owner=backend.workspace_owner,
                 max_volumes=settings.max_volumes,
+                node=settings.node_name or None,
             )
             await volumes.open()  # before adoption: adopted sessions' volumes are mounted
             await durable.start(backend, runtime, registry)

@@ -214,6 +214,48 @@ def test_a_session_is_forked_and_snapshotted_through_the_routers(
         assert gone.status_code == 404 and gone.json()["error"]["type"] == "snapshot_not_found"
 
 
+def test_a_volume_is_its_nodes_and_its_sessions_run_there(cluster: Deployment) -> None:
+    """A volume made through one router lives on one node (named in its id); its files are
+    reached through any router, by id or by name, and every session that mounts it is placed
+    on its node, whichever router is asked."""
+    routers = cluster.swarm.nodes
+    with cluster.client(routers[0]) as c:
+        made = c.post("/volumes", json={"name": "cluster-data", "size": "64m"})
+        assert made.status_code == 201, made.text
+        volume = made.json()
+    node = volume["id"].partition(".")[0]
+    assert node in cluster.node_names()
+    with cluster.client(routers[1]) as c:
+        put = c.put("/volumes/cluster-data/files/in/seed.txt", content=b"seeded")
+        assert put.status_code == 201, put.text
+        listed = c.get("/volumes").json()
+        assert [v["id"] for v in listed["volumes"]] == [volume["id"]], listed
+    started: list[str] = []
+    try:
+        for step, reference in enumerate(("cluster-data", volume["id"])):
+            with cluster.client(routers[(step + 2) % 3]) as c:
+                made = c.post("/sessions", json={"volumes": {reference: "/mnt/shared"}})
+                assert made.status_code == 201, made.text
+                sid = made.json()["id"]
+                started.append(sid)
+                assert sid.partition(".")[0] == node
+                code = "print(open('/mnt/shared/in/seed.txt').read())\n"
+                code += f"open('/mnt/shared/{step}', 'w').close()"
+                assert _run(c, sid, code)["stdout"] == "seeded\n"
+        with cluster.client(routers[0]) as c:
+            busy = c.delete(f"/volumes/{volume['id']}")
+            assert busy.status_code == 409 and busy.json()["error"]["type"] == "volume_in_use"
+            entries = c.get(f"/volumes/{volume['id']}/entries").json()["entries"]
+            assert sorted(e["path"] for e in entries) == ["0", "1", "in"]
+    finally:
+        with cluster.client(routers[0]) as c:
+            for sid in started:
+                c.delete(f"/sessions/{sid}")
+            assert c.delete("/volumes/cluster-data").status_code == 204
+            gone = c.get(f"/volumes/{volume['id']}")
+            assert gone.status_code == 404 and gone.json()["error"]["type"] == "volume_not_found"
+
+
 def test_router_health_shows_every_node_and_capacity(cluster: Deployment) -> None:
     for node in cluster.swarm.nodes:
         health = cluster.health(node)
