@@ -12,15 +12,17 @@ import pytest
 from tests.support.server import ServerFactory
 
 TOKEN = "e2b-test-token"
-VARIABLES = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
+VARIABLES = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL", "E2B_API_KEY")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def e2b_gateway(servers: ServerFactory) -> Iterator[str]:
-    """The gateway's `/e2b` URL, set as E2B_API_URL and E2B_SANDBOX_URL for the module."""
+    """The gateway's `/e2b` URL, set as E2B_API_URL, E2B_SANDBOX_URL and E2B_VOLUME_API_URL
+    for the module."""
     server = servers("docker", token=TOKEN, pool_size=2, max_sessions=16)
     saved = {key: os.environ.get(key) for key in VARIABLES}
-    os.environ["E2B_API_URL"] = os.environ["E2B_SANDBOX_URL"] = server.url + "/e2b"
+    for key in VARIABLES[:3]:  # the volume content API too (else https://api.e2b.app)
+        os.environ[key] = server.url + "/e2b"
     os.environ["E2B_API_KEY"] = TOKEN
     try:
         yield server.url + "/e2b"
