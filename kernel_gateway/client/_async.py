@@ -165,12 +165,14 @@ class AsyncClient(BaseClient):
         network: list[str] | None = None,
         template: str | None = None,
         snapshot: str | None = None,
+        volumes: dict[str, str] | None = None,
     ) -> AsyncSession:
         """A new session; `language` one of `languages()` (default python, or the template's);
         `network` the domains it may reach (within the gateway's `--egress-allow`; default
         none); `template` one of `templates.list()` (`name`, `name:tag` or its id);
-        `snapshot` a snapshot's id or name: its files, variables, language and template."""
-        call = self._create_session(language, network, template, snapshot)
+        `snapshot` a snapshot's id or name: its files, variables, language and template;
+        `volumes` volumes to mount, `{"name or id": "/mnt/data"}`."""
+        call = self._create_session(language, network, template, snapshot, volumes)
         return AsyncSession(self, await self._send(call))
 
     async def snapshots(
@@ -186,6 +188,39 @@ class AsyncClient(BaseClient):
     async def delete_snapshot(self, reference: str) -> None:
         await self._send(self._delete_snapshot(reference))
 
+    async def create_volume(self, name: str, size: int | str | None = None) -> dict[str, Any]:
+        """A new volume (a disk that outlives sessions); `size` in bytes or `2g` (default
+        the gateway's `--volume-size`). Mount it with `session(volumes={name: "/mnt/x"})`."""
+        return await self._send(self._create_volume(name, size))
+
+    async def volumes(self) -> list[dict[str, Any]]:
+        """Every volume (oldest first), with `used` bytes and `mounted_by`."""
+        return await self._send(self._volumes())
+
+    async def volume(self, reference: str) -> dict[str, Any]:
+        """A volume, by id or name (`VolumeNotFoundError` if none)."""
+        return await self._send(self._volume(reference))
+
+    async def delete_volume(self, reference: str) -> None:
+        """Delete a volume and its files (`VolumeInUseError` while a session mounts it)."""
+        await self._send(self._delete_volume(reference))
+
+    async def volume_entries(
+        self, reference: str, path: str = "", depth: int = 1
+    ) -> list[dict[str, Any]]:
+        """What a folder of the volume holds, `depth` levels down."""
+        return await self._send(self._volume_entries(reference, path, depth))
+
+    async def write_volume_file(self, reference: str, path: str, data: bytes) -> dict[str, Any]:
+        return await self._send(self._write_volume_file(reference, path, data))
+
+    async def read_volume_file(self, reference: str, path: str) -> bytes:
+        return await self._send(self._read_volume_file(reference, path))
+
+    async def delete_volume_file(self, reference: str, path: str) -> None:
+        """Delete a file, or a folder with all it holds."""
+        await self._send(self._delete_volume_file(reference, path))
+
     async def languages(self) -> list[dict[str, Any]]:
         """The languages the gateway runs: name, display_name, version, ..."""
         return await self._send(self._languages())
@@ -198,12 +233,13 @@ class AsyncClient(BaseClient):
         network: list[str] | None = None,
         template: str | None = None,
         snapshot: str | None = None,
+        volumes: dict[str, str] | None = None,
     ) -> _SessionContext:
         """`async with client.session() as s:` creates (or attaches) and deletes it on exit.
 
         Awaited instead (`s = await client.session()`), it creates without deleting.
         """
-        return _SessionContext(self, session_id, language, network, template, snapshot)
+        return _SessionContext(self, session_id, language, network, template, snapshot, volumes)
 
     async def sessions(self) -> list[dict[str, Any]]:
         return await self._send(self._sessions())
@@ -257,8 +293,10 @@ class _SessionContext:
         network: list[str] | None = None,
         template: str | None = None,
         snapshot: str | None = None,
+        volumes: dict[str, str] | None = None,
     ) -> None:
         self._client = client
+        self._volumes = volumes
         self._session_id = session_id
         self._language = language
         self._network = network
@@ -270,7 +308,7 @@ class _SessionContext:
         if self._session_id:
             return AsyncSession(self._client, self._session_id)
         return await self._client.create_session(
-            self._language, self._network, self._template, self._snapshot
+            self._language, self._network, self._template, self._snapshot, self._volumes
         )
 
     def __await__(self) -> Generator[Any, None, AsyncSession]:

@@ -258,6 +258,10 @@ def _file_path(session_id: str, path: str) -> str:
     return f"/sessions/{quote(session_id, safe='')}/files/{quote(path.lstrip('/'))}"
 
 
+def _volume_path(reference: str, path: str) -> str:
+    return f"/volumes/{quote(reference, safe='')}/files/{quote(path.lstrip('/'))}"
+
+
 class BaseClient:
     """Configuration and the calls of the gateway's top-level routes."""
 
@@ -316,8 +320,11 @@ class BaseClient:
         network: list[str] | None = None,
         template: str | None = None,
         snapshot: str | None = None,
+        volumes: dict[str, str] | None = None,
     ) -> Call[str]:
         body: dict[str, Any] = {} if language is None else {"language": language}
+        if volumes:
+            body["volumes"] = volumes
         if network is not None:
             body["network"] = network_policy(network)
         if template is not None:
@@ -341,6 +348,42 @@ class BaseClient:
     @staticmethod
     def _delete_snapshot(reference: str) -> Call[None]:
         return Call("DELETE", f"/snapshots/{quote(reference, safe='')}", _nothing)
+
+    @staticmethod
+    def _create_volume(name: str, size: int | str | None) -> Call[dict[str, Any]]:
+        body: dict[str, Any] = {"name": name} if size is None else {"name": name, "size": size}
+        return Call("POST", "/volumes", json_object, json=body)
+
+    @staticmethod
+    def _volumes() -> Call[list[dict[str, Any]]]:
+        return Call("GET", "/volumes", _field("volumes"))
+
+    @staticmethod
+    def _volume(reference: str) -> Call[dict[str, Any]]:
+        return Call("GET", f"/volumes/{quote(reference, safe='')}", json_object)
+
+    @staticmethod
+    def _delete_volume(reference: str) -> Call[None]:
+        return Call("DELETE", f"/volumes/{quote(reference, safe='')}", _nothing)
+
+    @staticmethod
+    def _volume_entries(reference: str, path: str, depth: int) -> Call[list[dict[str, Any]]]:
+        query = urlencode({"path": path, "depth": depth})
+        return Call(
+            "GET", f"/volumes/{quote(reference, safe='')}/entries?{query}", _field("entries")
+        )
+
+    @staticmethod
+    def _write_volume_file(reference: str, path: str, data: bytes) -> Call[dict[str, Any]]:
+        return Call("PUT", _volume_path(reference, path), json_object, content=data)
+
+    @staticmethod
+    def _read_volume_file(reference: str, path: str) -> Call[bytes]:
+        return Call("GET", _volume_path(reference, path), _content)
+
+    @staticmethod
+    def _delete_volume_file(reference: str, path: str) -> Call[None]:
+        return Call("DELETE", _volume_path(reference, path), _nothing)
 
     @staticmethod
     def _languages() -> Call[list[dict[str, Any]]]:

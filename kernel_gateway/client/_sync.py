@@ -159,12 +159,14 @@ class Client(BaseClient):
         network: list[str] | None = None,
         template: str | None = None,
         snapshot: str | None = None,
+        volumes: dict[str, str] | None = None,
     ) -> Session:
         """A new session; `language` one of `languages()` (default python, or the template's);
         `network` the domains it may reach (within the gateway's `--egress-allow`; default
         none); `template` one of `templates.list()` (`name`, `name:tag` or its id);
-        `snapshot` a snapshot's id or name: its files, variables, language and template."""
-        call = self._create_session(language, network, template, snapshot)
+        `snapshot` a snapshot's id or name: its files, variables, language and template;
+        `volumes` volumes to mount, `{"name or id": "/mnt/data"}`."""
+        call = self._create_session(language, network, template, snapshot, volumes)
         return Session(self, self._send(call))
 
     def snapshots(
@@ -180,6 +182,39 @@ class Client(BaseClient):
     def delete_snapshot(self, reference: str) -> None:
         self._send(self._delete_snapshot(reference))
 
+    def create_volume(self, name: str, size: int | str | None = None) -> dict[str, Any]:
+        """A new volume (a disk that outlives sessions); `size` in bytes or `2g` (default
+        the gateway's `--volume-size`). Mount it with `session(volumes={name: "/mnt/x"})`."""
+        return self._send(self._create_volume(name, size))
+
+    def volumes(self) -> list[dict[str, Any]]:
+        """Every volume (oldest first), with `used` bytes and `mounted_by`."""
+        return self._send(self._volumes())
+
+    def volume(self, reference: str) -> dict[str, Any]:
+        """A volume, by id or name (`VolumeNotFoundError` if none)."""
+        return self._send(self._volume(reference))
+
+    def delete_volume(self, reference: str) -> None:
+        """Delete a volume and its files (`VolumeInUseError` while a session mounts it)."""
+        self._send(self._delete_volume(reference))
+
+    def volume_entries(
+        self, reference: str, path: str = "", depth: int = 1
+    ) -> list[dict[str, Any]]:
+        """What a folder of the volume holds, `depth` levels down."""
+        return self._send(self._volume_entries(reference, path, depth))
+
+    def write_volume_file(self, reference: str, path: str, data: bytes) -> dict[str, Any]:
+        return self._send(self._write_volume_file(reference, path, data))
+
+    def read_volume_file(self, reference: str, path: str) -> bytes:
+        return self._send(self._read_volume_file(reference, path))
+
+    def delete_volume_file(self, reference: str, path: str) -> None:
+        """Delete a file, or a folder with all it holds."""
+        self._send(self._delete_volume_file(reference, path))
+
     def languages(self) -> list[dict[str, Any]]:
         """The languages the gateway runs: name, display_name, version, ..."""
         return self._send(self._languages())
@@ -192,11 +227,12 @@ class Client(BaseClient):
         network: list[str] | None = None,
         template: str | None = None,
         snapshot: str | None = None,
+        volumes: dict[str, str] | None = None,
     ) -> Session:
         """A session to use as a context manager: created now (or attached), deleted on exit."""
         if session_id:
             return Session(self, session_id)
-        return self.create_session(language, network, template, snapshot)
+        return self.create_session(language, network, template, snapshot, volumes)
 
     def sessions(self) -> list[dict[str, Any]]:
         return self._send(self._sessions())

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kernel_gateway.client import AsyncClient, Client, VolumeInUseError, VolumeNotFoundError
 from tests.support.api import execute
 from tests.support.backends import require_docker
 from tests.support.processes import gateway
@@ -170,3 +171,30 @@ def test_volumes_and_their_sessions_survive_a_restart(tmp_path: Path) -> None:
             )
             c.delete(f"/sessions/{sid}")
             assert c.delete("/volumes/durable").status_code == 204
+
+
+def test_the_client_makes_mounts_and_deletes_volumes(server: ServerThread) -> None:
+    with Client(server.url) as client:
+        volume = client.create_volume("from-client", "32m")
+        assert client.volume("from-client")["id"] == volume["id"]
+        client.write_volume_file("from-client", "a/b.txt", b"bytes")
+        with client.session(volumes={"from-client": "/mnt/c"}) as session:
+            assert session.run("print(open('/mnt/c/a/b.txt').read())").stdout == "bytes\n"
+            with pytest.raises(VolumeInUseError):
+                client.delete_volume("from-client")
+        assert [e["path"] for e in client.volume_entries("from-client", "a")] == ["a/b.txt"]
+        assert client.read_volume_file("from-client", "a/b.txt") == b"bytes"
+        client.delete_volume_file("from-client", "a")
+        client.delete_volume(volume["id"])
+        with pytest.raises(VolumeNotFoundError):
+            client.volume("from-client")
+
+
+async def test_the_async_client_does_the_same(server: ServerThread) -> None:
+    async with AsyncClient(server.url) as client:
+        await client.create_volume("from-async")
+        async with client.session(volumes={"from-async": "/data/x"}) as session:
+            await session.run("open('/data/x/made', 'w').write('async')")
+        assert await client.read_volume_file("from-async", "made") == b"async"
+        assert [v["name"] for v in await client.volumes()] == ["from-async"]
+        await client.delete_volume("from-async")
