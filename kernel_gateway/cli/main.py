@@ -108,6 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_snapshot_arguments(snapshot_parser)
 
+    from kernel_gateway.cli.volumes import add_arguments as add_volume_arguments
+
+    volume_parser = commands.add_parser(
+        "volume",
+        help="volumes of a running gateway: create, list, files in and out, delete",
+        description="Volumes through a gateway's API: disks that outlive sessions. Exit "
+        "status 2 when the gateway refuses.",
+    )
+    add_volume_arguments(volume_parser)
+
     mcp_parser = commands.add_parser(
         "mcp",
         help="an MCP server over stdio (for desktop clients), relaying to a gateway",
@@ -242,6 +252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kernel_gateway.cli.snapshots import snapshot_from_cli
 
         return snapshot_from_cli(args)
+    if args.command == "volume":
+        from kernel_gateway.cli.volumes import volume_from_cli
+
+        return volume_from_cli(args)
     if args.command == "mcp":
         from kernel_gateway.cli.mcp_stdio import main as mcp_main
 
