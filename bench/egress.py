@@ -38,7 +38,14 @@ import json, statistics, time, urllib.request
 def get(url):
     with urllib.request.urlopen(url, timeout=30) as answer:
         return len(answer.read())
-get("http://bench.test/small")
+for attempt in range(50):  # the name resolves once the engine's DNS knows the upstream
+    try:
+        get("http://bench.test/small")
+        break
+    except OSError:
+        if attempt == 49:
+            raise
+        time.sleep(0.2)
 times = []
 for _ in range({n}):
     t = time.perf_counter()

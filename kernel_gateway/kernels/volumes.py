@@ -137,11 +137,11 @@ class Volumes:
         self._lock = asyncio.Lock()
 
     async def open(self) -> None:
-        """Make the folder and mount every volume not mounted yet (a restart, a reboot)."""
+        """Mount every volume not mounted yet (a restart, a reboot). The folder is made with
+        the first volume: a gateway that never made one leaves nothing behind."""
         await asyncio.to_thread(self._open)
 
     def _open(self) -> None:
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         for volume in self._load():
             try:
                 self._ensure_mounted(volume)

@@ -151,7 +151,7 @@ def test_a_loop_device_freed_by_autoclear_during_detach_is_not_an_error(
     def losetup_fails(*argv: str) -> None:
         raise OSError(6, "losetup: /dev/loop99: detach failed: No such device or address")
 
-    monkeypatch.setattr(storage, "_run", losetup_fails)
+    monkeypatch.setattr(storage, "run_command", losetup_fails)
     monkeypatch.setattr(storage, "attached", lambda device, backing=None: False)
     storage.LoopStorage.release(object.__new__(storage.LoopStorage), root)
     assert not image.exists()

@@ -56,7 +56,8 @@ async def test_names_are_unique_checked_and_the_count_capped(tmp_path: Path) -> 
 async def test_a_half_made_volume_is_not_listed(tmp_path: Path) -> None:
     store = volumes(tmp_path)
     await store.open()
-    (tmp_path / "volumes" / ("vol-" + "0" * 20)).mkdir()  # no volume.json yet
+    assert not (tmp_path / "volumes").exists()  # made with the first volume only
+    (tmp_path / "volumes" / ("vol-" + "0" * 20)).mkdir(parents=True)  # no volume.json yet
     (tmp_path / "volumes" / "stray").mkdir()
     assert await store.all() == []
 
