@@ -222,34 +222,7 @@ async def execute_stateless(request: Request) -> Response:
 
 
 async def list_sessions(request: Request) -> Response:
-    _, directory, proxy, _ = _state(request)
-    up = directory.up()
-
-    async def ask(node: Node) -> list[Any] | None:
-        try:
-            upstream = await proxy.send(
-                node, request, "/sessions", None, answer_within=QUICK_ANSWER_SECONDS
-            )
-        except (NodeUnreachable, GatewayError):
-            return None
-        try:
-            await upstream.aread()
-            if upstream.status_code != 200:
-                return None
-            document = upstream.json()
-        except (httpx.HTTPError, ValueError):
-            return None
-        finally:
-            await upstream.aclose()
-        found = document.get("sessions") if isinstance(document, dict) else None
-        return found if isinstance(found, list) else None
-
-    answers = await asyncio.gather(*(ask(n) for n in up))
-    sessions = [s for found in answers if found is not None for s in found]
-    missing = sorted(
-        {n.name for n, found in zip(up, answers, strict=True) if found is None}
-        | {n.name for n in directory.nodes.values() if n.state != "up"}
-    )
+    sessions, missing = await gather(request, "sessions")
     document: dict[str, Any] = {"sessions": sessions}
     if missing:
         document["unavailable_nodes"] = missing
@@ -310,6 +283,41 @@ async def _to_session_node(request: Request, session_id: str) -> Response:
         "restarting); nothing was done, retry shortly",
         retry_after=RETRY_AFTER,
     )
+
+
+async def gather(request: Request, key: str | None) -> tuple[list[Any], list[str]]:
+    """Every answering node's list (its answer to the request, as it is): the items (of the
+    document's `key`, or the document itself when None), and the names of the nodes not
+    heard (not up, or no good answer within QUICK_ANSWER_SECONDS)."""
+    _, directory, proxy, _ = _state(request)
+    up = directory.up()
+    path = _raw_path(request)
+
+    async def ask(node: Node) -> list[Any] | None:
+        try:
+            upstream = await proxy.send(
+                node, request, path, None, answer_within=QUICK_ANSWER_SECONDS
+            )
+        except (NodeUnreachable, GatewayError):
+            return None
+        try:
+            await upstream.aread()
+            document = upstream.json() if upstream.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        finally:
+            await upstream.aclose()
+        if key is not None:
+            document = document.get(key) if isinstance(document, dict) else None
+        return document if isinstance(document, list) else None
+
+    answers = await asyncio.gather(*(ask(n) for n in up))
+    found = [item for listed in answers if listed is not None for item in listed]
+    missing = sorted(
+        {n.name for n, listed in zip(up, answers, strict=True) if listed is None}
+        | {n.name for n in directory.nodes.values() if n.state != "up"}
+    )
+    return found, missing
 
 
 async def any_node(request: Request) -> Response:

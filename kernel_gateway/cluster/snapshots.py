@@ -12,12 +12,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from kernel_gateway.cluster.directory import Node
 from kernel_gateway.cluster.e2b_templates import to_every_node
 from kernel_gateway.cluster.proxy import NodeUnreachable, Relayed
 from kernel_gateway.cluster.routes import (
@@ -29,42 +27,17 @@ from kernel_gateway.cluster.routes import (
     _to_session_node,
     e2b_answers,
     e2b_pages,
+    gather,
     snapshot_node,
 )
-from kernel_gateway.errors import GatewayError, NodeUnavailable, SnapshotNotFound
+from kernel_gateway.errors import NodeUnavailable, SnapshotNotFound
 from kernel_gateway.http.responses import JSONResponse
 
 
 async def list_snapshots(request: Request) -> Response:
     """Every node's snapshots, oldest first; `unavailable_nodes` names those not heard."""
-    _, directory, proxy, _ = _state(request)
-    up = directory.up()
-    path = _raw_path(request) + (f"?{request.url.query}" if request.url.query else "")
-
-    async def ask(node: Node) -> list[Any] | None:
-        try:
-            upstream = await proxy.send(
-                node, request, path, None, answer_within=QUICK_ANSWER_SECONDS
-            )
-        except (NodeUnreachable, GatewayError):
-            return None
-        try:
-            await upstream.aread()
-            document = upstream.json() if upstream.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return None
-        finally:
-            await upstream.aclose()
-        found = document.get("snapshots") if isinstance(document, dict) else None
-        return found if isinstance(found, list) else None
-
-    answers = await asyncio.gather(*(ask(n) for n in up))
-    snapshots = [s for found in answers if found is not None for s in found]
+    snapshots, missing = await gather(request, "snapshots")
     snapshots.sort(key=lambda s: str(s.get("created_at", "")) if isinstance(s, dict) else "")
-    missing = sorted(
-        {n.name for n, found in zip(up, answers, strict=True) if found is None}
-        | {n.name for n in directory.nodes.values() if n.state != "up"}
-    )
     document: dict[str, Any] = {"snapshots": snapshots}
     if missing:
         document["unavailable_nodes"] = missing

@@ -9,11 +9,9 @@ E2B's routes (`/e2b/volumes`, `/e2b/volumecontent/{id}/...`) go the same ways.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -30,6 +28,7 @@ from kernel_gateway.cluster.routes import (
     _replay,
     _state,
     e2b_answers,
+    gather,
     volume_node,
 )
 from kernel_gateway.errors import GatewayError, NodeUnavailable, VolumeNotFound
@@ -120,42 +119,9 @@ async def create_volume(request: Request) -> Response:
     raise NodeUnavailable(_no_node(directory), retry_after=RETRY_AFTER)
 
 
-async def _gather(request: Request) -> tuple[list[Any], list[str]]:
-    """Every answering node's list (`GET` of the request's path): the items, and the nodes
-    not heard."""
-    _, directory, proxy, _ = _state(request)
-    up = directory.up()
-
-    async def ask(node: Node) -> list[Any] | None:
-        try:
-            upstream = await proxy.send(
-                node, request, _raw_path(request), None, answer_within=QUICK_ANSWER_SECONDS
-            )
-        except (NodeUnreachable, GatewayError):
-            return None
-        try:
-            await upstream.aread()
-            document = upstream.json() if upstream.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return None
-        finally:
-            await upstream.aclose()
-        if isinstance(document, dict):
-            document = document.get("volumes")
-        return document if isinstance(document, list) else None
-
-    answers = await asyncio.gather(*(ask(n) for n in up))
-    found = [v for listed in answers if listed is not None for v in listed]
-    missing = sorted(
-        {n.name for n, listed in zip(up, answers, strict=True) if listed is None}
-        | {n.name for n in directory.nodes.values() if n.state != "up"}
-    )
-    return found, missing
-
-
 async def list_volumes(request: Request) -> Response:
     """Every node's volumes, oldest first; `unavailable_nodes` names those not heard."""
-    found, missing = await _gather(request)
+    found, missing = await gather(request, "volumes")
     found.sort(key=lambda v: str(v.get("created_at", "")) if isinstance(v, dict) else "")
     document: dict[str, Any] = {"volumes": found}
     if missing:
@@ -164,7 +130,7 @@ async def list_volumes(request: Request) -> Response:
 
 
 async def e2b_list_volumes(request: Request) -> Response:
-    found, _ = await _gather(request)
+    found, _ = await gather(request, None)
     return JSONResponse(found)
 
 

@@ -9,13 +9,14 @@ followed, and nothing outside the workspace is read or written.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import mimetypes
 import os
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import AsyncIterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -441,3 +442,19 @@ def changed_files(before: Snapshot, after: Snapshot) -> list[str]:
 
 def iso_time(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).isoformat().replace("+00:00", "Z")
+
+
+async def write_stream(
+    workspace: Workspace, path: str, chunks: AsyncIterable[bytes], limit: int
+) -> FileInfo:
+    """Write a file from a stream of chunks, atomically (each step in a thread); nothing is
+    left on failure. A session's uploads and a volume's (ours and E2B's) alike."""
+    pending = await asyncio.to_thread(workspace.begin_upload, path, limit)
+    try:
+        async for chunk in chunks:
+            if chunk:
+                await asyncio.to_thread(pending.write, chunk)
+        return await asyncio.to_thread(pending.commit)
+    except BaseException:
+        await asyncio.to_thread(pending.abort)
+        raise

@@ -25,6 +25,7 @@ from kernel_gateway.kernels.workspace import (
     changed_files,
     file_url,
     guess_mime,
+    write_stream,
 )
 from kernel_gateway.settings import Settings
 from kernel_gateway.shapes.events import FileData
@@ -57,15 +58,7 @@ class SessionFiles:
 
     async def upload(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> FileInfo:
         """Write a file from a stream of chunks, atomically; nothing is left on failure."""
-        pending = await asyncio.to_thread(self.workspace.begin_upload, path, limit)
-        try:
-            async for chunk in chunks:
-                if chunk:
-                    await asyncio.to_thread(pending.write, chunk)
-            info = await asyncio.to_thread(pending.commit)
-        except BaseException:
-            await asyncio.to_thread(pending.abort)
-            raise
+        info = await write_stream(self.workspace, path, chunks, limit)
         self._seen(info.path)
         return info
 

@@ -39,7 +39,7 @@ from starlette.routing import Route
 from kernel_gateway.errors import GatewayError
 from kernel_gateway.http.responses import file_chunks
 from kernel_gateway.kernels.volumes import Volume, Volumes
-from kernel_gateway.kernels.workspace import Entry, Workspace
+from kernel_gateway.kernels.workspace import Entry, Workspace, write_stream
 from kernel_gateway.protocols.e2b.replies import (
     ControlHandler,
     Handler,
@@ -332,15 +332,7 @@ async def write_file(request: Request, service: E2BService) -> Response:
         raise SandboxError(400, "the volume's root is a folder")
     limit = service.settings.max_upload_bytes
     try:
-        pending = await asyncio.to_thread(workspace.begin_upload, relative, limit)
-        try:
-            async for chunk in request.stream():
-                if chunk:
-                    await asyncio.to_thread(pending.write, chunk)
-            await asyncio.to_thread(pending.commit)
-        except BaseException:
-            await asyncio.to_thread(pending.abort)
-            raise
+        await write_stream(workspace, relative, request.stream(), limit)
     except GatewayError as exc:
         raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
     entry = await _metadata_asked(request, workspace, relative)

@@ -15,7 +15,6 @@ A session mounts volumes with `POST /sessions {"volumes": {"name": "/mnt/data"}}
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -25,7 +24,7 @@ from kernel_gateway.http.bodies import check_declared_length, read_model
 from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse, file_chunks
 from kernel_gateway.kernels.volumes import MIN_SIZE, Volume, Volumes
-from kernel_gateway.kernels.workspace import Entry, Workspace, guess_mime, iso_time
+from kernel_gateway.kernels.workspace import Entry, Workspace, guess_mime, iso_time, write_stream
 from kernel_gateway.server.routes.fragments import JSON_BODY, LOCATION
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings, values
@@ -156,27 +155,12 @@ async def download(request: Request) -> Response:
     )
 
 
-async def write_stream(
-    workspace: Workspace, path: str, chunks: AsyncIterable[bytes], limit: int
-) -> Entry:
-    """Write a file from a stream of chunks, atomically; nothing is left on failure."""
-    pending = await asyncio.to_thread(workspace.begin_upload, path, limit)
-    try:
-        async for chunk in chunks:
-            if chunk:
-                await asyncio.to_thread(pending.write, chunk)
-        info = await asyncio.to_thread(pending.commit)
-    except BaseException:
-        await asyncio.to_thread(pending.abort)
-        raise
-    return await asyncio.to_thread(workspace.entry, info.path)
-
-
 async def upload(request: Request) -> JSONResponse[responses.VolumeEntry]:
     workspace = await content(request)
     limit = _registry(request).settings.max_upload_bytes
     check_declared_length(request, limit)
-    written = await write_stream(workspace, request.path_params["path"], request.stream(), limit)
+    info = await write_stream(workspace, request.path_params["path"], request.stream(), limit)
+    written = await asyncio.to_thread(workspace.entry, info.path)
     return JSONResponse(entry_json(written), status_code=201)
 
 
