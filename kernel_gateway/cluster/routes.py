@@ -320,6 +320,17 @@ async def gather(request: Request, key: str | None) -> tuple[list[Any], list[str
     return found, missing
 
 
+async def oldest_first(request: Request, key: str) -> Response:
+    """Every node's list of `key` (snapshots, volumes), oldest first; `unavailable_nodes`
+    names the nodes not heard."""
+    found, missing = await gather(request, key)
+    found.sort(key=lambda item: str(item.get("created_at", "")) if isinstance(item, dict) else "")
+    document: dict[str, Any] = {key: found}
+    if missing:
+        document["unavailable_nodes"] = missing
+    return JSONResponse(document)
+
+
 async def any_node(request: Request) -> Response:
     """What every node serves alike (the web UI, the OpenAPI document, the languages)."""
     _, directory, proxy, _ = _state(request)

@@ -10,7 +10,6 @@ each node in turn: the first that has it answers.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -27,7 +26,7 @@ from kernel_gateway.cluster.routes import (
     _to_session_node,
     e2b_answers,
     e2b_pages,
-    gather,
+    oldest_first,
     snapshot_node,
 )
 from kernel_gateway.errors import NodeUnavailable, SnapshotNotFound
@@ -36,12 +35,7 @@ from kernel_gateway.http.responses import JSONResponse
 
 async def list_snapshots(request: Request) -> Response:
     """Every node's snapshots, oldest first; `unavailable_nodes` names those not heard."""
-    snapshots, missing = await gather(request, "snapshots")
-    snapshots.sort(key=lambda s: str(s.get("created_at", "")) if isinstance(s, dict) else "")
-    document: dict[str, Any] = {"snapshots": snapshots}
-    if missing:
-        document["unavailable_nodes"] = missing
-    return JSONResponse(document)
+    return await oldest_first(request, "snapshots")
 
 
 async def snapshot_request(request: Request) -> Response:

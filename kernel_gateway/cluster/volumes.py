@@ -10,7 +10,6 @@ E2B's routes (`/e2b/volumes`, `/e2b/volumecontent/{id}/...`) go the same ways.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,6 +28,7 @@ from kernel_gateway.cluster.routes import (
     _state,
     e2b_answers,
     gather,
+    oldest_first,
     volume_node,
 )
 from kernel_gateway.errors import GatewayError, NodeUnavailable, VolumeNotFound
@@ -121,12 +121,7 @@ async def create_volume(request: Request) -> Response:
 
 async def list_volumes(request: Request) -> Response:
     """Every node's volumes, oldest first; `unavailable_nodes` names those not heard."""
-    found, missing = await gather(request, "volumes")
-    found.sort(key=lambda v: str(v.get("created_at", "")) if isinstance(v, dict) else "")
-    document: dict[str, Any] = {"volumes": found}
-    if missing:
-        document["unavailable_nodes"] = missing
-    return JSONResponse(document)
+    return await oldest_first(request, "volumes")
 
 
 async def e2b_list_volumes(request: Request) -> Response:

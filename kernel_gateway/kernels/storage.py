@@ -243,12 +243,7 @@ class LoopStorage(StorageProvider):
     def prepare(self, root: Path, owner: tuple[int, int] | None) -> SessionStorage:
         image = image_path(root)
         try:
-            fd = os.open(image, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-            try:
-                os.ftruncate(fd, self.size)  # sparse: disk is used as files are written
-            finally:
-                os.close(fd)
-            run_command("mkfs.ext4", *MKFS_OPTIONS, str(image))
+            make_image(image, self.size, MKFS_OPTIONS)
             run_command("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(root))
             # Shared: mounts made below it later reach the kernel's container (its binds
             # receive them), which is how a warm kernel takes up a hibernated session's disk.
@@ -411,6 +406,16 @@ def loop_devices_of(match: Callable[[Path], bool]) -> list[str]:
         if match(Path(backing)):
             found.append(f"/dev/{entry.name}")
     return found
+
+
+def make_image(image: Path, size: int, mkfs_options: tuple[str, ...]) -> None:
+    """A new sparse file of `size` bytes (disk is used as files are written), made ext4."""
+    fd = os.open(image, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+    run_command("mkfs.ext4", *mkfs_options, str(image))
 
 
 def run_command(*argv: str) -> None:

@@ -43,7 +43,7 @@ from kernel_gateway.errors import (
     VolumeInUse,
     VolumeNotFound,
 )
-from kernel_gateway.kernels.storage import run_command, unmount
+from kernel_gateway.kernels.storage import make_image, run_command, unmount
 
 logger = logging.getLogger(__name__)
 
@@ -252,13 +252,7 @@ class Volumes:
         try:
             (folder / "data").mkdir(mode=0o755)
             if self.capped:
-                image = folder / "volume.img"
-                fd = os.open(image, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-                try:
-                    os.ftruncate(fd, volume.size)  # sparse: disk is used as files are written
-                finally:
-                    os.close(fd)
-                run_command("mkfs.ext4", *MKFS_OPTIONS, str(image))
+                make_image(folder / "volume.img", volume.size, MKFS_OPTIONS)
                 self._ensure_mounted(volume)
             if self._owner is not None:
                 os.chown(folder / "data", *self._owner)
