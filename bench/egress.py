@@ -35,17 +35,18 @@ SUBNET = "203.0.113.0/24"  # TEST-NET-3: not a private range, so the proxy lets 
 # (tests/integration/test_egress.py takes TEST-NET-2: the two may run at once)
 MEASURE = """
 import json, statistics, time, urllib.request
-def get(url):
-    with urllib.request.urlopen(url, timeout=30) as answer:
+def get(url, timeout=30):
+    with urllib.request.urlopen(url, timeout=timeout) as answer:
         return len(answer.read())
-for attempt in range(50):  # the name resolves once the engine's DNS knows the upstream
+deadline = time.monotonic() + 90  # the name resolves once the engine's DNS knows the upstream
+while True:
     try:
-        get("http://bench.test/small")
+        get("http://bench.test/small", timeout=10)
         break
     except OSError:
-        if attempt == 49:
+        if time.monotonic() > deadline:
             raise
-        time.sleep(0.2)
+        time.sleep(0.5)
 times = []
 for _ in range({n}):
     t = time.perf_counter()
@@ -88,19 +89,20 @@ def main() -> int:
     network = client.networks.create(
         net, internal=True, ipam=docker.types.IPAMConfig(pool_configs=[pool])
     )
-    upstream = client.containers.run(
-        args.image,
-        ["/opt/venv/bin/python", "-m", "http.server", "80", "--directory", "/srv"],
-        name=f"kg-bench-up-{tag}",
-        user="0:0",
-        detach=True,
-        volumes={str(folder): {"bind": "/srv", "mode": "ro"}},
-        network=net,
-        networking_config={net: client.api.create_endpoint_config(aliases=["bench.test"])},
-    )
     results: dict[str, Any] = {"machine": machine(), "mode": "smoke" if args.smoke else "full"}
     runtime = Path(tempfile.mkdtemp(prefix="kg-bench-egress-gw-"))
+    upstream = None
     try:
+        upstream = client.containers.run(
+            args.image,
+            ["/opt/venv/bin/python", "-m", "http.server", "80", "--directory", "/srv"],
+            name=f"kg-bench-up-{tag}",
+            user="0:0",
+            detach=True,
+            volumes={str(folder): {"bind": "/srv", "mode": "ro"}},
+            network=net,
+            networking_config={net: client.api.create_endpoint_config(aliases=["bench.test"])},
+        )
         direct = client.containers.run(
             args.image,
             ["/opt/venv/bin/python", "-c", code],
@@ -129,14 +131,29 @@ def main() -> int:
                 headers={"Accept": "application/json"},
                 timeout=700,
             ).json()
+            proxies = [
+                proxy
+                for proxy in client.containers.list(filters={"name": "kg-egress-"})
+                if net
+                in proxy.attrs["NetworkSettings"]["Networks"]  # this gateway's, not another's
+            ]
+            if answer.get("status") != "ok":
+                logs = proxies[0].logs(tail=30).decode(errors="replace") if proxies else ""
+                raise SystemExit(
+                    f"the proxied run failed: {json.dumps(answer)[:3000]}\n"
+                    f"the egress proxy's last log lines:\n{logs}"
+                )
             results["proxied"] = json.loads(answer["stdout"].strip().splitlines()[-1])
-            proxies = client.containers.list(filters={"name": "kg-egress-"})
             stats: dict[str, Any] = proxies[0].stats(stream=False) if proxies else {}  # type: ignore[assignment]
             usage = stats.get("memory_stats", {})
             cache = usage.get("stats", {}).get("inactive_file", 0)
             results["proxy_memory_mib"] = round((usage.get("usage", 0) - cache) / 2**20, 1)
     finally:
-        upstream.remove(force=True)
+        if upstream is not None:
+            upstream.remove(force=True)
+        network.reload()
+        for attached in network.containers:  # a gateway that did not stop may leave its proxy
+            network.disconnect(attached, force=True)
         network.remove()
         client.close()
         shutil.rmtree(folder, ignore_errors=True)

@@ -18,6 +18,7 @@ here are made to work too (`_install_stdio_habits`, `_install_chart_habits`), an
 from __future__ import annotations
 
 import codecs
+import contextlib
 import importlib.abc
 import importlib.machinery
 import io
@@ -27,6 +28,7 @@ import re
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -261,31 +263,79 @@ def _seed_font_cache() -> None:
 
 
 def _install_tolerant_fd_capture() -> None:
-    """Keep fd-level output flowing whatever bytes a program writes.
+    """Keep fd-level output flowing whatever bytes a program writes, and in its own cell.
 
-    ipykernel 6 decodes what it reads from the stdout/stderr pipes strictly: one
-    invalid UTF-8 byte from a subprocess ends its watcher thread, and all later
-    C-level and subprocess output of the kernel is silently lost. This version
-    decodes incrementally (a character split across reads survives) and replaces
-    invalid bytes.
+    ipykernel decodes what it reads from the stdout/stderr pipes without regard for
+    characters split across reads (and ipykernel 6 strictly: one invalid UTF-8 byte from a
+    subprocess ended its watcher thread, and all later C-level and subprocess output of the
+    kernel was lost). This version decodes incrementally and replaces invalid bytes.
+
+    It also closes a race: the kernel flushes its streams before it says a cell is done, but
+    what a subprocess wrote to the pipe reached the stream only when the watcher thread got
+    to read it, which on a busy machine was after the cell had ended (its output lost or
+    shown in the next cell). `flush` now first waits (up to `DRAIN_SECONDS`) until the
+    watcher has passed on every byte that was in the pipe, or taken from it, when it began.
     """
-    import codecs
+    import fcntl
+    import select
+    import struct
+    import termios
 
     from ipykernel.iostream import OutStream
 
+    if not hasattr(OutStream, "_watch_pipe_fd"):
+        return
+
     def _watch_pipe_fd(self: Any) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._kg_lock = threading.Lock()
+        self._kg_taken = self._kg_passed = 0  # bytes read from the pipe, and written on
         try:
-            data = os.read(self._fid, 4096)
-            while data and self._should_watch:
-                self.write(decoder.decode(data))
-                os.write(self._original_stdstream_copy, data)
-                data = os.read(self._fid, 4096)
+            while self._should_watch:
+                select.select([self._fid], [], [])
+                with self._kg_lock:  # `flush` counts the pipe and what we took at once
+                    data = os.read(self._fid, 4096)
+                    self._kg_taken += len(data)
+                if not data or not self._should_watch:  # `close` wakes us with a byte
+                    return
+                try:
+                    self.write(decoder.decode(data))
+                    os.write(self._original_stdstream_copy, data)
+                finally:
+                    self._kg_passed += len(data)
         except Exception:
             self._exc = sys.exc_info()
 
-    if hasattr(OutStream, "_watch_pipe_fd"):
-        OutStream._watch_pipe_fd = _watch_pipe_fd  # type: ignore[method-assign]
+    def _pending(fid: int) -> int:
+        found: int = struct.unpack("i", fcntl.ioctl(fid, termios.FIONREAD, b"\0\0\0\0"))[0]
+        return found
+
+    original_flush: Callable[[Any], None] = OutStream.flush
+
+    def flush(self: Any) -> None:
+        watcher = getattr(self, "watch_fd_thread", None)
+        lock = getattr(self, "_kg_lock", None)
+        if (
+            lock is not None
+            and watcher is not None
+            and watcher.is_alive()
+            and watcher is not threading.current_thread()
+        ):
+            target = 0
+            with contextlib.suppress(OSError), lock:
+                target = self._kg_taken + _pending(self._fid)
+            deadline = time.monotonic() + DRAIN_SECONDS
+            while self._kg_passed < target and time.monotonic() < deadline:
+                time.sleep(0.001)
+        original_flush(self)
+
+    OutStream._watch_pipe_fd = _watch_pipe_fd  # type: ignore[method-assign]
+    OutStream.flush = flush  # type: ignore[method-assign]
+
+
+DRAIN_SECONDS = 2.0
+"""The longest a flush waits for the fd-level output written before it (only those bytes:
+a program still writing in the background does not hold it)."""
 
 
 class _BinaryStdout(io.BufferedIOBase):

@@ -155,6 +155,9 @@ class FakeKernelProcess(KernelProcess):
             code = msg["content"]["code"]
             self.executed.append(code)
             silent = msg["content"].get("silent", False)
+            # A cell that starts with `hang` ignores SIGINT from its receipt: a signal sent
+            # before its task first runs must not stop it (as a busy event loop could).
+            self._uninterruptible = code.lstrip().startswith("hang")
             self._cell = asyncio.create_task(self._run(code, silent, parent))
             reply = await self._finish_cell(parent)
             if reply is not None:
