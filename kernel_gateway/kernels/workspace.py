@@ -16,7 +16,7 @@ import mimetypes
 import os
 import secrets
 import stat
-from collections.abc import AsyncIterable, Iterator
+from collections.abc import AsyncIterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +35,12 @@ INLINE_IMAGE_TYPES = frozenset(
 mimetypes.add_type("image/webp", ".webp")
 mimetypes.add_type("text/markdown", ".md")
 mimetypes.add_type("application/vnd.apache.parquet", ".parquet")
+
+METADATA_PREFIX = "user.e2b."
+"""A file's metadata (E2B's): each key an extended attribute `user.e2b.<key>`, so what
+the code in the sandbox sets with `setxattr` is metadata too."""
+MAX_METADATA_BYTES = 3072
+"""Keys and values of one file together (ext4 keeps a file's attributes in one block)."""
 
 # What a file looked like at a scan: (size, mtime_ns, ctime_ns, inode).
 FileState = tuple[int, int, int, int]
@@ -58,6 +64,7 @@ class Entry:
     accessed: float = 0.0
     changed: float = 0.0
     """Its inode's last change (ctime)."""
+    inode: int = 0
 
 
 def _entry(rel: str, info: os.stat_result, target: str | None = None) -> Entry:
@@ -72,6 +79,7 @@ def _entry(rel: str, info: os.stat_result, target: str | None = None) -> Entry:
         info.st_gid,
         info.st_atime,
         info.st_ctime,
+        info.st_ino,
     )
 
 
@@ -175,8 +183,13 @@ class Workspace:
             data = f.read(limit + 1)
         return data if len(data) <= limit else None
 
-    def begin_upload(self, raw_path: str, limit: int) -> Upload:
-        """Start writing a file; bytes go to a temporary name until `commit()`."""
+    def begin_upload(
+        self, raw_path: str, limit: int, metadata: Mapping[str, str] | None = None
+    ) -> Upload:
+        """Start writing a file; bytes go to a temporary name until `commit()`. The new
+        file has `metadata` and no other (what an overwritten file had is gone)."""
+        if metadata:
+            check_metadata(metadata)
         parts = split_path(raw_path)
         try:
             with self._parent_dir(parts, create=True) as parent_fd:
@@ -198,7 +211,7 @@ class Workspace:
             if isinstance(exc, OSError):
                 raise _translate_oserror(exc, raw_path) from None
             raise
-        return Upload(self, "/".join(parts), dir_fd, tmp, fd, limit)
+        return Upload(self, "/".join(parts), dir_fd, tmp, fd, limit, dict(metadata or {}))
 
     def delete(self, raw_path: str) -> None:
         parts = split_path(raw_path)
@@ -223,6 +236,30 @@ class Workspace:
                 return self._entry_at(dir_fd, parts[-1], "/".join(parts))
         except OSError as exc:
             raise _translate_oserror(exc, raw_path) from None
+
+    def metadata(self, entry: Entry) -> dict[str, str] | None:
+        """The metadata of a file or folder (its `user.e2b.*` attributes), None if it has
+        none or is neither (a symlink is not followed; what cannot be read is none)."""
+        if entry.kind not in ("file", "dir") or not entry.path:
+            return None
+        parts = split_path(entry.path)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            with self._parent_dir(parts) as dir_fd:
+                fd = os.open(parts[-1], flags, dir_fd=dir_fd)
+            try:
+                if os.fstat(fd).st_ino != entry.inode and entry.inode:
+                    return None  # replaced since it was listed
+                found = {
+                    name[len(METADATA_PREFIX) :]: os.getxattr(fd, name).decode(errors="replace")
+                    for name in os.listxattr(fd)
+                    if name.startswith(METADATA_PREFIX) and len(name) > len(METADATA_PREFIX)
+                }
+            finally:
+                os.close(fd)
+        except OSError:
+            return None
+        return found or None
 
     @staticmethod
     def _entry_at(dir_fd: int, name: str, rel: str) -> Entry:
@@ -368,9 +405,17 @@ class Upload:
     """
 
     def __init__(
-        self, workspace: Workspace, path: str, dir_fd: int, tmp: str, fd: int, limit: int
+        self,
+        workspace: Workspace,
+        path: str,
+        dir_fd: int,
+        tmp: str,
+        fd: int,
+        limit: int,
+        metadata: dict[str, str],
     ) -> None:
         self.path = path
+        self.metadata = metadata
         self._workspace = workspace
         self._dir_fd = dir_fd
         self._tmp = tmp
@@ -394,6 +439,8 @@ class Upload:
     def commit(self) -> FileInfo:
         name = self.path.rsplit("/", 1)[-1]
         try:
+            for key, value in self.metadata.items():
+                os.setxattr(self._fd, METADATA_PREFIX + key, value.encode())
             os.close(self._fd)
             self._fd = -1
             owner = self._workspace.owner
@@ -403,6 +450,13 @@ class Upload:
             info = os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False)
         except OSError as exc:
             self.abort()
+            if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP) and self.metadata:
+                raise BadRequest(
+                    "this sandbox's file system keeps no extended attributes: the file's "
+                    "metadata cannot be stored"
+                ) from None
+            if exc.errno == errno.ENOSPC and self.metadata:
+                raise BadRequest("the file's metadata is too large to store") from None
             raise _translate_oserror(exc, self.path) from None
         os.close(self._dir_fd)
         self._dir_fd = -1
@@ -417,6 +471,26 @@ class Upload:
                 os.unlink(self._tmp, dir_fd=self._dir_fd)
             os.close(self._dir_fd)
             self._dir_fd = -1
+
+
+def check_metadata(metadata: Mapping[str, str]) -> None:
+    """BadRequest unless each key is a non-empty HTTP token and each value printable ASCII,
+    all of it within MAX_METADATA_BYTES."""
+    size = 0
+    for key, value in metadata.items():
+        if (
+            not key
+            or not all(c.isalnum() or c in "!#$%&'*+-.^_`|~" for c in key)
+            or not (key.isascii())
+        ):
+            raise BadRequest(
+                f"metadata key {key!r} is not a token (letters, digits, !#$%&'*+-.^_`|~)"
+            )
+        if not value.isascii() or not value.isprintable():
+            raise BadRequest(f"metadata value of {key!r} is not printable ASCII")
+        size += len(METADATA_PREFIX) + len(key) + len(value)
+    if size > MAX_METADATA_BYTES:
+        raise BadRequest(f"a file's metadata is limited to {MAX_METADATA_BYTES} bytes")
 
 
 def _remove_tree(parent_fd: int, name: str) -> None:
@@ -445,11 +519,15 @@ def iso_time(timestamp: float) -> str:
 
 
 async def write_stream(
-    workspace: Workspace, path: str, chunks: AsyncIterable[bytes], limit: int
+    workspace: Workspace,
+    path: str,
+    chunks: AsyncIterable[bytes],
+    limit: int,
+    metadata: Mapping[str, str] | None = None,
 ) -> FileInfo:
     """Write a file from a stream of chunks, atomically (each step in a thread); nothing is
     left on failure. A session's uploads and a volume's (ours and E2B's) alike."""
-    pending = await asyncio.to_thread(workspace.begin_upload, path, limit)
+    pending = await asyncio.to_thread(workspace.begin_upload, path, limit, metadata)
     try:
         async for chunk in chunks:
             if chunk:

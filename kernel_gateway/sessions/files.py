@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Mapping
 
 from kernel_gateway.errors import GatewayError
 from kernel_gateway.kernels.events import event
@@ -56,17 +56,25 @@ class SessionFiles:
     async def delete(self, path: str) -> None:
         await asyncio.to_thread(self.workspace.delete, path)
 
-    async def upload(self, path: str, chunks: AsyncIterable[bytes], limit: int) -> FileInfo:
+    async def upload(
+        self,
+        path: str,
+        chunks: AsyncIterable[bytes],
+        limit: int,
+        metadata: Mapping[str, str] | None = None,
+    ) -> FileInfo:
         """Write a file from a stream of chunks, atomically; nothing is left on failure."""
-        info = await write_stream(self.workspace, path, chunks, limit)
+        info = await write_stream(self.workspace, path, chunks, limit, metadata)
         self._seen(info.path)
         return info
 
-    async def write(self, path: str, data: bytes, limit: int) -> FileInfo:
+    async def write(
+        self, path: str, data: bytes, limit: int, metadata: Mapping[str, str] | None = None
+    ) -> FileInfo:
         async def one() -> AsyncIterable[bytes]:
             yield data
 
-        return await self.upload(path, one(), limit)
+        return await self.upload(path, one(), limit, metadata)
 
     def _seen(self, path: str) -> None:
         state = self.workspace.state_of(path)

@@ -3,6 +3,7 @@ answers in E2B's shapes (no Docker, no SDK)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
@@ -111,6 +112,12 @@ async def test_the_control_plane_answers_in_e2bs_shapes(registry: Registry) -> N
         sandbox_id = body["sandboxID"]
         info = (await http.get(f"/sandboxes/{sandbox_id}", headers=key)).json()
         assert info["state"] == "running" and info["endAt"].endswith("Z")
+        now = int(time.time())  # the SDKs send a window as Unix seconds in the query
+        window = {"start": str(now - 3600), "end": str(now - 1800)}
+        earlier = await http.get(f"/sandboxes/{sandbox_id}/metrics", params=window, headers=key)
+        assert earlier.status_code == 200 and earlier.json() == []
+        odd = await http.get(f"/sandboxes/{sandbox_id}/metrics?start=soon", headers=key)
+        assert odd.status_code == 400 and "Unix seconds" in odd.json()["message"]
         json_type = {**key, "Content-Type": "application/json"}
         bad = await http.post("/v2/sandboxes", content=b"[1", headers=json_type)
         assert bad.status_code == 400 and bad.json()["code"] == 400

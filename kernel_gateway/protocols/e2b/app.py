@@ -102,7 +102,10 @@ class E2BService:
     def envd(self, sandbox: Sandbox) -> Envd:
         """The sandbox's envd state (its watchers); dropped with the sandbox."""
         self._forget_gone(sandbox.id)
-        return self._envds.setdefault(sandbox.id, Envd())
+        envd = self._envds.get(sandbox.id)
+        if envd is None:
+            envd = self._envds[sandbox.id] = Envd(self.settings.max_upload_bytes)
+        return envd
 
     def _commands_running(self, sandbox_id: str) -> bool:
         processes = self._processes.get(sandbox_id)

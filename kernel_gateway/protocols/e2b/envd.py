@@ -1,15 +1,15 @@
 """envd's HTTP and `filesystem.Filesystem` on a sandbox's working directory.
 
-E2B users write paths as `/home/user/...` (the sandbox user's home and working
-directory) or relative to it; here that directory is the session's workspace (the
-kernel's `/workspace`, also reachable as `/home/user` in the kernel image). Paths
-elsewhere are refused rather than resolved on the host: every access goes through
-`Workspace`, which walks from the workspace's own fd and never follows a symlink.
+Paths are E2B's (`envd_entries.py`: `/home/user/...` is the session's workspace); every
+access goes through `Workspace`, which walks from the workspace's own fd and never follows
+a symlink. A file's metadata (`X-Metadata-<key>` headers on an upload) is kept as its
+`user.e2b.<key>` extended attributes, and shown in its `EntryInfo`.
 
     GET  /health                          204
     GET  /files?path=P                    the file's bytes
     POST /files[?path=P]                  multipart (field `file`, filename = the path)
-                                          or octet-stream (gzip allowed): [{name, type, path}]
+                                          or octet-stream (gzip allowed): [{name, type, path,
+                                          metadata?}]
     POST /filesystem.Filesystem/<Method>  Stat, ListDir, MakeDir, Move, Remove,
                                           CreateWatcher, GetWatcherEvents, RemoveWatcher
                                           (unary), WatchDir (server stream)
@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
+import functools
 import os
-import posixpath
 import secrets
 import time
 import zlib
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -41,7 +39,7 @@ from kernel_gateway.errors import (
     PayloadTooLarge,
 )
 from kernel_gateway.http.bodies import capped, read_body
-from kernel_gateway.kernels.workspace import Entry, Workspace
+from kernel_gateway.kernels.workspace import Workspace
 from kernel_gateway.protocols.e2b.connect import (
     STREAM_TYPE,
     ConnectError,
@@ -52,91 +50,21 @@ from kernel_gateway.protocols.e2b.connect import (
     parse_message,
     read_message_body,
 )
+from kernel_gateway.protocols.e2b.envd_entries import (
+    HOME,
+    described,
+    entry_json,
+    followed,
+    to_e2b,
+    to_workspace,
+    upload_metadata,
+)
+from kernel_gateway.protocols.e2b.outside import Outside, outside
+from kernel_gateway.protocols.e2b.watch import POLL_SECONDS, Watch
 from kernel_gateway.sessions.session import Session
 
-HOME = "/home/user"
-WATCH_POLL_SECONDS = 0.5
 MAX_WATCHERS = 16
 KEEPALIVE_SECONDS = 50.0
-
-
-def to_workspace(path: object) -> str:
-    """An E2B path as a path in the workspace ("" for the workspace itself)."""
-    if path is None or path == "":
-        return ""
-    if not isinstance(path, str) or "\0" in path:
-        raise ConnectError("invalid_argument", f"{path!r} is not a path")
-    if path == HOME or path == HOME + "/":
-        return ""
-    if path.startswith(HOME + "/"):
-        return path[len(HOME) + 1 :]
-    if path.startswith("/"):
-        raise ConnectError(
-            "permission_denied",
-            f"{path!r} is outside the sandbox's working directory {HOME}: only paths under "
-            "it (or relative to it) are served",
-        )
-    return path
-
-
-def to_e2b(rel: str) -> str:
-    return f"{HOME}/{rel}" if rel else HOME
-
-
-FILE_TYPES = {
-    "file": "FILE_TYPE_FILE",
-    "dir": "FILE_TYPE_DIRECTORY",
-    "symlink": "FILE_TYPE_SYMLINK",
-}
-
-
-LINK_HOPS = 8
-
-
-def followed(workspace: Workspace, entry: Entry) -> Entry:
-    """A symlink as envd shows one: the type of what it points to, and that target as an
-    absolute path (`symlinkTarget`), when the target is in the sandbox's working directory
-    (found there without following any link, hop by hop); else the link as it is."""
-    if entry.kind != "symlink" or entry.link_target is None:
-        return entry
-    at = entry
-    for _ in range(LINK_HOPS):
-        assert at.link_target is not None
-        base = posixpath.dirname(to_e2b(at.path))
-        target = posixpath.normpath(posixpath.join(base, at.link_target))
-        try:
-            rel = to_workspace(target)
-            at = workspace.entry(rel)
-        except (ConnectError, GatewayError):
-            return entry
-        if at.kind != "symlink":
-            return dataclasses.replace(entry, kind=at.kind, link_target=target)
-    return entry
-
-
-def entry_json(entry: Entry) -> dict[str, Any]:
-    """An `EntryInfo` in proto3 JSON."""
-    mode = entry.mode
-    kind = entry.kind
-    letter = {"dir": "d", "symlink": "L"}.get(kind, "-")
-    bits = "".join(ch if mode & (1 << (8 - i)) else "-" for i, ch in enumerate("rwxrwxrwx"))
-    out: dict[str, Any] = {
-        "name": entry.path.rsplit("/", 1)[-1] if entry.path else "user",
-        "type": FILE_TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
-        "path": to_e2b(entry.path),
-        "size": str(entry.size),
-        "mode": mode,
-        "permissions": letter + bits,
-        "owner": "user",
-        "group": "user",
-        "modifiedTime": datetime.fromtimestamp(entry.modified, UTC)
-        .isoformat()
-        .replace("+00:00", "Z"),
-    }
-    if entry.link_target is not None:
-        out["symlinkTarget"] = entry.link_target
-        out["isSymlink"] = True
-    return out
 
 
 def _connect_error(exc: GatewayError) -> ConnectError:
@@ -158,22 +86,30 @@ def _connect_error(exc: GatewayError) -> ConnectError:
 class Envd:
     """One sandbox's envd, on its session's workspace; watchers kept per sandbox."""
 
-    def __init__(self) -> None:
-        self._watchers: dict[str, dict[str, Any]] = {}
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        """The most bytes a file read or written outside `/home/user` may have."""
+        self._watchers: dict[str, Watch] = {}
         self._watch_streams = 0
         """WatchDir streams open now (each polls the folder): at most MAX_WATCHERS."""
 
     # -- HTTP ------------------------------------------------------------------------------
 
     async def download(self, request: Request, session: Session) -> Response:
+        """The file's bytes; outside `/home/user`, read in the sandbox (`outside.py`)."""
         workspace = session.files.workspace
+        path = request.query_params.get("path")
         try:
-            rel = to_workspace(request.query_params.get("path"))
+            absolute = outside(path)
+            if absolute is not None:
+                data = await Outside(session, self._limit).read(absolute)
+                return Response(data, media_type="application/octet-stream")
+            rel = to_workspace(path)
             if not rel:
                 raise BadRequest("a file path is required")
             fd, info = await asyncio.to_thread(workspace.open_read, rel)
         except ConnectError as exc:
-            return _http_error(403 if exc.code == "permission_denied" else 400, exc.message)
+            return _http_error(HTTP_STATUS.get(exc.code, 500), exc.message)
         except GatewayError as exc:
             return _http_error(_http_status(exc), exc.message)
         data = await asyncio.to_thread(_read_all, fd)
@@ -182,10 +118,10 @@ class Envd:
     async def upload(self, request: Request, session: Session, limit: int, total: int) -> Response:
         """Files from a multipart form (each at most `limit` bytes, all together at most
         `total`) or one octet-stream body (at most `limit`)."""
-        files = session.files
         query_path = request.query_params.get("path")
         kind = request.headers.get("content-type", "")
-        written: list[dict[str, str]] = []
+        written: list[dict[str, Any]] = []
+        metadata = upload_metadata(request)
         try:
             if kind.startswith("multipart/form-data"):
                 # All the files of one request together cannot be more than the disk holds.
@@ -197,29 +133,45 @@ class Envd:
                         if isinstance(part, str):
                             continue
                         path = query_path or part.filename or ""
-                        rel = to_workspace(path)
-                        if not rel or rel in seen:
-                            raise BadRequest(f"a missing or repeated path: {path!r}")
-                        seen.add(rel)
+                        if path in seen:
+                            raise BadRequest(f"a repeated path: {path!r}")
+                        seen.add(path)
                         data = await part.read()
-                        await files.write(rel, data, limit)
-                        written.append(_written(rel))
+                        written.append(await self._write(session, path, data, limit, metadata))
             else:
-                rel = to_workspace(query_path)
-                if not rel:
+                if not query_path:
                     raise BadRequest("'path' is required for an octet-stream upload")
                 data = await read_body(request, limit)
                 if request.headers.get("content-encoding", "").lower() == "gzip":
                     data = _gunzip(data, limit)
-                await files.write(rel, data, limit)
-                written.append(_written(rel))
+                written.append(await self._write(session, query_path, data, limit, metadata))
         except ConnectError as exc:
-            return _http_error(403 if exc.code == "permission_denied" else 400, exc.message)
+            return _http_error(HTTP_STATUS.get(exc.code, 500), exc.message)
         except GatewayError as exc:
             return _http_error(_http_status(exc), exc.message)
         if not written:
             return _http_error(400, "no file in the request (multipart field 'file')")
         return JSONResponse(written)
+
+    @staticmethod
+    async def _write(
+        session: Session, path: str, data: bytes, limit: int, metadata: dict[str, str]
+    ) -> dict[str, Any]:
+        """One file of an upload, in the workspace or (outside `/home/user`) the sandbox."""
+        absolute = outside(path)
+        if absolute is not None:
+            if metadata:
+                raise BadRequest(f"file metadata is kept under {HOME} only")
+
+            async def one() -> AsyncIterator[bytes]:
+                yield data
+
+            return await Outside(session, limit).write(absolute, one())
+        rel = to_workspace(path)
+        if not rel:
+            raise BadRequest(f"a file path is required, got {path!r}")
+        await session.files.write(rel, data, limit, metadata)
+        return _written(rel, metadata)
 
     # -- filesystem.Filesystem ------------------------------------------------------------
 
@@ -228,6 +180,9 @@ class Envd:
             return await self._watch_dir(request, session)
         try:
             message = parse_message(await read_message_body(request))
+            if _names_outside(method, message):
+                answer = await Outside(session, self._limit).call(method, message)
+                return JSONResponse(answer)
             handler = {
                 "Stat": self._stat,
                 "ListDir": self._list_dir,
@@ -251,7 +206,7 @@ class Envd:
     async def _stat(self, message: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
         entry = await asyncio.to_thread(workspace.entry, to_workspace(field(message, "path")))
         entry = await asyncio.to_thread(followed, workspace, entry)
-        return {"entry": entry_json(entry)}
+        return {"entry": await asyncio.to_thread(described, workspace, entry)}
 
     async def _list_dir(self, message: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
         depth = field(message, "depth") or 1
@@ -261,7 +216,9 @@ class Envd:
         entries = await asyncio.to_thread(workspace.list_dir, rel, min(depth, 32))
         entries = [await asyncio.to_thread(followed, workspace, e) for e in entries]
         entries.sort(key=lambda e: e.path)  # as envd lists them: a folder, then what is in it
-        return {"entries": [entry_json(e) for e in entries]}
+        return {
+            "entries": await asyncio.to_thread(lambda: [described(workspace, e) for e in entries])
+        }
 
     async def _make_dir(self, message: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
         rel = to_workspace(field(message, "path"))
@@ -277,7 +234,8 @@ class Envd:
         if not source or not destination:
             raise ConnectError("invalid_argument", f"cannot move {HOME} itself")
         await asyncio.to_thread(workspace.move, source, destination)
-        return {"entry": entry_json(await asyncio.to_thread(workspace.entry, destination))}
+        entry = await asyncio.to_thread(workspace.entry, destination)
+        return {"entry": await asyncio.to_thread(described, workspace, entry)}
 
     async def _remove(self, message: dict[str, Any], workspace: Workspace) -> dict[str, Any]:
         rel = to_workspace(field(message, "path"))
@@ -287,33 +245,25 @@ class Envd:
             await asyncio.to_thread(workspace.remove, rel)
         return {}
 
-    # -- watching a folder (by scans of the workspace) -------------------------------------
+    # -- watching a folder (by scans of the workspace: `watch.py`) -----------------------
 
     async def _create_watcher(
         self, message: dict[str, Any], workspace: Workspace
     ) -> dict[str, Any]:
         if len(self._watchers) >= MAX_WATCHERS:
             raise ConnectError("resource_exhausted", f"at most {MAX_WATCHERS} watchers")
-        rel = to_workspace(field(message, "path"))
-        recursive = bool(field(message, "recursive"))
-        entry = await asyncio.to_thread(workspace.entry, rel)
-        if entry.kind != "dir":
-            raise ConnectError("invalid_argument", f"{to_e2b(rel)} is not a folder")
+        watch = await self._start_watch(message, workspace)
         watcher_id = secrets.token_hex(8)
-        snapshot = await asyncio.to_thread(_snapshot, workspace, rel, recursive)
-        self._watchers[watcher_id] = {"rel": rel, "recursive": recursive, "snapshot": snapshot}
+        self._watchers[watcher_id] = watch
         return {"watcherId": watcher_id}
 
     async def _watcher_events(
         self, message: dict[str, Any], workspace: Workspace
     ) -> dict[str, Any]:
-        watcher = self._watchers.get(str(field(message, "watcher_id", "watcherId")))
-        if watcher is None:
+        watch = self._watchers.get(str(field(message, "watcher_id", "watcherId")))
+        if watch is None:
             raise ConnectError("not_found", "no such watcher")
-        now = await asyncio.to_thread(_snapshot, workspace, watcher["rel"], watcher["recursive"])
-        events = _events(watcher["snapshot"], now)
-        watcher["snapshot"] = now
-        return {"events": events}
+        return {"events": await asyncio.to_thread(watch.changes, workspace)}
 
     async def _remove_watcher(
         self, message: dict[str, Any], workspace: Workspace
@@ -322,52 +272,64 @@ class Envd:
             raise ConnectError("not_found", "no such watcher")
         return {}
 
+    @staticmethod
+    async def _start_watch(message: dict[str, Any], workspace: Workspace) -> Watch:
+        """A watch of the request's folder (`path`, `recursive`, `include_entry`; envd's
+        `allow_network_mounts` changes nothing: a session has no network mounts)."""
+        rel = to_workspace(field(message, "path"))
+        entry = await asyncio.to_thread(workspace.entry, rel)
+        if entry.kind != "dir":
+            raise ConnectError("invalid_argument", f"{to_e2b(rel)} is not a folder")
+        return await asyncio.to_thread(
+            functools.partial(
+                Watch.start,
+                workspace,
+                rel,
+                recursive=bool(field(message, "recursive")),
+                include_entry=bool(field(message, "include_entry", "includeEntry")),
+            )
+        )
+
     async def _watch_dir(self, request: Request, session: Session) -> Response:
         workspace = session.files.workspace
         error: ConnectError | None = None
+        watch: Watch | None = None
         try:
             reader = EnvelopeReader()
             messages = list(reader.feed(await read_message_body(request)))
             reader.finish()
-            message = messages[0] if messages else {}
-            rel = to_workspace(field(message, "path"))
-            recursive = bool(field(message, "recursive"))
-            entry = await asyncio.to_thread(workspace.entry, rel)
-            if entry.kind != "dir":
-                raise ConnectError("invalid_argument", f"{to_e2b(rel)} is not a folder")
             if self._watch_streams >= MAX_WATCHERS:
                 raise ConnectError("resource_exhausted", f"at most {MAX_WATCHERS} watches at once")
+            watch = await self._start_watch(messages[0] if messages else {}, workspace)
         except ConnectError as exc:
             error = exc
         except GatewayError as exc:
             error = _connect_error(exc)
 
         async def stream() -> AsyncIterator[bytes]:
-            if error is not None:
-                yield end_stream(error)
+            if error is not None or watch is None:
+                yield end_stream(error or ConnectError("internal", "no watch"))
                 return
             yield envelope({"start": {}})
             self._watch_streams += 1
             try:
-                async for out in watching():
+                async for out in watching(watch):
                     yield out
             finally:
                 self._watch_streams -= 1
 
-        async def watching() -> AsyncIterator[bytes]:
-            before = await asyncio.to_thread(_snapshot, workspace, rel, recursive)
+        async def watching(watch: Watch) -> AsyncIterator[bytes]:
             quiet_since = time.monotonic()
             while True:
-                await asyncio.sleep(WATCH_POLL_SECONDS)
+                await asyncio.sleep(POLL_SECONDS)
                 try:
-                    now = await asyncio.to_thread(_snapshot, workspace, rel, recursive)
+                    found = await asyncio.to_thread(watch.changes, workspace)
                 except GatewayError as exc:
                     yield end_stream(_connect_error(exc))
                     return
-                for event in _events(before, now):
+                for event in found:
                     yield envelope({"filesystem": event})
                     quiet_since = time.monotonic()
-                before = now
                 if time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
                     yield envelope({"keepalive": {}})
                     quiet_since = time.monotonic()
@@ -375,28 +337,25 @@ class Envd:
         return StreamingResponse(stream(), media_type=STREAM_TYPE)
 
 
-def _snapshot(workspace: Workspace, rel: str, recursive: bool) -> dict[str, tuple[str, int]]:
-    """name (relative to the watched folder) -> (kind, mtime_ns-ish) of what is in it."""
-    depth = 32 if recursive else 1
-    prefix = f"{rel}/" if rel else ""
-    return {
-        e.path[len(prefix) :]: (e.kind, int(e.modified * 1e9) ^ e.size)
-        for e in workspace.list_dir(rel, depth)
-    }
+def _names_outside(method: str, message: dict[str, Any]) -> bool:
+    """A filesystem call on a path outside `/home/user` (a move: either end)."""
+    if method == "Move":
+        return any(outside(field(message, name)) for name in ("source", "destination"))
+    if method in ("Stat", "ListDir", "MakeDir", "Remove"):
+        return outside(field(message, "path")) is not None
+    return False
 
 
-def _events(
-    before: dict[str, tuple[str, int]], now: dict[str, tuple[str, int]]
-) -> list[dict[str, str]]:
-    events = []
-    for name in sorted(now.keys() - before.keys()):
-        events.append({"name": name, "type": "EVENT_TYPE_CREATE"})
-    for name in sorted(before.keys() & now.keys()):
-        if before[name] != now[name] and now[name][0] == "file":
-            events.append({"name": name, "type": "EVENT_TYPE_WRITE"})
-    for name in sorted(before.keys() - now.keys()):
-        events.append({"name": name, "type": "EVENT_TYPE_REMOVE"})
-    return events
+HTTP_STATUS = {
+    "not_found": 404,
+    "permission_denied": 403,
+    "invalid_argument": 400,
+    "already_exists": 409,
+    "resource_exhausted": 507,
+    "unavailable": 503,
+    "deadline_exceeded": 504,
+}
+"""envd's HTTP status for a Connect error code (the /files routes speak HTTP)."""
 
 
 def _read_all(fd: int) -> bytes:
@@ -415,8 +374,11 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     return out
 
 
-def _written(rel: str) -> dict[str, str]:
-    return {"name": rel.rsplit("/", 1)[-1], "type": "file", "path": to_e2b(rel)}
+def _written(rel: str, metadata: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": rel.rsplit("/", 1)[-1], "type": "file", "path": to_e2b(rel)}
+    if metadata:
+        out["metadata"] = metadata
+    return out
 
 
 def _http_status(exc: GatewayError) -> int:

@@ -48,9 +48,9 @@ from kernel_gateway.protocols.e2b.connect import (
 from kernel_gateway.protocols.e2b.connect import (
     field as pick,
 )
+from kernel_gateway.protocols.e2b.envd_entries import HOME
 from kernel_gateway.sessions.session import Session
 
-HOME = "/home/user"
 SIGNALS: dict[object, int] = {"SIGNAL_SIGKILL": 9, 9: 9, "SIGNAL_SIGTERM": 15, 15: 15}
 """process.Signal's values (JSON names or numbers) and the signal each sends."""
 DEFAULT_KEEPALIVE = 50.0

@@ -43,6 +43,7 @@ from kernel_gateway.errors import (
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import ENV_LANGUAGES, env_code
 from kernel_gateway.kernels.volumes import VolumeMount
+from kernel_gateway.protocols.e2b.envd_entries import HOME
 from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
@@ -54,13 +55,12 @@ TEMPLATES = frozenset({"code-interpreter-v1", "code-interpreter", "base"})
 """E2B template names that mean the gateway's kernel image (the SDKs' defaults)."""
 DEFAULT_TIMEOUT = 300
 MAX_TIMEOUT = 24 * 3600
-ENVD_VERSION = "0.5.7"
-"""What the sandboxes claim to run: from 0.4.0 the SDKs send no user by default, and
-0.5.7 is the newest whose features all work here (see design/e2b-wire.md, section 4)."""
+ENVD_VERSION = "0.6.4"
+"""What the sandboxes claim to run: from 0.4.0 the SDKs send no user by default; 0.6.4 is
+the newest the SDKs know of, and its features all work here (design/e2b-wire.md, 4)."""
 REAP_EVERY = 1.0
 SETUP_SECONDS = 30.0
 RECORD_FORMAT = 1
-HOME = "/home/user"
 CHDIR = {
     "python": "import os as __kg_os\n__kg_os.chdir({path})\ndel __kg_os",
     "r": "setwd({path})",

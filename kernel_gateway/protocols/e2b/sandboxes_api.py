@@ -74,6 +74,20 @@ def integer(body: dict[str, Any], name: str) -> int | None:
     return int(value)
 
 
+def query_seconds(request: Request, name: str) -> int | None:
+    """A query parameter that is a time in Unix seconds (as the SDKs send `start`, `end`)."""
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        raise SandboxError(400, f"'{name}' must be a time in Unix seconds, got {value[:40]!r}")
+    return int(seconds)
+
+
 def sandbox_json(sandbox: Sandbox) -> dict[str, Any]:
     """What create and connect answer (E2B's `Sandbox`)."""
     return {
@@ -250,7 +264,7 @@ async def metrics(request: Request, service: E2BService) -> Response:
     """E2B's `SandboxMetric` list from `start` to `end` (Unix seconds), oldest first."""
     sandbox = service.sandboxes.get(request.path_params["id"])
     session = service.sandboxes.session(sandbox)
-    bounds = [integer(dict(request.query_params), name) for name in ("start", "end")]
+    bounds = [query_seconds(request, name) for name in ("start", "end")]
     found = await service.usage.samples(session, *bounds)
     return JSONResponse([metric_json(s) for s in found])
 

@@ -98,8 +98,33 @@ def test_folders_moves_removals_and_watching(sandbox: Any) -> None:
             time.sleep(0.1)
     finally:
         handle.stop()
+
+
+def test_paths_outside_home_are_the_sandboxs_own_files(sandbox: Any) -> None:
+    # Read, written and listed in the sandbox, as its user: what the code there sees.
+    assert ":x:1000:1000:" in sandbox.files.read("/etc/passwd")
+    boot_id = sandbox.files.read("/proc/sys/kernel/random/boot_id").strip()
+    assert boot_id == sandbox.commands.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    written = sandbox.files.write("/tmp/deep/out.bin", b"\x00\xffbytes")
+    assert written.path == "/tmp/deep/out.bin"
+    assert sandbox.files.read("/tmp/deep/out.bin", format="bytes") == bytearray(b"\x00\xffbytes")
+    assert sandbox.run_code("open('/tmp/deep/out.bin', 'rb').read()").text == "b'\\x00\\xffbytes'"
+    info = sandbox.files.get_info("/tmp/deep/out.bin")
+    assert (info.name, info.size, info.type.value, info.owner) == ("out.bin", 7, "file", "user")
+    assert [e.name for e in sandbox.files.list("/tmp/deep")] == ["out.bin"]
+    assert sandbox.files.exists("/tmp/deep") and not sandbox.files.exists("/tmp/nope")
+    assert sandbox.files.make_dir("/tmp/made") and not sandbox.files.make_dir("/tmp/made")
+    moved = sandbox.files.rename("/tmp/deep/out.bin", "/home/user/from-tmp.bin")
+    assert moved.path == "/home/user/from-tmp.bin"
+    assert sandbox.files.read("from-tmp.bin", format="bytes") == bytearray(b"\x00\xffbytes")
+    sandbox.files.remove("/tmp/deep")
+    assert not sandbox.files.exists("/tmp/deep")
+    with pytest.raises(exceptions.FileNotFoundException):
+        sandbox.files.read("/tmp/never-written")
+    with pytest.raises(exceptions.SandboxException, match="denied"):
+        sandbox.files.write("/etc/kg-not-allowed", "x")  # the container's own permissions
     with pytest.raises(exceptions.SandboxException):
-        sandbox.files.read("/etc/passwd")  # outside /home/user: refused, not served
+        sandbox.files.watch_dir("/tmp")  # watched under /home/user only
 
 
 def test_a_cell_past_its_timeout_is_interrupted_and_the_kernel_lives(sandbox: Any) -> None:
