@@ -89,3 +89,15 @@ def configure(log_format: LogFormat, level: str) -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, QuietExceptions) for f in uvicorn_errors.filters):
+        uvicorn_errors.addFilter(QuietExceptions())
+
+
+class QuietExceptions(logging.Filter):
+    """Drops the record of an exception that says it is no error (`quiet = True`: a stream
+    that ended its connection on purpose, which uvicorn reports as an exception)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not getattr(exc, "quiet", False)

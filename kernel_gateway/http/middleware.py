@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel_gateway import logs
 from kernel_gateway.http.auth import BearerAuth, LoopbackHostGuard
-from kernel_gateway.http.responses import REQUEST_ID_HEADER, JSONResponse
+from kernel_gateway.http.responses import REQUEST_ID_HEADER, ConnectionDropped, JSONResponse
 from kernel_gateway.settings import is_loopback
 from kernel_gateway.types import JSON
 
@@ -111,6 +111,8 @@ class ObserveRequests:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except ConnectionDropped:
+            raise  # a stream ended on purpose without its end: uvicorn closes the connection
         except Exception as exc:
             errors.error("unhandled error on %s %s", method, route, exc_info=exc)
             if status != 0:

@@ -20,6 +20,15 @@ REQUEST_ID_HEADER = "X-Request-Id"
 """Each response's request id (the client's own when it sent a well-formed one)."""
 
 
+class ConnectionDropped(Exception):
+    """Raised by a streaming body to end its connection unfinished: the client sees the
+    connection drop, as it would if what stood behind the stream had died (E2B's SDKs take
+    that, and a failed health check after it, as "the sandbox was killed"). Not an error:
+    the gateway's middleware and logs pass it over (`quiet`)."""
+
+    quiet = True
+
+
 class JSONResponse(Response, Generic[T]):
     """A JSON answer whose body is a `T`: a handler annotated `-> JSONResponse[Session]` can
     only answer with what mypy knows to be a `shapes.responses.Session`."""

@@ -278,7 +278,8 @@ def test_idle_sessions_hibernate_give_back_their_kernel_and_expire(
         assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.geteuid()
         running = docker.from_env()
         try:
-            names = [c.name for c in running.containers.list(all=True)]
+            listed = running.api.containers(all=True)  # one call: no race with removals
+            names = [n.lstrip("/") for c in listed for n in c["Names"]]
         finally:
             running.close()
         kernels_of_session = [n for n in names if n and sid in n]

@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from kernel_gateway.errors import GatewayError
+from kernel_gateway.http.responses import ConnectionDropped
 from kernel_gateway.kernels.backends.base import STDOUT, Command, TerminalSize
 from kernel_gateway.kernels.egress.forwarder import proxy_environment
 from kernel_gateway.protocols.e2b.connect import (
@@ -183,6 +184,10 @@ class Processes:
                     if event is None:
                         yield end_stream()
                         return
+                    if "end" in event and session.closed:
+                        # The sandbox was killed under it: as envd's connection would, this one
+                        # drops, and the SDK's health check then finds the sandbox gone.
+                        raise ConnectionDropped()
                     yield envelope({"event": event})
             finally:
                 with contextlib.suppress(ValueError):
