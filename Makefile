@@ -69,8 +69,8 @@ $(E2B_JS)/node_modules/.installed: $(E2B_JS)/package.json $(E2B_JS)/package-lock
 		echo "no npm: skipping E2B's JavaScript SDK (its test will be skipped)"; \
 	fi
 
-# E2B's own template tests (tests/e2b_suite/, vendored unchanged) need the SDK they were written
-# for: tests/integration/test_e2b_suite.py runs them with this venv's Python.
+# E2B's own tests (tests/e2b_suite/, vendored unchanged) need the SDK they were written for:
+# tests/integration/test_e2b_suite.py and test_e2b_sandbox_suite.py run them with this venv.
 E2B_SUITE := build/e2b-sdks/python-suite
 
 e2b-suite: $(E2B_SUITE)/.installed

@@ -89,6 +89,12 @@ def configure(log_format: LogFormat, level: str) -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
+    quiet_uvicorn_errors()
+
+
+def quiet_uvicorn_errors() -> None:
+    """uvicorn's error log passes over exceptions that say they are none (`QuietExceptions`);
+    the gateway's request middleware calls it too, whoever configured the logs."""
     uvicorn_errors = logging.getLogger("uvicorn.error")
     if not any(isinstance(f, QuietExceptions) for f in uvicorn_errors.filters):
         uvicorn_errors.addFilter(QuietExceptions())

@@ -68,7 +68,8 @@ def _allowed_methods(request: Request) -> list[str]:
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
-    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    if not getattr(exc, "quiet", False):  # a ConnectionDropped is no error
+        logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return JSONResponse(
         {"error": {"type": "internal_error", "message": "the gateway hit an internal error"}},
         status_code=500,

@@ -84,6 +84,7 @@ class RequestCounter(Protocol):
 
 class ObserveRequests:
     def __init__(self, app: ASGIApp, metrics: RequestCounter) -> None:
+        logs.quiet_uvicorn_errors()  # a ConnectionDropped is no error
         self.app = app
         self.metrics = metrics
 

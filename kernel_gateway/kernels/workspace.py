@@ -229,7 +229,10 @@ class Workspace:
     def entry(self, raw_path: str) -> Entry:
         """What is at `raw_path` ("" for the workspace itself); NotFound if nothing."""
         if raw_path.strip("/") in ("", "."):
-            return _entry("", os.stat(self.root, follow_symlinks=False))
+            try:
+                return _entry("", os.stat(self.root, follow_symlinks=False))
+            except OSError as exc:  # the workspace itself is gone (its session ended)
+                raise _translate_oserror(exc, raw_path or ".") from None
         parts = split_path(raw_path)
         try:
             with self._parent_dir(parts) as dir_fd:

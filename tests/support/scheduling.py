@@ -29,6 +29,7 @@ KEEP_SECONDS = 24 * 3600
 
 # Seconds per file in a whole run (CI, 2 cores), longest first; rounded.
 LONGEST = (
+    "tests/integration/test_e2b_sandbox_suite.py",  # 330 s
     "tests/integration/cluster",  # 210 s
     "tests/integration/test_bench.py",  # 254 s
     "tests/integration/test_persistence.py",  # 170 s
