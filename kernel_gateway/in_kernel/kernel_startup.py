@@ -241,6 +241,10 @@ def _config(settings: dict[str, Any]) -> Any:
     # failures (a cell that used up its file descriptors) into the next cell's output.
     # In memory, `In`, `Out`, `_i` and `%history` work the same for the kernel's life.
     config.HistoryManager.hist_file = ":memory:"
+    # Figures' and tables' data beside their pictures (kg_chart_data.py, written beside
+    # this file by the gateway): E2B's `Result.chart` and `Result.data`.
+    if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), "kg_chart_data.py")):
+        config.IPKernelApp.extensions = ["kg_chart_data"]
     formats = settings.get("figure_formats")
     if formats:
         config.InlineBackend.figure_formats = set(formats)

@@ -326,6 +326,10 @@ def write_in_kernel_program(folder: Path, program: str) -> Path:
     return folder / f"{program}.py"
 
 
+CHART_DATA_EXTENSION = "kg_chart_data"
+"""The IPython extension every Python kernel loads (`in_kernel/kg_chart_data.py`)."""
+
+
 def write_startup_file(conn_dir: Path, settings: Settings, *, offline: bool = False) -> Path:
     """Put the in-kernel startup code and its settings next to the connection file.
 
@@ -333,6 +337,8 @@ def write_startup_file(conn_dir: Path, settings: Settings, *, offline: bool = Fa
     """
     path = conn_dir / "startup.py"
     path.write_bytes(in_kernel_source("kernel_startup.py"))
+    extension = CHART_DATA_EXTENSION + ".py"  # the IPython extension it loads, beside it
+    (conn_dir / extension).write_bytes(in_kernel_source(extension))
     config = {
         "figure_formats": settings.figure_format_list,
         "figure_dpi": settings.figure_dpi,

@@ -61,6 +61,55 @@ def test_state_live_output_charts_and_errors(sandbox: Any) -> None:
     assert sandbox.run_code("x").text == "41"  # the kernel lives on
 
 
+def test_charts_and_tables_carry_their_data(sandbox: Any) -> None:
+    line = sandbox.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3], [2, 4, 8], label='growth')\n"
+        "plt.title('Growth'); plt.xlabel('Time (s)'); plt.ylabel('Size')\n"
+        "plt.show()"
+    )
+    chart = line.results[0].chart
+    assert chart is not None and chart.type.value == "line", line.results[0].formats()
+    assert (chart.title, chart.x_label, chart.x_unit, chart.y_label) == (
+        "Growth",
+        "Time (s)",
+        "s",
+        "Size",
+    )
+    assert [(e.label, e.points) for e in chart.elements] == [
+        ("growth", [(1.0, 2.0), (2.0, 4.0), (3.0, 8.0)])
+    ]
+    assert line.results[0].png  # the picture still comes
+    bars = (
+        sandbox.run_code(
+            "fig, ax = plt.subplots()\nax.bar(['a', 'b'], [3, 5], label='sold')\nplt.show()"
+        )
+        .results[0]
+        .chart
+    )
+    assert bars.type.value == "bar"
+    assert [(e.label, e.group, e.value) for e in bars.elements] == [
+        ("a", "sold", 3.0),
+        ("b", "sold", 5.0),
+    ]
+    pie = sandbox.run_code("plt.pie([1, 3], labels=['x', 'y'])\nplt.show()").results[0].chart
+    assert [(e.label, e.angle) for e in pie.elements] == [("x", 90.0), ("y", 270.0)]
+    both = (
+        sandbox.run_code(
+            "fig, (a, b) = plt.subplots(1, 2)\na.plot([1, 2])\nb.scatter([1], [2])\n"
+            "fig.suptitle('Two')\nplt.show()"
+        )
+        .results[0]
+        .chart
+    )
+    assert both.type.value == "superchart" and both.title == "Two"
+    assert [c.type.value for c in both.elements] == ["line", "scatter"]
+    table = sandbox.run_code(
+        "import pandas as pd\npd.DataFrame({'n': [1, None], 'name': ['a', 'b']})"
+    ).results[0]
+    assert table.data == {"n": [1.0, None], "name": ["a", "b"]} and table.html
+
+
 def test_files_both_ways(sandbox: Any) -> None:
     sandbox.files.write("/home/user/data/in.csv", "a,b\n1,2\n")
     shown = sandbox.run_code("import pandas as pd\nprint(pd.read_csv('data/in.csv').sum().sum())")
