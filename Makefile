@@ -41,7 +41,7 @@ lint: setup
 
 # Two pytest-xdist workers, a test file per unit (tests/support/scheduling.py, docs/testing.md);
 # TEST_WORKERS=0 runs pytest in one process.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 
 test: image lint docs e2b-sdks e2b-suite
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(ARGS)

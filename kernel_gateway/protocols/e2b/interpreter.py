@@ -17,7 +17,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from kernel_gateway.errors import GatewayError
-from kernel_gateway.kernels.languages import PYTHON, env_code
+from kernel_gateway.kernels.languages import ENV_LANGUAGES, PYTHON, env_code
 from kernel_gateway.protocols.e2b import ndjson
 from kernel_gateway.protocols.e2b.replies import Handler, json_body
 from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError, check_env
@@ -116,15 +116,12 @@ async def execute(request: Request, service: E2BService) -> Response:
             raise SandboxError(400, exc.message) from exc
         context = await service.sandboxes.default_context(sandbox, language)
         session = service.sandboxes.context_session(sandbox, context.id)
-    if env and session.language != "python":
-        raise SandboxError(400, "'env_vars' are applied to Python contexts only")
     check_env(env, "'env_vars'")
+    around = _env_around(session.language, env, sandbox.env) if env else None
     try:
         owner = service.sandboxes.session(sandbox)
         owner.touch()  # a context's work keeps its sandbox from the gateway's idle reaper
-        execution = session.submit(
-            body["code"], service.settings.max_exec_timeout, _env_around(env) if env else None
-        )
+        execution = session.submit(body["code"], service.settings.max_exec_timeout, around)
     except GatewayError as exc:
         raise SandboxError(exc.status_code, exc.message) from exc
 
@@ -178,8 +175,24 @@ async def _lines(records: AsyncIterable[Record]) -> AsyncGenerator[bytes, None]:
         reader.cancel()
 
 
-def _env_around(env: dict[str, str]) -> tuple[str, str]:
-    """Silent code that puts `env` in `os.environ` for one cell and then restores it."""
+def _env_around(language: str, env: dict[str, str], sandbox_env: dict[str, str]) -> tuple[str, str]:
+    """Silent code that sets `env` for one cell, and the code that undoes it after.
+
+    Python saves what `os.environ` held and puts it back. Other languages get back what
+    the sandbox gave every context (`sandbox_env`; a variable it did not give is unset), as
+    E2B's own server resets them. Java cannot: a running JVM's environment is fixed.
+    """
+    if language != PYTHON:
+        if language not in ENV_LANGUAGES:
+            raise SandboxError(
+                400, f"'env_vars' cannot be applied in {language}: its environment is fixed"
+            )
+        try:
+            setup = env_code(language, env)
+            teardown = env_code(language, {name: sandbox_env.get(name) for name in env})
+        except ValueError as exc:
+            raise SandboxError(400, f"'env_vars': {exc}") from None
+        return setup, teardown
     save = (
         "import os as __kg_os\n"
         f"__kg_env_saved = {{k: __kg_os.environ.get(k) for k in {list(env)!r}}}\n"

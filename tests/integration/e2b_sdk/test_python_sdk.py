@@ -358,6 +358,27 @@ def test_env_vars_apply_to_one_execution(sandbox: Any) -> None:
     assert "__kg" not in sandbox.run_code("print(sorted(globals()))").logs.stdout[0]
 
 
+def test_env_vars_of_one_execution_in_other_languages() -> None:
+    sbx = e2b.Sandbox.create(timeout=60, envs={"KEPT": "sandbox"})
+    try:
+        for language, show in (
+            ("bash", 'echo "$ONLY_NOW/$KEPT"'),
+            ("r", 'cat(Sys.getenv("ONLY_NOW", "gone"), Sys.getenv("KEPT"), sep = "/")'),
+            (
+                "javascript",
+                'console.log(`${Deno.env.get("ONLY_NOW") ?? "gone"}/${Deno.env.get("KEPT")}`)',
+            ),
+        ):
+            once = sbx.run_code(show, language=language, envs={"ONLY_NOW": "yes", "KEPT": "run"})
+            assert "".join(once.logs.stdout).strip() == "yes/run", (language, once)
+            after = "".join(sbx.run_code(show, language=language).logs.stdout).strip()
+            assert after in ("/sandbox", "gone/sandbox"), (language, after)
+        with pytest.raises(exceptions.SandboxException, match="fixed"):
+            sbx.run_code("1", language="java", envs={"A": "b"})
+    finally:
+        sbx.kill()
+
+
 def test_sandbox_env_vars_reach_code_and_commands() -> None:
     sbx = e2b.Sandbox.create(timeout=60, envs={"FROM_CREATE": "set"})
     try:
