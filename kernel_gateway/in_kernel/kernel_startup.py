@@ -241,9 +241,8 @@ def _config(settings: dict[str, Any]) -> Any:
     # failures (a cell that used up its file descriptors) into the next cell's output.
     # In memory, `In`, `Out`, `_i` and `%history` work the same for the kernel's life.
     config.HistoryManager.hist_file = ":memory:"
-    # Figures' and tables' data beside their pictures (kg_chart_data.py, written beside
-    # this file by the gateway): E2B's `Result.chart` and `Result.data`.
-    if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), "kg_chart_data.py")):
+    # Figures' and tables' data beside their pictures: E2B's `Result.chart` and `.data`.
+    if _import_beside("kg_chart_data"):
         config.IPKernelApp.extensions = ["kg_chart_data"]
     formats = settings.get("figure_formats")
     if formats:
@@ -252,6 +251,22 @@ def _config(settings: dict[str, Any]) -> Any:
     if dpi:
         config.InlineBackend.print_figure_kwargs = {"bbox_inches": "tight", "dpi": dpi}
     return config
+
+
+def _import_beside(name: str) -> bool:
+    """Import the module `<name>.py` the gateway wrote beside this file (its folder is not
+    on `sys.path`, and stays off it: code must not import the connection folder's files);
+    False if there is none."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if not os.path.exists(path) or spec is None or spec.loader is None:
+        return False
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return True
 
 
 def _seed_font_cache() -> None:

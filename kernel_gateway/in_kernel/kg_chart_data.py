@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from typing import Any
 
 MAX_POINTS = 20_000
@@ -36,22 +37,36 @@ def load_ipython_extension(shell: Any) -> None:
     from IPython.core.formatters import BaseFormatter
     from traitlets import ObjectName, Unicode
 
+    # Each checks the object's type itself (matplotlib and pandas are imported by the
+    # code, if ever): IPython's registrations by type name did not survive the shell's
+    # start-up.
+    describe_chart, describe_table = quietly(figure_chart), quietly(frame_data)
+
     class ChartFormatter(BaseFormatter):
         format_type = Unicode("e2b/chart")
         print_method = ObjectName("_repr_e2b_chart_")
         _return_type = (dict,)
+
+        def __call__(self, obj: Any) -> dict[str, Any] | None:
+            figure = sys.modules.get("matplotlib.figure")
+            if figure is not None and isinstance(obj, figure.Figure):
+                return describe_chart(obj)  # type: ignore[no-any-return]
+            return None
 
     class DataFormatter(BaseFormatter):
         format_type = Unicode("e2b/data")
         print_method = ObjectName("_repr_e2b_data_")
         _return_type = (dict,)
 
-    formatters = shell.display_formatter.formatters
-    charts: Any = ChartFormatter(parent=shell.display_formatter)
-    data: Any = DataFormatter(parent=shell.display_formatter)
-    formatters["e2b/chart"], formatters["e2b/data"] = charts, data
-    charts.for_type_by_name("matplotlib.figure", "Figure", quietly(figure_chart))
-    data.for_type_by_name("pandas.core.frame", "DataFrame", quietly(frame_data))
+        def __call__(self, obj: Any) -> dict[str, Any] | None:
+            pandas = sys.modules.get("pandas")
+            if pandas is not None and isinstance(obj, pandas.DataFrame):
+                return describe_table(obj)  # type: ignore[no-any-return]
+            return None
+
+    parent = shell.display_formatter
+    parent.formatters["e2b/chart"] = ChartFormatter(parent=parent)
+    parent.formatters["e2b/data"] = DataFormatter(parent=parent)
 
 
 def quietly(describe: Any) -> Any:
