@@ -2,14 +2,15 @@
 
 Loaded in every Python kernel (`kernel_startup._config`), it adds two display formats:
 
-- `e2b/chart` for a matplotlib `Figure`: its chart as E2B's code interpreter describes one
-  (its SDK's `Result.chart`): `type` line, scatter, bar, pie, box_and_whisker, superchart
-  (a figure of several axes) or unknown; `title`; for 2-D charts the axis labels, units
-  (`"Time (s)"` -> `s`), ticks, tick labels and scales; and `elements`: each line's or
-  scatter's points, each bar's label, group and value, each wedge's label, angle and
-  radius, each box's five numbers and outliers.
-- `e2b/data` for a pandas `DataFrame`: its columns as JSON (`{"column": [values...]}`,
-  NaN as null, times as ISO strings), for tables of at most MAX_CELLS cells.
+- `application/vnd.e2b.chart+json` for a matplotlib `Figure`: its chart as E2B's code
+  interpreter describes one (its SDK's `Result.chart`): `type` line, scatter, bar, pie,
+  box_and_whisker, superchart (a figure of several axes) or unknown; `title`; for 2-D
+  charts the axis labels, units (`"Time (s)"` -> `s`), ticks, tick labels and scales; and
+  `elements`: each line's or scatter's points, each bar's label, group and value, each
+  wedge's label, angle and radius, each box's five numbers and outliers.
+- `application/vnd.e2b.data+json` for a pandas `DataFrame`: its columns as JSON
+  (`{"column": [values...]}`, NaN as null, times as ISO strings), for tables of at most
+  MAX_CELLS cells.
 
 Both are skipped, never an error, for what they cannot describe (a chart of more than
 MAX_POINTS points, an object the extraction fails on): the figure's picture still goes.
@@ -24,6 +25,10 @@ import re
 import sys
 from typing import Any
 
+CHART_MIME = "application/vnd.e2b.chart+json"
+DATA_MIME = "application/vnd.e2b.data+json"
+"""JSON MIME types (E2B's own server names them `e2b/chart` and `e2b/data`, which a
+notebook cannot hold: nbformat takes objects only under a `+json` type)."""
 MAX_POINTS = 20_000
 MAX_CELLS = 10_000
 UNIT = re.compile(r"\s\((.*?)\)|\[(.*?)\]")
@@ -43,7 +48,7 @@ def load_ipython_extension(shell: Any) -> None:
     describe_chart, describe_table = quietly(figure_chart), quietly(frame_data)
 
     class ChartFormatter(BaseFormatter):
-        format_type = Unicode("e2b/chart")
+        format_type = Unicode(CHART_MIME)
         print_method = ObjectName("_repr_e2b_chart_")
         _return_type = (dict,)
 
@@ -54,7 +59,7 @@ def load_ipython_extension(shell: Any) -> None:
             return None
 
     class DataFormatter(BaseFormatter):
-        format_type = Unicode("e2b/data")
+        format_type = Unicode(DATA_MIME)
         print_method = ObjectName("_repr_e2b_data_")
         _return_type = (dict,)
 
@@ -65,8 +70,8 @@ def load_ipython_extension(shell: Any) -> None:
             return None
 
     parent = shell.display_formatter
-    parent.formatters["e2b/chart"] = ChartFormatter(parent=parent)
-    parent.formatters["e2b/data"] = DataFormatter(parent=parent)
+    parent.formatters[CHART_MIME] = ChartFormatter(parent=parent)
+    parent.formatters[DATA_MIME] = DataFormatter(parent=parent)
 
 
 def quietly(describe: Any) -> Any:

@@ -99,9 +99,7 @@ _CANNOT = {
     "test_config_propagation.py::test_connect_sets_stable_host_routing_headers": E2B_DOMAIN,
 }
 CANNOT: dict[str, Reason] = {
-    f"tests/{flavour}/sandbox_{flavour}/{test}": reason
-    for flavour in ("sync", "async")
-    for test, reason in _CANNOT.items()
+    f"tests/sync/sandbox_sync/{test}": reason for test, reason in _CANNOT.items()
 }
 
 PUBLIC_URL = (
@@ -120,11 +118,7 @@ _NOT_RUN = {
         "reached through its public URL: " + PUBLIC_URL
     ),
 }
-NOT_RUN: dict[str, str] = {
-    f"tests/{flavour}/sandbox_{flavour}/{test}": why
-    for flavour in ("sync", "async")
-    for test, why in _NOT_RUN.items()
-}
+NOT_RUN: dict[str, str] = {f"tests/sync/sandbox_sync/{test}": why for test, why in _NOT_RUN.items()}
 
 
 def test_e2bs_sandbox_suite_passes_but_for_what_cannot_here(

@@ -292,6 +292,7 @@ def _summary(nb: nbformat.NotebookNode) -> list[list[dict[str, Any]]]:
                 outputs.append({"error": output["ename"], "evalue": output["evalue"]})
             else:
                 data = dict(output["data"])
+                data.pop("application/vnd.e2b.chart+json", None)  # ours: a local kernel has none
                 png = data.pop("image/png", None)
                 if png is not None:
                     data["image/png"] = base64.b64decode(png).startswith(PNG_MAGIC)

@@ -37,6 +37,8 @@ FIELDS = {
     "application/javascript": "javascript",
     "e2b/data": "data",
     "e2b/chart": "chart",
+    "application/vnd.e2b.data+json": "data",  # what our kernels send (in_kernel/kg_chart_data)
+    "application/vnd.e2b.chart+json": "chart",
 }
 """Jupyter MIME type -> the field of E2B's `Result` (as E2B's own kernel server maps them)."""
 
