@@ -1,4 +1,5 @@
-"""Request bodies read with a cap, for every app of ours (the gateway, its protocols, the router).
+"""Request bodies read with a cap, for every app of ours (the gateway, its protocols, the router),
+and the one query value both APIs read the same way (`query_seconds`).
 
 Bodies are read in chunks and refused with 413 (`PayloadTooLarge`) as soon as they pass the
 cap, so an oversized upload is never held in memory whole; a declared Content-Length past
@@ -10,6 +11,7 @@ loads pydantic.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Protocol, Self, TypeVar
 
 from starlette.requests import Request
@@ -118,3 +120,18 @@ async def read_model(
     """
     body = await read_json(request, limit, optional=optional)
     return model.from_json(body, limits)
+
+
+def query_seconds(request: Request, name: str) -> float | None:
+    """A query parameter in Unix seconds (`?start=1732870000`), or None when absent;
+    `InvalidRequest` (422) for one that is not a time."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value >= 0 or not math.isfinite(value):
+        raise InvalidRequest(f"'{name}' must be a Unix time in seconds, got {raw[:40]!r}")
+    return value

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kernel_gateway.errors import GatewayError
+from kernel_gateway.http.bodies import query_seconds
 from kernel_gateway.kernels.volumes import VolumeMount
 from kernel_gateway.protocols.e2b.replies import (
     ALL_METHODS,
@@ -72,20 +73,6 @@ def integer(body: dict[str, Any], name: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise SandboxError(400, f"'{name}' must be a number of seconds")
     return int(value)
-
-
-def query_seconds(request: Request, name: str) -> int | None:
-    """A query parameter that is a time in Unix seconds (as the SDKs send `start`, `end`)."""
-    value = request.query_params.get(name)
-    if value is None or value == "":
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds):
-        raise SandboxError(400, f"'{name}' must be a time in Unix seconds, got {value[:40]!r}")
-    return int(seconds)
 
 
 def sandbox_json(sandbox: Sandbox) -> dict[str, Any]:
@@ -264,7 +251,10 @@ async def metrics(request: Request, service: E2BService) -> Response:
     """E2B's `SandboxMetric` list from `start` to `end` (Unix seconds), oldest first."""
     sandbox = service.sandboxes.get(request.path_params["id"])
     session = service.sandboxes.session(sandbox)
-    bounds = [query_seconds(request, name) for name in ("start", "end")]
+    try:
+        bounds = [query_seconds(request, name) for name in ("start", "end")]
+    except GatewayError as exc:  # E2B's error shape, and the 400 its SDKs expect
+        raise SandboxError(400, exc.message) from None
     found = await service.usage.samples(session, *bounds)
     return JSONResponse([metric_json(s) for s in found])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from kernel_gateway.errors import InvalidRequest
+from kernel_gateway.http.bodies import query_seconds
 from kernel_gateway.http.operations import Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.sessions.registry import Registry
@@ -13,25 +13,12 @@ from kernel_gateway.sessions.usage import UsageSampler
 from kernel_gateway.shapes import responses
 
 
-def seconds(request: Request, name: str) -> float | None:
-    """A query parameter in Unix seconds, or None; 422 for one that is not a number."""
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidRequest(f"'{name}' must be a Unix time in seconds") from None
-    if not value >= 0:
-        raise InvalidRequest(f"'{name}' must be a Unix time in seconds")
-    return value
-
-
 async def metrics(request: Request) -> JSONResponse[responses.SessionMetrics]:
     registry: Registry = request.state.registry
     sampler: UsageSampler = request.state.usage
     session = registry.get(request.path_params["session_id"])
-    found = await sampler.samples(session, seconds(request, "start"), seconds(request, "end"))
+    start, end = query_seconds(request, "start"), query_seconds(request, "end")
+    found = await sampler.samples(session, start, end)
     return JSONResponse({"metrics": [s.to_json() for s in found]})
 
 
