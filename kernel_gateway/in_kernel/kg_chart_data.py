@@ -39,39 +39,32 @@ class TooLarge(Exception):
 
 
 def load_ipython_extension(shell: Any) -> None:
-    from IPython.core.formatters import BaseFormatter
-    from traitlets import ObjectName, Unicode
-
-    # Each checks the object's type itself (matplotlib and pandas are imported by the
-    # code, if ever): IPython's registrations by type name did not survive the shell's
-    # start-up.
-    describe_chart, describe_table = quietly(figure_chart), quietly(frame_data)
-
-    class ChartFormatter(BaseFormatter):
-        format_type = Unicode(CHART_MIME)
-        print_method = ObjectName("_repr_e2b_chart_")
-        _return_type = (dict,)
-
-        def __call__(self, obj: Any) -> dict[str, Any] | None:
-            figure = sys.modules.get("matplotlib.figure")
-            if figure is not None and isinstance(obj, figure.Figure):
-                return describe_chart(obj)  # type: ignore[no-any-return]
-            return None
-
-    class DataFormatter(BaseFormatter):
-        format_type = Unicode(DATA_MIME)
-        print_method = ObjectName("_repr_e2b_data_")
-        _return_type = (dict,)
-
-        def __call__(self, obj: Any) -> dict[str, Any] | None:
-            pandas = sys.modules.get("pandas")
-            if pandas is not None and isinstance(obj, pandas.DataFrame):
-                return describe_table(obj)  # type: ignore[no-any-return]
-            return None
-
     parent = shell.display_formatter
-    parent.formatters[CHART_MIME] = ChartFormatter(parent=parent)
-    parent.formatters[DATA_MIME] = DataFormatter(parent=parent)
+    for mime, module, name, describe in (
+        (CHART_MIME, "matplotlib.figure", "Figure", figure_chart),
+        (DATA_MIME, "pandas", "DataFrame", frame_data),
+    ):
+        parent.formatters[mime] = _formatter(mime, module, name, quietly(describe))(parent=parent)
+
+
+def _formatter(mime: str, module: str, name: str, describe: Any) -> Any:
+    """A display formatter of `mime` for instances of `module.name`. It checks the object's
+    type itself (the module is imported by the code, if ever): IPython's registrations by
+    type name did not survive the shell's start-up."""
+    from IPython.core.formatters import BaseFormatter
+    from traitlets import Unicode
+
+    class Formatter(BaseFormatter):
+        format_type = Unicode(mime)
+        _return_type = (dict,)
+
+        def __call__(self, obj: Any) -> dict[str, Any] | None:
+            kind = getattr(sys.modules.get(module), name, None)
+            if isinstance(kind, type) and isinstance(obj, kind):
+                return describe(obj)  # type: ignore[no-any-return]
+            return None
+
+    return Formatter
 
 
 def quietly(describe: Any) -> Any:

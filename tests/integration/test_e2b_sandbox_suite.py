@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.backends import backend_settings, require_backend
 from tests.support.e2b_suite import (
-    TOKEN,
     Reason,
     judge,
-    require_suite_venv,
     run_suite,
+    suite_gateway,
 )
-from tests.support.server import ServerThread
 
 FOLDERS = ("tests/sync/sandbox_sync", "tests/sync/api_sync")
 """The sync suites. Their async twins (`sandbox_async`, `api_async`: the same calls to the
@@ -124,19 +121,9 @@ NOT_RUN: dict[str, str] = {f"tests/sync/sandbox_sync/{test}": why for test, why 
 def test_e2bs_sandbox_suite_passes_but_for_what_cannot_here(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    require_suite_venv()
-    require_backend("gvisor")
-    junit = tmp_path_factory.mktemp("e2b-sandbox-suite") / "junit.xml"
-    settings = backend_settings(
-        "gvisor",
-        tmp_path_factory.mktemp("gw-gvisor"),
-        token=TOKEN,
-        pool_size=2,
-        max_sessions=16,
-    )
-    with ServerThread(settings) as server:
-        deselect = [arg for test in NOT_RUN for arg in ("--deselect", test)]
-        done = run_suite(server.url + "/e2b", junit, FOLDERS, "--timeout=120", *deselect)
+    deselect = [arg for test in NOT_RUN for arg in ("--deselect", test)]
+    with suite_gateway(tmp_path_factory, pool_size=2, max_sessions=16) as (url, junit):
+        done = run_suite(url, junit, FOLDERS, "--timeout=120", *deselect)
     found = judge(done, junit, CANNOT)
     assert not NOT_RUN.keys() & found.keys(), "a test that must not run was run"
     passed = sum(outcome.state == "passed" for outcome in found.values())

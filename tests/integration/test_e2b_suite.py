@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.backends import backend_settings, require_backend
 from tests.support.e2b_suite import (
-    TOKEN,
     Reason,
     delete_templates,
     judge,
     remove_images,
-    require_suite_venv,
     run_suite,
+    suite_gateway,
 )
-from tests.support.server import ServerThread
 
 FOLDERS = ("tests/sync/template_sync", "tests/async/template_async")
 
@@ -58,22 +55,15 @@ NEEDS_INTERNET: dict[str, Reason] = {
 def test_e2bs_template_suite_passes_but_for_the_internet(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    require_suite_venv()
-    require_backend("gvisor")
-    junit = tmp_path_factory.mktemp("e2b-suite") / "junit.xml"
-    settings = backend_settings(
-        "gvisor",
-        tmp_path_factory.mktemp("gw-gvisor"),
-        token=TOKEN,
-        pool_size=1,
-        max_sessions=8,
-        max_templates=200,  # the suite builds about 20 and deletes none
-    )
-    with ServerThread(settings) as server:
+    # the suite builds about 20 templates and deletes none
+    with suite_gateway(tmp_path_factory, pool_size=1, max_sessions=8, max_templates=200) as (
+        url,
+        junit,
+    ):
         try:
-            done = run_suite(server.url + "/e2b", junit, FOLDERS)
+            done = run_suite(url, junit, FOLDERS)
         finally:
-            made, refused = delete_templates(server.url + "/e2b")
+            made, refused = delete_templates(url)
     left = remove_images(made)
     judge(done, junit, NEEDS_INTERNET)
     assert not refused, f"templates the gateway would not delete: {refused}"

@@ -8,15 +8,20 @@ the list cannot go stale.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import subprocess
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
+
+from tests.support.backends import backend_settings, require_backend
+from tests.support.server import ServerThread
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "tests" / "e2b_suite"
@@ -53,6 +58,22 @@ def require_suite_venv() -> None:
         check=True,
     )
     assert version.stdout.strip() == SDK_VERSION, version.stdout
+
+
+@contextlib.contextmanager
+def suite_gateway(
+    tmp_path_factory: pytest.TempPathFactory, **settings: Any
+) -> Iterator[tuple[str, Path]]:
+    """A gateway on the docker backend under gVisor for E2B's suites (with the suite's
+    key), after checking the suite's venv: (its E2B address, where to write the junit)."""
+    require_suite_venv()
+    require_backend("gvisor")
+    junit = tmp_path_factory.mktemp("e2b-suite") / "junit.xml"
+    config = backend_settings(
+        "gvisor", tmp_path_factory.mktemp("gw-gvisor"), token=TOKEN, **settings
+    )
+    with ServerThread(config) as server:
+        yield server.url + "/e2b", junit
 
 
 def run_suite(
