@@ -275,23 +275,23 @@ def _debootstrap_base(base: str, out: Printer) -> None:
         )
     with tempfile.TemporaryDirectory(prefix="kg-rootfs-") as root:
         out(f"debootstrap --variant=minbase {suite} {root} (a minute or two)")
-        proc = subprocess.Popen(
+        # Each pipe is closed with its process (the `with`), also when a step fails.
+        with subprocess.Popen(
             [debootstrap, "--variant=minbase", suite, root, DEBIAN_MIRROR],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out("  " + line.rstrip())
-        if proc.wait() != 0:
+        ) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out("  " + line.rstrip())
+        if proc.returncode != 0:
             raise SystemExit(f"debootstrap failed with exit status {proc.returncode}")
         out(f"importing the root filesystem as {base}")
-        tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
-        imported = subprocess.run(
-            ["docker", "import", "-", base], stdin=tar.stdout, capture_output=True, text=True
-        )
-        tar.wait()
+        with subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE) as tar:
+            imported = subprocess.run(
+                ["docker", "import", "-", base], stdin=tar.stdout, capture_output=True, text=True
+            )
         if imported.returncode != 0 or tar.returncode != 0:
             raise SystemExit(f"docker import failed: {imported.stderr.strip()}")
     out(f"base image {base}: created locally")
