@@ -28,7 +28,7 @@ import asyncio
 import shutil
 import signal
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +45,7 @@ from kernel_gateway.kernels.backends.base import (
     SessionStorage,
     ipc_connection,
 )
-from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language
+from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Language, Languages
 from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.sessions.registry import Registry
@@ -301,12 +301,17 @@ async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
 
 @asynccontextmanager
 async def fake_registry(
-    tmp_path: Path, metrics: Metrics | None = None, **overrides: Any
+    tmp_path: Path,
+    metrics: Metrics | None = None,
+    *,
+    languages: Sequence[Language] = (),
+    **overrides: Any,
 ) -> AsyncIterator[tuple[Registry, FakeBackend]]:
     """A started `Registry` on a warm pool of fake kernels, closed (with all it made) after.
 
     Settings: the local backend's, one warm kernel, no preload, runtime dir `tmp_path`, a
-    5 s kernel start limit; `overrides` change any of them.
+    5 s kernel start limit; `overrides` change any of them. `languages`: others than
+    Python, a pool of fake kernels each.
     """
     values: dict[str, Any] = {
         "backend": "local",
@@ -320,9 +325,12 @@ async def fake_registry(
     runtime = RuntimeDir(tmp_path)
     runtime.open()
     backend = FakeBackend()
+    if languages:
+        backend.languages = Languages([BUILTIN_PYTHON, *languages])
     context = zmq.asyncio.Context()
     warm = WarmPool(settings, backend, runtime, context, metrics)
-    registry = Registry(settings, warm, runtime.instance)
+    others = [WarmPool(settings, backend, runtime, context, metrics, lang) for lang in languages]
+    registry = Registry(settings, warm, runtime.instance, others=others)
     registry.start()
     try:
         yield registry, backend

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from kernel_gateway import logs
+from kernel_gateway.kernels.languages import Language
 from kernel_gateway.kernels.volumes import Volumes
 from kernel_gateway.logs import ROUTE_TEMPLATE
 from kernel_gateway.protocols.e2b import sandboxes as sandboxes_module
@@ -68,6 +69,13 @@ async def test_a_sandbox_lives_until_its_timeout(
         with pytest.raises(SandboxError) as gone:
             sandboxes.get(sandbox.id)
         assert gone.value.status == 404
+        # A timeout of 0 (E2B's minimum) ends it now; a negative one is refused.
+        other = await sandboxes.create("base", 60, {}, {})
+        with pytest.raises(SandboxError) as negative:
+            sandboxes.set_timeout(other.id, -1)
+        assert negative.value.status == 400
+        sandboxes.set_timeout(other.id, 0)
+        await until(lambda: not sandboxes.has(other.id), 5)
     finally:
         await sandboxes.close()
 
@@ -85,7 +93,7 @@ async def test_contexts_share_the_files_and_close_with_the_sandbox(registry: Reg
     sandboxes = Sandboxes(registry, _saved(registry))
     sandbox = await sandboxes.create("base", 60, {}, {})
     context = await sandboxes.create_context(sandbox, "python", None)
-    session = sandboxes.context_session(sandbox, context.id)
+    session = await sandboxes.started_context(sandbox, context.id)
     owner = sandboxes.session(sandbox)
     assert session.slot.storage.root == owner.slot.storage.root
     assert context.id in sandbox.contexts and context.cwd == "/home/user"
@@ -94,6 +102,50 @@ async def test_contexts_share_the_files_and_close_with_the_sandbox(registry: Reg
     await sandboxes.kill(sandbox.id)
     assert registry.companions(sandbox.id) == []
     assert session.closed
+
+
+async def test_a_gateway_without_javascript_lists_only_python(registry: Registry) -> None:
+    sandboxes = Sandboxes(registry, _saved(registry))
+    sandbox = await sandboxes.create("base", 60, {}, {})
+    assert [c.language for c in sandbox.contexts.values()] == ["python"]
+    await sandboxes.close()
+
+
+async def test_a_new_sandbox_lists_python_and_javascript_and_starts_javascript_on_use(
+    tmp_path: Path,
+) -> None:
+    javascript = Language("javascript", "Deno")
+    async with fake_registry(tmp_path, max_sessions=6, languages=[javascript]) as (registry, _):
+        await _lists_and_starts(registry)
+
+
+async def _lists_and_starts(registry: Registry) -> None:
+    sandboxes = Sandboxes(registry, _saved(registry))
+    sandbox = await sandboxes.create("base", 60, {}, {})
+    try:
+        listed = {c.language: c for c in sandbox.contexts.values()}
+        assert set(listed) == {"python", "javascript"}
+        assert listed["python"].id == sandbox.id and listed["javascript"].cwd == "/home/user"
+        pending = listed["javascript"]
+        assert sandboxes.context_session(sandbox, pending.id) is None
+        assert registry.companions(sandbox.id) == []  # no kernel until its first use
+        by_id = await sandboxes.started_context(sandbox, pending.id)
+        by_language = await sandboxes.started_context(
+            sandbox, (await sandboxes.default_context(sandbox, "javascript")).id
+        )
+        assert by_id is by_language and by_id.language == "javascript"
+        assert registry.companions(sandbox.id) == [by_id]
+        assert [c.id for c in sandbox.contexts.values()] == [sandbox.id, pending.id]
+        # A listed context removed before its first use is gone, and starts nothing.
+        other = await sandboxes.create("base", 60, {}, {})
+        unused = other.defaults["javascript"]
+        await sandboxes.remove_context(other, unused)
+        assert unused not in other.contexts and registry.companions(other.id) == []
+        with pytest.raises(SandboxError) as gone:
+            await sandboxes.started_context(other, unused)
+        assert gone.value.status == 404
+    finally:
+        await sandboxes.close()
 
 
 async def test_the_control_plane_answers_in_e2bs_shapes(registry: Registry) -> None:

@@ -17,6 +17,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from kernel_gateway.errors import GatewayError
+from kernel_gateway.http.responses import ConnectionDropped
 from kernel_gateway.kernels.languages import ENV_LANGUAGES, PYTHON, env_code
 from kernel_gateway.protocols.e2b import ndjson
 from kernel_gateway.protocols.e2b.replies import Handler, json_body
@@ -86,6 +87,8 @@ async def remove_context(request: Request, service: E2BService) -> Response:
 async def restart_context(request: Request, service: E2BService) -> Response:
     sandbox: Sandbox = request.state.e2b_sandbox
     session = service.sandboxes.context_session(sandbox, request.path_params["id"])
+    if session is None:  # a listed default context not started yet: nothing to restart
+        return JSONResponse(None)
     try:
         await session.restart()
     except GatewayError as exc:
@@ -107,7 +110,7 @@ async def execute(request: Request, service: E2BService) -> Response:
     ):
         raise SandboxError(400, "'env_vars' must be an object of strings")
     if context_id is not None:
-        session = service.sandboxes.context_session(sandbox, str(context_id))
+        session = await service.sandboxes.started_context(sandbox, str(context_id))
     else:
         language = _language(body.get("language"))
         try:
@@ -115,7 +118,7 @@ async def execute(request: Request, service: E2BService) -> Response:
         except GatewayError as exc:
             raise SandboxError(400, exc.message) from exc
         context = await service.sandboxes.default_context(sandbox, language)
-        session = service.sandboxes.context_session(sandbox, context.id)
+        session = await service.sandboxes.started_context(sandbox, context.id)
     check_env(env, "'env_vars'")
     around = _env_around(session.language, env, sandbox.env) if env else None
     try:
@@ -126,7 +129,7 @@ async def execute(request: Request, service: E2BService) -> Response:
         raise SandboxError(exc.status_code, exc.message) from exc
 
     following = follow(session, execution, None, Disconnect.INTERRUPT)
-    return _FollowingResponse(following, _lines(following))
+    return _FollowingResponse(following, _lines(following, lambda: owner.closed))
 
 
 class _FollowingResponse(StreamingResponse):
@@ -146,8 +149,14 @@ class _FollowingResponse(StreamingResponse):
                 await self._lines.aclose()  # its reader task goes with it, now
 
 
-async def _lines(records: AsyncIterable[Record]) -> AsyncGenerator[bytes, None]:
-    """The records as E2B's lines, with a keepalive line after 5 s without one."""
+async def _lines(
+    records: AsyncIterable[Record], killed: Callable[[], bool]
+) -> AsyncGenerator[bytes, None]:
+    """The records as E2B's lines, with a keepalive line after 5 s without one.
+
+    A cell ended by its sandbox's kill (`killed()`: the sandbox's session is closed) ends
+    the response unfinished, as the stream from a killed E2B sandbox breaks: the SDK then
+    finds the sandbox gone and raises its "sandbox was killed" error."""
     # The records are read by a task of their own, so waiting for the next one can time
     # out (a keepalive line) without cancelling the records' generator.
     queue: asyncio.Queue[Record | None] = asyncio.Queue()
@@ -167,12 +176,24 @@ async def _lines(records: AsyncIterable[Record]) -> AsyncGenerator[bytes, None]:
             except TimeoutError:
                 yield ndjson.KEEPALIVE
                 continue
+            if killed() and (record is None or _closed_error(record)):
+                raise ConnectionDropped()
             if record is None:
                 break
             for out in ndjson.lines_of(record.event.name, record.event.data):
                 yield out
     finally:
         reader.cancel()
+
+
+def _closed_error(record: Record) -> bool:
+    """Whether `record` is the error a cell gets when its session is deleted under it."""
+    data = record.event.data
+    return (
+        record.event.name == "error"
+        and isinstance(data, dict)
+        and data.get("ename") == ("SessionClosed")
+    )
 
 
 def _env_around(language: str, env: dict[str, str], sandbox_env: dict[str, str]) -> tuple[str, str]:

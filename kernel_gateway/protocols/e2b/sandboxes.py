@@ -69,6 +69,10 @@ CHDIR = {
     "bash": "cd {path}",
 }
 """How each language's kernel changes directory (a JSON string is a literal in all of them)."""
+LISTED_DEFAULTS = ("python", "javascript")
+"""The languages whose default contexts a new sandbox lists, as E2B's code interpreter
+starts them. One other than the sandbox's own is listed with its id at once, and its kernel
+starts on its first use (a JavaScript kernel a sandbox never uses costs nothing)."""
 
 
 class SandboxError(Exception):
@@ -88,12 +92,14 @@ def not_found(sandbox_id: str) -> SandboxError:
 
 @dataclass(frozen=True)
 class Context:
-    """A code context: a kernel of its own in the sandbox (same files, its own variables);
-    its id is its session's."""
+    """A code context: a kernel of its own in the sandbox (same files, its own variables).
+    Its id is its session's, except for a listed default context (`LISTED_DEFAULTS`) whose
+    kernel has not started yet: then `session_id` is None until its first use."""
 
     id: str
     language: str
     cwd: str
+    session_id: str | None
 
     def to_json(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -182,9 +188,16 @@ class Sandbox:
 
     def add_main_context(self) -> None:
         """Its own context: its session's kernel, the default one for its language."""
-        main = Context(self.id, self.language, HOME)
+        main = Context(self.id, self.language, HOME, self.id)
         self.contexts[main.id] = main
         self.defaults[self.language] = main.id
+
+    def list_default(self, language: str) -> None:
+        """`language`'s default context, listed now and started on its first use."""
+        if language not in self.defaults:
+            pending = Context(secrets.token_hex(16), language, HOME, None)
+            self.contexts[pending.id] = pending
+            self.defaults[language] = pending.id
 
     def accepts(self, token: str | None) -> bool:
         return token is not None and hmac.compare_digest(token.encode(), self.token.encode())
@@ -220,6 +233,7 @@ class Sandboxes:
                     logger.info("E2B sandbox %s: its session was not adopted", sandbox.id)
                     self._store.delete(sandbox.id)
                     continue
+                self._list_defaults(sandbox)
                 self._by_id[sandbox.id] = sandbox
                 session = self._session(sandbox.id)
                 code = setup_code(sandbox.language, sandbox.env, HOME)
@@ -234,6 +248,13 @@ class Sandboxes:
                 await self._reaper
         if self._store is not None:
             await self._store.close()
+
+    def _list_defaults(self, sandbox: Sandbox) -> None:
+        """The default contexts a new sandbox lists (`LISTED_DEFAULTS`, those this gateway
+        has kernels of)."""
+        for language in LISTED_DEFAULTS:
+            if language in self.registry.pools:
+                sandbox.list_default(language)
 
     def _save(self, sandbox: Sandbox) -> None:
         if self._store is not None:
@@ -312,6 +333,7 @@ class Sandboxes:
         if that fails."""
         sandbox.volume_mounts = [{"name": m.name, "path": m.target} for m in session.mounts]
         sandbox.add_main_context()
+        self._list_defaults(sandbox)
         self._by_id[sandbox.id] = sandbox
         self._save(sandbox)
         if self._store is not None:
@@ -362,6 +384,12 @@ class Sandboxes:
     async def create_context(self, sandbox: Sandbox, language: str, cwd: str | None) -> Context:
         """A new kernel of `language` on the sandbox's files, in `cwd` (default /home/user)."""
         cwd = cwd or HOME
+        session = await self._start_context(sandbox, language, cwd)
+        context = Context(session.id, session.language, cwd, session.id)
+        sandbox.contexts[context.id] = context
+        return context
+
+    async def _start_context(self, sandbox: Sandbox, language: str, cwd: str) -> Session:
         try:
             session = await self.registry.create_companion(sandbox.id, language)
         except GatewayError as exc:
@@ -371,9 +399,7 @@ class Sandboxes:
         except BaseException:
             await self.registry.close_companion(sandbox.id, session)  # not left holding a kernel
             raise
-        context = Context(session.id, session.language, cwd)
-        sandbox.contexts[context.id] = context
-        return context
+        return session
 
     async def default_context(self, sandbox: Sandbox, language: str) -> Context:
         """The context `/execute` uses for `language` when given none: made on first use."""
@@ -384,26 +410,54 @@ class Sandboxes:
                 sandbox.defaults[language] = found.id
             return found
 
-    def context_session(self, sandbox: Sandbox, context_id: str) -> Session:
-        if context_id not in sandbox.contexts:
+    async def started_context(self, sandbox: Sandbox, context_id: str) -> Session:
+        """The session of context `context_id`, whose kernel is started now if it is a
+        listed default context's first use."""
+        context = sandbox.contexts.get(context_id)
+        if context is not None and context.session_id is None:
+            async with sandbox.context_lock:
+                context = sandbox.contexts.get(context_id)
+                if context is not None and context.session_id is None:
+                    session = await self._start_context(sandbox, context.language, context.cwd)
+                    if sandbox.contexts.get(context_id) is not context:  # removed meanwhile
+                        await self.registry.close_companion(sandbox.id, session)
+                        raise SandboxError(404, f"context {context_id!r} not found")
+                    context = Context(context.id, context.language, context.cwd, session.id)
+                    sandbox.contexts[context_id] = context
+        started = self.context_session(sandbox, context_id)
+        assert started is not None  # started above
+        return started
+
+    def context_session(self, sandbox: Sandbox, context_id: str) -> Session | None:
+        """The session of context `context_id` (None: a listed default context whose kernel
+        has not started)."""
+        context = sandbox.contexts.get(context_id)
+        if context is None:
             raise SandboxError(404, f"context {context_id!r} not found")
-        if context_id == sandbox.id:
+        if context.session_id is None:
+            return None
+        if context.session_id == sandbox.id:
             return self.session(sandbox)
         for session in self.registry.companions(sandbox.id):
-            if session.id == context_id:
+            if session.id == context.session_id:
                 return session
-        sandbox.contexts.pop(context_id, None)
+        self._drop_context(sandbox, context_id)
         raise SandboxError(404, f"context {context_id!r} not found")
 
     async def remove_context(self, sandbox: Sandbox, context_id: str) -> None:
         session = self.context_session(sandbox, context_id)
         if context_id == sandbox.id:
             raise SandboxError(400, "the sandbox's own context cannot be removed (kill it instead)")
-        del sandbox.contexts[context_id]
+        self._drop_context(sandbox, context_id)
+        if session is not None:
+            await self.registry.close_companion(sandbox.id, session)
+
+    @staticmethod
+    def _drop_context(sandbox: Sandbox, context_id: str) -> None:
+        sandbox.contexts.pop(context_id, None)
         for language, default in list(sandbox.defaults.items()):
             if default == context_id:
                 del sandbox.defaults[language]
-        await self.registry.close_companion(sandbox.id, session)
 
     async def equip(self, session: Session, env: dict[str, str], cwd: str = HOME) -> None:
         """The sandbox's environment variables and the context's working directory, in the
@@ -440,8 +494,10 @@ class Sandboxes:
             await self.registry.delete_session(sandbox_id)
 
     def set_timeout(self, sandbox_id: str, timeout: int) -> None:
+        """Its end `timeout` seconds from now; 0 ends it now (E2B's `minimum: 0`): the
+        reaper kills or, with `autoPause`, pauses it within `REAP_EVERY`."""
         sandbox = self.get(sandbox_id)
-        sandbox.end_at = time.time() + timeout_seconds(timeout)
+        sandbox.end_at = time.time() + (0 if timeout == 0 else timeout_seconds(timeout))
         self._save(sandbox)
 
     async def connect(self, sandbox_id: str, lifetime: int | None) -> tuple[Sandbox, bool]:

@@ -10,6 +10,7 @@ and pytest, driven by `tests/integration/test_e2b_sdks.py` against a gateway it 
 from __future__ import annotations
 
 import base64
+import importlib
 import os
 import re
 import threading
@@ -334,6 +335,45 @@ def test_contexts_are_namespaces_of_their_own_on_the_same_files(sandbox: Any) ->
     assert other.id not in {c.id for c in sandbox.list_code_contexts()}
     with pytest.raises(exceptions.NotFoundException):
         sandbox.run_code("1", context=other)
+
+
+def test_a_new_sandbox_lists_its_python_and_javascript_contexts(sandbox: Any) -> None:
+    listed = {c.language: c for c in sandbox.list_code_contexts()}
+    assert {"python", "javascript"} <= set(listed), listed
+    assert listed["javascript"].cwd == "/home/user"
+    js = listed["javascript"]
+    assert sandbox.run_code("globalThis.kept = 6 * 7", context=js).text == "42"
+    assert sandbox.run_code("kept", language="javascript").text == "42"  # the same context
+    assert {c.id for c in sandbox.list_code_contexts()} == {c.id for c in listed.values()}
+    moved = sandbox.create_code_context(cwd="/tmp", language="python")
+    assert moved.cwd == "/tmp"
+    assert sandbox.run_code("import os; os.getcwd()", context=moved).text == "/tmp"
+    assert moved.cwd == next(c for c in sandbox.list_code_contexts() if c.id == moved.id).cwd
+
+
+def test_run_code_in_a_sandbox_killed_meanwhile_raises_e2bs_error() -> None:
+    sbx = e2b.Sandbox.create(timeout=60)
+    sbx.run_code("x = 1")
+    killer = threading.Timer(1.5, sbx.kill)
+    killer.start()
+    try:
+        with pytest.raises(Exception) as caught:
+            sbx.run_code("import time; time.sleep(30)", timeout=20)
+    finally:
+        killer.join()
+    try:
+        knows_killed = hasattr(
+            importlib.import_module("e2b_code_interpreter.exceptions"),
+            "format_sandbox_killed_error",
+        )
+    except ImportError:
+        knows_killed = False
+    if knows_killed:  # the newer SDKs check the sandbox after a dropped connection
+        assert isinstance(caught.value, exceptions.TimeoutException), repr(caught.value)
+        assert "sandbox was killed" in str(caught.value), caught.value
+    else:  # older SDKs let the dropped connection through, as they do from E2B's cloud
+        assert isinstance(caught.value, httpx.RemoteProtocolError), repr(caught.value)
+    assert not sbx.is_running()
 
 
 def test_run_code_takes_a_language(sandbox: Any) -> None:
