@@ -1,7 +1,7 @@
 """E2B's own template tests (`tests/e2b_suite/`: E2B's Python SDK's `template_sync` and
-`template_async`, vendored unchanged) against a real gateway on the docker backend under
-gVisor, run with the SDK they were written for (`e2b` 2.45.1, in a venv of its own) and E2B's
-pytest settings.
+`template_async`, vendored unchanged) against a real gateway on the docker backend with
+its default runtime (runc), run with the SDK they were written for (`e2b` 2.45.1, in a venv
+of its own) and E2B's pytest settings.
 
 Every test must pass but those in NEEDS_INTERNET, each of which must fail (or be skipped) for
 its stated reason: a listed test that passes, or fails for another reason, is an error too, so
@@ -56,7 +56,9 @@ def test_e2bs_template_suite_passes_but_for_the_internet(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     # the suite builds about 20 templates and deletes none
-    with suite_gateway(tmp_path_factory, pool_size=1, max_sessions=8, max_templates=200) as (
+    with suite_gateway(
+        tmp_path_factory, "docker", pool_size=1, max_sessions=8, max_templates=200
+    ) as (
         url,
         junit,
     ):

@@ -62,15 +62,16 @@ def require_suite_venv() -> None:
 
 @contextlib.contextmanager
 def suite_gateway(
-    tmp_path_factory: pytest.TempPathFactory, **settings: Any
+    tmp_path_factory: pytest.TempPathFactory, backend: str, **settings: Any
 ) -> Iterator[tuple[str, Path]]:
-    """A gateway on the docker backend under gVisor for E2B's suites (with the suite's
-    key), after checking the suite's venv: (its E2B address, where to write the junit)."""
+    """A gateway on `backend` (a name of `tests.support.backends.BACKENDS`) for E2B's suites
+    (with the suite's key), after checking the suite's venv and the backend: (its E2B
+    address, where to write the junit)."""
     require_suite_venv()
-    require_backend("gvisor")
+    require_backend(backend)
     junit = tmp_path_factory.mktemp("e2b-suite") / "junit.xml"
     config = backend_settings(
-        "gvisor", tmp_path_factory.mktemp("gw-gvisor"), token=TOKEN, **settings
+        backend, tmp_path_factory.mktemp(f"gw-{backend}"), token=TOKEN, **settings
     )
     with ServerThread(config) as server:
         yield server.url + "/e2b", junit

@@ -29,21 +29,21 @@ KEEP_SECONDS = 24 * 3600
 
 # Seconds per file in a whole run (CI, 2 cores), longest first; rounded.
 LONGEST = (
-    "tests/integration/test_e2b_sandbox_suite.py",  # 330 s
-    "tests/integration/cluster",  # 210 s
-    "tests/integration/test_bench.py",  # 254 s
-    "tests/integration/test_persistence.py",  # 170 s
-    "tests/integration/test_api.py",  # 170 s
-    "tests/integration/test_classic_template.py",  # 105 s
-    "tests/integration/test_languages.py",  # 100 s
-    "tests/integration/test_hardening.py",  # 90 s
-    "tests/integration/test_e2b_suite.py",  # 80 s
+    "tests/integration/cluster",  # 345 s
+    "tests/integration/test_bench.py",  # 245 s
+    "tests/integration/test_persistence.py",  # 185 s
+    "tests/integration/test_classic_template.py",  # 180 s on a fresh machine (its base image)
+    "tests/integration/test_api.py",  # 160 s
+    "tests/integration/test_e2b_sandbox_suite.py",  # 150 s
+    "tests/integration/test_languages.py",  # 105 s
+    "tests/integration/test_egress.py",  # 100 s
+    "tests/integration/test_fuzz.py",  # 90 s
+    "tests/integration/test_hardening.py",  # 80 s
     "tests/integration/test_router.py",  # 80 s
-    "tests/integration/test_templates_api.py",  # 65 s
-    "tests/integration/test_fuzz.py",  # 65 s
-    "tests/integration/test_hibernation.py",  # 65 s
-    "tests/integration/test_egress.py",  # 60 s
-    "tests/integration/test_files.py",  # 60 s
+    "tests/integration/test_hibernation.py",  # 75 s
+    "tests/integration/test_files.py",  # 70 s
+    "tests/integration/test_e2b_sdks.py",  # 65 s
+    "tests/integration/test_templates_api.py",  # 60 s
 )
 
 
