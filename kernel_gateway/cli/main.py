@@ -160,6 +160,7 @@ def serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         log_config=None,  # configured above; the gateway writes its own access log
         access_log=False,
+        timeout_keep_alive=math.ceil(settings.keep_alive_timeout),
         # With persisted sessions, streams of running cells may take the drain's time
         # (the app ends them when it is over: this is only a backstop).
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout) + 5
@@ -195,6 +196,7 @@ def route(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         log_config=None,
         access_log=False,
+        timeout_keep_alive=math.ceil(settings.keep_alive_timeout),
         timeout_graceful_shutdown=5,
     )
     uvicorn.Server(config).run()

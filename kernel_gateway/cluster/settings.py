@@ -114,6 +114,14 @@ class RouterSettings:
         "`503 node_unavailable`",
         positive=True,
     )
+    keep_alive_timeout: float = setting(
+        120.0,
+        "seconds an idle HTTP connection stays open for the client's next request",
+        doc="seconds an idle keep-alive connection stays open: longer than clients keep one in "
+        "their pools (reqwest and hyper, as in E2B's Python SDK: 90 s), so that no request is "
+        "sent on a connection the router is closing that very moment",
+        positive=True,
+    )
     connect_timeout: float = setting(3.0, "seconds to connect to a node", positive=True)
     max_body_bytes: int = setting(
         32 * 1024 * 1024,

@@ -508,6 +508,14 @@ class Settings:
         "the next gateway on the same runtime dir adopts them (docker backend; see "
         "[Durable sessions](durable-sessions.md))",
     )
+    keep_alive_timeout: float = setting(
+        120.0,
+        "seconds an idle HTTP connection stays open for the client's next request",
+        doc="seconds an idle keep-alive connection stays open: longer than clients keep one in "
+        "their pools (reqwest and hyper, as in E2B's Python SDK: 90 s), so that no request is "
+        "sent on a connection the gateway is closing that very moment",
+        positive=True,
+    )
     drain_timeout: float = setting(
         30.0,
         "with --persist-sessions: seconds a stopping gateway lets running cells finish before "

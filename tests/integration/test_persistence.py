@@ -173,7 +173,8 @@ def test_variables_files_and_counts_survive_a_restart(gw: Gateway, how: str) -> 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 def test_an_e2b_sandbox_survives_a_restart(gw: Gateway, how: str) -> None:
     """E2B's SDK holds on to a sandbox across the gateway's restart: same id, same access
-    token, its variables, files, metadata and end time; its extra context is reported gone."""
+    token, its variables, files, metadata and end time, its default contexts' ids; its extra
+    context is reported gone."""
     sdk = pytest.importorskip("e2b_code_interpreter")
     exceptions = pytest.importorskip("e2b.exceptions")
     gw.start()
@@ -183,6 +184,7 @@ def test_an_e2b_sandbox_survives_a_restart(gw: Gateway, how: str) -> None:
     sbx.run_code("kept = 41")
     sbx.files.write("/home/user/note.txt", "kept too")
     other = sbx.create_code_context()
+    defaults = [c.id for c in sbx.list_code_contexts() if c.id != other.id]
     end = sbx.get_info().end_at
     gw.stop(getattr(signal, how))
     gw.start()
@@ -190,7 +192,8 @@ def test_an_e2b_sandbox_survives_a_restart(gw: Gateway, how: str) -> None:
     assert sbx.files.read("note.txt") == "kept too"
     info = sdk.Sandbox.connect(sbx.sandbox_id, **options).get_info()
     assert info.metadata == {"owner": how} and info.end_at == end
-    assert [c.id for c in sbx.list_code_contexts()] == [sbx.sandbox_id]
+    assert defaults[0] == sbx.sandbox_id  # its own, then the listed defaults (JavaScript)
+    assert [c.id for c in sbx.list_code_contexts()] == defaults  # the same ids
     with pytest.raises(exceptions.NotFoundException):
         sbx.run_code("1", context=other)
     records = gw.runtime / gw.instance() / "e2b"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 import threading
 import time
@@ -26,7 +27,12 @@ class ServerThread:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=0, log_level="warning", lifespan="on"
+            create_app(settings),
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
+            lifespan="on",
+            timeout_keep_alive=math.ceil(settings.keep_alive_timeout),
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, daemon=True)

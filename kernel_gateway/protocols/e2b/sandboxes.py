@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -193,9 +194,13 @@ class Sandbox:
         self.defaults[self.language] = main.id
 
     def list_default(self, language: str) -> None:
-        """`language`'s default context, listed now and started on its first use."""
+        """`language`'s default context, listed now and started on its first use. Its id is
+        made from the sandbox's and the language, so it stays the same across a restart of
+        the gateway (where the kernel of a started one is made again, as every default
+        context's is)."""
         if language not in self.defaults:
-            pending = Context(secrets.token_hex(16), language, HOME, None)
+            made = hashlib.sha256(f"{self.id}/{language}".encode()).hexdigest()[:32]
+            pending = Context(made, language, HOME, None)
             self.contexts[pending.id] = pending
             self.defaults[language] = pending.id
 
