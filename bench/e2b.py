@@ -126,6 +126,8 @@ def main() -> int:
         args.image,
         "--pool-size",
         str(POOL),
+        "--stateless-mode",
+        "container",
         "--runtime-dir",
         str(runtime),
         "--log-level",

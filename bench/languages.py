@@ -196,6 +196,8 @@ def main() -> int:
             args.image,
             "--pool-size",
             str(pool),
+            "--stateless-mode",
+            "container",
             "--runtime-dir",
             str(runtime / "gw"),
             "--log-level",

@@ -142,7 +142,7 @@ def main() -> int:
     cmd = [
         sys.executable, "-m", "kernel_gateway", "serve",
         "--backend", "docker", "--port", str(port), "--image", args.image,
-        "--pool-size", str(POOL), "--max-sessions", "16",
+        "--pool-size", str(POOL), "--max-sessions", "16", "--stateless-mode", "container",
         "--runtime-dir", str(runtime), "--log-level", "warning",
     ]  # fmt: skip
     try:

@@ -115,6 +115,7 @@ def main() -> None:
     cmd = [
         sys.executable, "-m", "kernel_gateway", "serve", "--backend", "docker",
         "--port", str(port), "--image", args.image, "--pool-size", str(POOL),
+        "--stateless-mode", "container",
         "--runtime-dir", str(runtime), "--log-level", "warning",
         *(["--runtime", args.runtime] if args.runtime else []),
     ]  # fmt: skip
