@@ -237,6 +237,9 @@ def test_commands(sandbox: Any) -> None:
         background.wait()  # its stream ends with the signal, at once, not after 60 s
     assert "killed" in str(killed.value.error), killed.value
     assert not sandbox.commands.kill(999999)
+    # The process tools agents reach for (procps), as in E2B's sandboxes.
+    listed = sandbox.commands.run("ps -eo user,args && pgrep -c -f kernel_launcher").stdout
+    assert "sandbox" in listed and "kernel_launcher" in listed, listed
 
 
 def test_connect_list_timeout_pause_kill() -> None:
