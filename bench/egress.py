@@ -115,7 +115,8 @@ def main() -> int:
         port = free_port()
         cmd = [
             sys.executable, "-m", "kernel_gateway", "serve", "--backend", "docker",
-            "--port", str(port), "--image", args.image, "--pool-size", "1", "--stateless-mode", "container",
+            "--port", str(port), "--image", args.image, "--pool-size", "1",
+            "--stateless-mode", "container",
             "--runtime-dir", str(runtime), "--log-level", "warning",
             "--egress-allow", "bench.test", "--egress-networks", net,
         ]  # fmt: skip

@@ -266,7 +266,8 @@ def main() -> int:
     cmd = [
         sys.executable, "-m", "kernel_gateway", "serve",
         "--backend", "docker", "--port", str(port), "--image", args.image,
-        "--pool-size", str(POOL), "--max-sessions", str(sessions + 8), "--stateless-mode", "container",
+        "--pool-size", str(POOL), "--max-sessions", str(sessions + 8),
+        "--stateless-mode", "container",
         "--runtime-dir", str(runtime), "--log-level", "warning",
     ]  # fmt: skip
     try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from kernel_gateway.errors import KernelUnavailable, SessionFailed
@@ -80,6 +81,20 @@ class KernelSlot:
         """A kernel is in the slot, running, and not retired (its end may not be seen yet)."""
         kernel = self.kernel
         return kernel is not None and kernel.exit_info is None and kernel not in self._retired
+
+    async def live_kernel(self, seconds: float) -> Kernel | None:
+        """The slot's running kernel, waiting up to `seconds` while one is revived after a
+        death (in the background); None if none is there by then, or none will be (the slot
+        closed, hibernated, or its session failed). For work beside the cells (commands in
+        the kernel's sandbox), which must not wait for the cell lock."""
+        deadline = time.monotonic() + seconds
+        while not self.alive:
+            if self.closed or self.hibernated or self.policy.failed:
+                return None
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(0.05)
+        return self.kernel
 
     def take_restart_notice(self) -> bool:
         """Whether kernel state was lost (a death or a retirement) since last asked."""

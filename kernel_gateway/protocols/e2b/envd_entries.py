@@ -20,6 +20,10 @@ from kernel_gateway.kernels.workspace import Entry, Workspace
 from kernel_gateway.protocols.e2b.connect import ConnectError
 
 HOME = "/home/user"
+REVIVAL_WAIT = 30.0
+"""Seconds a command or a file call outside /home/user waits for the sandbox's kernel to be
+back after it died (its container is its sandbox): killed from inside, it is replaced in
+about a second."""
 
 
 def to_workspace(path: object) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 from kernel_gateway.errors import GatewayError, KernelUnavailable, PayloadTooLarge
 from kernel_gateway.kernels.backends.base import STDOUT
 from kernel_gateway.protocols.e2b.connect import ConnectError, field
-from kernel_gateway.protocols.e2b.envd_entries import HOME, permissions
+from kernel_gateway.protocols.e2b.envd_entries import HOME, REVIVAL_WAIT, permissions
 from kernel_gateway.sessions.session import Session
 
 CALL_SECONDS = 60.0
@@ -134,7 +134,8 @@ class Outside:
             except GatewayError as exc:
                 message = f"the sandbox could not resume: {exc.message}"
                 raise ConnectError("unavailable", message) from None
-        kernel = session.slot.kernel
+        # A kernel killed from inside (a command's `pkill`) is being replaced: wait for it.
+        kernel = await session.slot.live_kernel(REVIVAL_WAIT)
         if kernel is None:
             raise ConnectError("unavailable", "the sandbox's kernel is starting; retry")
         env = {"HOME": HOME, "LC_ALL": "C", "PATH": "/usr/local/bin:/usr/bin:/bin"}

@@ -49,7 +49,7 @@ from kernel_gateway.protocols.e2b.connect import (
 from kernel_gateway.protocols.e2b.connect import (
     field as pick,
 )
-from kernel_gateway.protocols.e2b.envd_entries import HOME
+from kernel_gateway.protocols.e2b.envd_entries import HOME, REVIVAL_WAIT
 from kernel_gateway.sessions.session import Session
 
 SIGNALS: dict[object, int] = {"SIGNAL_SIGKILL": 9, 9: 9, "SIGNAL_SIGTERM": 15, 15: 15}
@@ -229,7 +229,8 @@ class Processes:
                 raise ConnectError(
                     "unavailable", f"the sandbox could not resume: {exc.message}"
                 ) from None
-        kernel = session.slot.kernel
+        # A kernel killed from inside (a command's `pkill`) is being replaced: wait for it.
+        kernel = await session.slot.live_kernel(REVIVAL_WAIT)
         if kernel is None:
             raise ConnectError("unavailable", "the sandbox's kernel is starting; retry")
         # A sandbox allowed some domains: its commands use the proxy as its kernels do.

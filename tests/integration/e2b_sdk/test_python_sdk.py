@@ -242,6 +242,21 @@ def test_commands(sandbox: Any) -> None:
     assert "sandbox" in listed and "kernel_launcher" in listed, listed
 
 
+def test_a_kernel_killed_from_a_command_is_replaced_with_the_files_kept(sandbox: Any) -> None:
+    """`pkill` on the kernel, as E2B's template recovers from with systemd: the cell that
+    meets the dead kernel says so (`KernelDied`), commands meanwhile wait for the new one,
+    and the next cells run on it, on the same files (the variables are gone)."""
+    sandbox.files.write("kept.txt", "on disk")
+    sandbox.run_code("x = 1")
+    assert sandbox.commands.run("pkill -f kernel_launcher").exit_code == 0
+    first = sandbox.run_code("open('kept.txt').read()")
+    if first.error is not None:  # it reached the kernel before its death was seen
+        assert first.error.name == "KernelDied", first.error
+    assert sandbox.commands.run("cat kept.txt").stdout == "on disk"  # waits for the kernel
+    after = sandbox.run_code("open('kept.txt').read(), 'x' in globals()")
+    assert after.error is None and after.text == "('on disk', False)", after
+
+
 def test_connect_list_timeout_pause_kill() -> None:
     sbx = e2b.Sandbox.create(timeout=60, metadata={"owner": "tests"})
     try:
