@@ -14,9 +14,11 @@ from kernel_gateway import logs
 from kernel_gateway.kernels.languages import Language
 from kernel_gateway.kernels.volumes import Volumes
 from kernel_gateway.logs import ROUTE_TEMPLATE
+from kernel_gateway.protocols.e2b import contexts as contexts_module
 from kernel_gateway.protocols.e2b import sandboxes as sandboxes_module
 from kernel_gateway.protocols.e2b.app import E2BService
-from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError, Sandboxes
+from kernel_gateway.protocols.e2b.errors import SandboxError
+from kernel_gateway.protocols.e2b.sandboxes import Sandbox, Sandboxes
 from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.snapshots import SavedSessions, SnapshotStore
@@ -457,7 +459,7 @@ async def test_a_sandboxs_env_and_a_contexts_cwd_reach_every_new_kernel(
     def cannot(language: str, env: dict[str, str], cwd: str) -> str:
         raise SandboxError(400, f"a working directory cannot be set for {language}")
 
-    monkeypatch.setattr(sandboxes_module, "setup_code", cannot)
+    monkeypatch.setattr(contexts_module, "setup_code", cannot)
     with pytest.raises(SandboxError):
         await sandboxes.create_context(sandbox, "python", "/home/user/sub")
     assert registry.companions(sandbox.id) == []  # its kernel was not left behind

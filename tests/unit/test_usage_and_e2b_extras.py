@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from kernel_gateway.kernels.backends.base import Usage
-from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError
+from kernel_gateway.protocols.e2b.errors import SandboxError
+from kernel_gateway.protocols.e2b.sandboxes import Sandbox
 from kernel_gateway.protocols.e2b.sandboxes_api import network_update
 from kernel_gateway.protocols.e2b.signed_files import signature, signed_sandbox
 from kernel_gateway.sessions import usage as usage_module

@@ -36,11 +36,12 @@ from kernel_gateway.kernels.volumes import Volumes
 from kernel_gateway.logs import ROUTE_TEMPLATE
 from kernel_gateway.protocols.e2b.envd import Envd
 from kernel_gateway.protocols.e2b.envd_api import envd_routes
+from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.interpreter import interpreter_routes
 from kernel_gateway.protocols.e2b.paths import is_control
 from kernel_gateway.protocols.e2b.process import Processes
 from kernel_gateway.protocols.e2b.replies import e2b_error, gone
-from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError, Sandboxes
+from kernel_gateway.protocols.e2b.sandboxes import Sandbox, Sandboxes
 from kernel_gateway.protocols.e2b.sandboxes_api import control_routes
 from kernel_gateway.protocols.e2b.snapshots_api import snapshot_routes
 from kernel_gateway.protocols.e2b.template_files import Uploads

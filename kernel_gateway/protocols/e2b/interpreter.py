@@ -20,8 +20,9 @@ from kernel_gateway.errors import GatewayError
 from kernel_gateway.http.responses import ConnectionDropped
 from kernel_gateway.kernels.languages import ENV_LANGUAGES, PYTHON, env_code
 from kernel_gateway.protocols.e2b import ndjson
+from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.replies import Handler, json_body
-from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError, check_env
+from kernel_gateway.protocols.e2b.sandboxes import Sandbox, check_env
 from kernel_gateway.sessions.follow import Disconnect, Following, follow
 from kernel_gateway.types import Record
 

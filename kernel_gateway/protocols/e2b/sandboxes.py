@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
-import json
 import logging
 import secrets
 import time
@@ -41,10 +40,16 @@ from kernel_gateway.errors import (
     SnapshotNotFound,
     TemplateNotFound,
 )
-from kernel_gateway.kernels.kernel import Kernel
-from kernel_gateway.kernels.languages import ENV_LANGUAGES, env_code
 from kernel_gateway.kernels.volumes import VolumeMount
+from kernel_gateway.protocols.e2b.contexts import (
+    LISTED_DEFAULTS,
+    Context,
+    equip,
+    prepare_new_kernels,
+    setup_code,
+)
 from kernel_gateway.protocols.e2b.envd_entries import HOME
+from kernel_gateway.protocols.e2b.errors import SandboxError, not_found
 from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
@@ -60,50 +65,7 @@ ENVD_VERSION = "0.6.4"
 """What the sandboxes claim to run: from 0.4.0 the SDKs send no user by default; 0.6.4 is
 the newest the SDKs know of, and its features all work here (design/e2b-wire.md, 4)."""
 REAP_EVERY = 1.0
-SETUP_SECONDS = 30.0
 RECORD_FORMAT = 1
-CHDIR = {
-    "python": "import os as __kg_os\n__kg_os.chdir({path})\ndel __kg_os",
-    "r": "setwd({path})",
-    "javascript": "Deno.chdir({path})",
-    "typescript": "Deno.chdir({path})",
-    "bash": "cd {path}",
-}
-"""How each language's kernel changes directory (a JSON string is a literal in all of them)."""
-LISTED_DEFAULTS = ("python", "javascript")
-"""The languages whose default contexts a new sandbox lists, as E2B's code interpreter
-starts them. One other than the sandbox's own is listed with its id at once, and its kernel
-starts on its first use (a JavaScript kernel a sandbox never uses costs nothing)."""
-
-
-class SandboxError(Exception):
-    """A control-plane failure, answered as E2B's `{"code": status, "message"}`; `kind`: the
-    gateway's error type behind it, if any (sent as `ERROR_TYPE_HEADER`, for a router)."""
-
-    def __init__(self, status: int, message: str, *, kind: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-
-
-def not_found(sandbox_id: str) -> SandboxError:
-    return SandboxError(404, f"sandbox {sandbox_id!r} not found")
-
-
-@dataclass(frozen=True)
-class Context:
-    """A code context: a kernel of its own in the sandbox (same files, its own variables).
-    Its id is its session's, except for a listed default context (`LISTED_DEFAULTS`) whose
-    kernel has not started yet: then `session_id` is None until its first use."""
-
-    id: str
-    language: str
-    cwd: str
-    session_id: str | None
-
-    def to_json(self) -> dict[str, str]:
-        return {"id": self.id, "language": self.language, "cwd": self.cwd}
 
 
 @dataclass
@@ -243,7 +205,7 @@ class Sandboxes:
                 session = self._session(sandbox.id)
                 code = setup_code(sandbox.language, sandbox.env, HOME)
                 if session is not None and code is not None:
-                    _prepare_new_kernels(session, code)  # the adopted kernel has them already
+                    prepare_new_kernels(session, code)  # the adopted kernel has them already
         self._reaper = asyncio.ensure_future(self._reap())
 
     async def close(self) -> None:
@@ -344,7 +306,7 @@ class Sandboxes:
         if self._store is not None:
             await self._store.flush()  # on disk before the SDK hears of it
         try:
-            await self.equip(session, sandbox.env)
+            await equip(session, sandbox.env)
         except SandboxError:
             await self.kill(sandbox.id)
             raise
@@ -400,7 +362,7 @@ class Sandboxes:
         except GatewayError as exc:
             raise SandboxError(status_for(exc), exc.message) from exc
         try:
-            await self.equip(session, sandbox.env, cwd)
+            await equip(session, sandbox.env, cwd)
         except BaseException:
             await self.registry.close_companion(sandbox.id, session)  # not left holding a kernel
             raise
@@ -463,17 +425,6 @@ class Sandboxes:
         for language, default in list(sandbox.defaults.items()):
             if default == context_id:
                 del sandbox.defaults[language]
-
-    async def equip(self, session: Session, env: dict[str, str], cwd: str = HOME) -> None:
-        """The sandbox's environment variables and the context's working directory, in the
-        session's kernel now and in every kernel that replaces it (a restart, a revival)."""
-        code = setup_code(session.language, env, cwd)
-        if code is None:
-            return
-        _prepare_new_kernels(session, code)
-        kernel = session.slot.kernel
-        if kernel is not None and not await kernel.run_silent(code, SETUP_SECONDS):
-            raise SandboxError(400, f"cannot set up the {session.language} context in {cwd!r}")
 
     def get(self, sandbox_id: str) -> Sandbox:
         sandbox = self._by_id.get(sandbox_id)
@@ -616,33 +567,11 @@ class Sandboxes:
                     logger.exception("killing E2B sandbox %s failed", sandbox.id)
 
 
-def _prepare_new_kernels(session: Session, code: str) -> None:
-    async def prepare(kernel: Kernel) -> None:
-        if not await kernel.run_silent(code, SETUP_SECONDS):
-            logger.warning("E2B context %s: its set-up failed in a new kernel", session.id)
-
-    session.slot.prepare.append(prepare)
-
-
 def check_env(env: dict[str, str], what: str) -> None:
     """Environment variables a process can have, or a 400 naming the first that cannot."""
     for name, value in env.items():
         if not name or "=" in name or "\0" in name or "\0" in value:
             raise SandboxError(400, f"{what}: {name!r} cannot be an environment variable")
-
-
-def setup_code(language: str, env: dict[str, str], cwd: str) -> str | None:
-    """Silent code that sets `env` (`env_code`) and moves into `cwd` in a kernel of
-    `language` (a JSON string is a string literal in each of `CHDIR`'s languages); None when
-    there is nothing to do."""
-    lines = []
-    if env and language in ENV_LANGUAGES:  # others (Java) cannot take them
-        lines.append(env_code(language, env))
-    if cwd != HOME:
-        if language not in CHDIR:
-            raise SandboxError(400, f"a working directory cannot be set for {language}")
-        lines.append(CHDIR[language].format(path=json.dumps(cwd)))
-    return "\n".join(lines) or None
 
 
 def timeout_seconds(timeout: int | None) -> int:

@@ -26,8 +26,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from kernel_gateway.protocols.e2b.envd_api import SANDBOX_USER
+from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.replies import e2b_error, gone
-from kernel_gateway.protocols.e2b.sandboxes import Sandbox, SandboxError
+from kernel_gateway.protocols.e2b.sandboxes import Sandbox
 
 if TYPE_CHECKING:
     from kernel_gateway.protocols.e2b.app import E2BService

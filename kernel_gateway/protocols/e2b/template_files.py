@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from kernel_gateway.http.bodies import check_declared_length
-from kernel_gateway.protocols.e2b.sandboxes import SandboxError
+from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.template_views import plain_name, template_named, templates_of
 from kernel_gateway.templates.files import CopyError
 from kernel_gateway.templates.steps import FILES_HASH

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.replies import json_body
-from kernel_gateway.protocols.e2b.sandboxes import SandboxError
 from kernel_gateway.protocols.e2b.template_views import (
     clean_tags,
     template_named,

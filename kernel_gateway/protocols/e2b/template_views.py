@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from starlette.datastructures import QueryParams
 
 from kernel_gateway.errors import InvalidRequest
-from kernel_gateway.protocols.e2b.sandboxes import ENVD_VERSION, TEMPLATES, SandboxError
+from kernel_gateway.protocols.e2b.errors import SandboxError
+from kernel_gateway.protocols.e2b.sandboxes import ENVD_VERSION, TEMPLATES
 from kernel_gateway.settings import Settings
 from kernel_gateway.templates.build_logs import MAX_ENTRIES as MAX_LOG_ENTRIES
 from kernel_gateway.templates.build_logs import LogEntry

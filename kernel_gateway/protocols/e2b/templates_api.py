@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kernel_gateway.protocols.e2b import template_files, template_tags
+from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.replies import (
     ControlHandler,
     Handler,
@@ -43,7 +44,7 @@ from kernel_gateway.protocols.e2b.replies import (
     guarded,
     json_body,
 )
-from kernel_gateway.protocols.e2b.sandboxes import TEMPLATES, SandboxError
+from kernel_gateway.protocols.e2b.sandboxes import TEMPLATES
 from kernel_gateway.protocols.e2b.template_views import (
     MAX_PAGE,
     build_json,

@@ -40,6 +40,7 @@ from kernel_gateway.errors import GatewayError
 from kernel_gateway.http.responses import file_chunks
 from kernel_gateway.kernels.volumes import Volume, Volumes
 from kernel_gateway.kernels.workspace import Entry, Workspace, write_stream
+from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.replies import (
     ControlHandler,
     Handler,
@@ -48,7 +49,7 @@ from kernel_gateway.protocols.e2b.replies import (
     guarded,
     json_body,
 )
-from kernel_gateway.protocols.e2b.sandboxes import SandboxError, status_for
+from kernel_gateway.protocols.e2b.sandboxes import status_for
 
 if TYPE_CHECKING:
     from kernel_gateway.protocols.e2b.app import E2BService
