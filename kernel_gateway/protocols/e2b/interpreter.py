@@ -189,11 +189,11 @@ async def _lines(
 
 def _closed_error(record: Record) -> bool:
     """Whether `record` is the error a cell gets when its session is deleted under it."""
-    data = record.event.data
+    event = record.event
     return (
-        record.event.name == "error"
-        and isinstance(data, dict)
-        and data.get("ename") == ("SessionClosed")
+        event.name == "error"
+        and isinstance(event.data, dict)
+        and event.data.get("ename") == "SessionClosed"
     )
 
 
