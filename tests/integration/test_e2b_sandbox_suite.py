@@ -30,9 +30,9 @@ from tests.support.e2b_suite import (
 )
 
 FOLDERS = ("tests/sync/sandbox_sync", "tests/sync/api_sync")
-"""The sync suites. Their async twins (`sandbox_async`, `api_async`: the same calls to the
-server through the SDK's async client) are not run here: they would double this test's
-two minutes of CI; docs/e2b.md gives their last run by hand."""
+"""The sync suites. Their async twins (`sandbox_async`, `api_async`: the same calls through
+the SDK's async client) run in `test_e2b_async_suite.py`, a file of its own so that the
+two workers of `make test` run them side by side."""
 
 INTERNET = Reason(
     "reaches public addresses (1.1.1.1, 8.8.8.8, connectivitycheck.gstatic.com): the "
@@ -114,13 +114,23 @@ _NOT_RUN = {
 NOT_RUN: dict[str, str] = {f"tests/sync/sandbox_sync/{test}": why for test, why in _NOT_RUN.items()}
 
 
+def run_and_judge(
+    tmp_path_factory: pytest.TempPathFactory,
+    folders: tuple[str, ...],
+    cannot: dict[str, Reason],
+    not_run: dict[str, str],
+) -> None:
+    """E2B's suites in `folders` against a fresh gateway, judged against `cannot`."""
+    deselect = [arg for test in not_run for arg in ("--deselect", test)]
+    with suite_gateway(tmp_path_factory, "docker", pool_size=2, max_sessions=16) as (url, junit):
+        done = run_suite(url, junit, folders, "--timeout=120", *deselect)
+    found = judge(done, junit, cannot)
+    assert not not_run.keys() & found.keys(), "a test that must not run was run"
+    passed = sum(outcome.state == "passed" for outcome in found.values())
+    print(f"E2B's {' and '.join(folders)}: {passed} of {len(found)} passed")
+
+
 def test_e2bs_sandbox_suite_passes_but_for_what_cannot_here(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    deselect = [arg for test in NOT_RUN for arg in ("--deselect", test)]
-    with suite_gateway(tmp_path_factory, "docker", pool_size=2, max_sessions=16) as (url, junit):
-        done = run_suite(url, junit, FOLDERS, "--timeout=120", *deselect)
-    found = judge(done, junit, CANNOT)
-    assert not NOT_RUN.keys() & found.keys(), "a test that must not run was run"
-    passed = sum(outcome.state == "passed" for outcome in found.values())
-    print(f"E2B's sandbox and API suites: {passed} of {len(found)} passed")
+    run_and_judge(tmp_path_factory, FOLDERS, CANNOT, NOT_RUN)

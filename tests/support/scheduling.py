@@ -35,6 +35,7 @@ LONGEST = (
     "tests/integration/test_classic_template.py",  # 180 s on a fresh machine (its base image)
     "tests/integration/test_api.py",  # 160 s
     "tests/integration/test_e2b_sandbox_suite.py",  # 150 s
+    "tests/integration/test_e2b_async_suite.py",  # 150 s
     "tests/integration/test_languages.py",  # 105 s
     "tests/integration/test_egress.py",  # 100 s
     "tests/integration/test_fuzz.py",  # 90 s
