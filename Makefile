@@ -10,7 +10,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: serve test test-fast lint docs docs-config image setup clean bench lock lock-py311 e2b-sdks e2b-suite
+.PHONY: serve test test-fast lint docs docs-config image setup clean bench lock lock-py311 e2b-sdks e2b-suite e2b-js-suite
 
 setup: $(VENV)/.installed
 
@@ -43,7 +43,7 @@ lint: setup
 # TEST_WORKERS=0 runs pytest in one process.
 TEST_WORKERS ?= 2
 
-test: image lint docs e2b-sdks e2b-suite
+test: image lint docs e2b-sdks e2b-suite e2b-js-suite
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(ARGS)
 
 test-fast: setup
@@ -79,6 +79,19 @@ $(E2B_SUITE)/.installed: tests/e2b_suite/requirements.txt
 	$(PYTHON) -m venv $(E2B_SUITE)
 	$(E2B_SUITE)/bin/python -m pip install --quiet -r tests/e2b_suite/requirements.txt
 	touch $@
+
+# E2B's JavaScript SDK's tests (tests/e2b_suite/js/, with the SDK's source, vendored unchanged)
+# need vitest and msw, and the SDK's own dependencies: tests/integration/test_e2b_js_suite.py.
+E2B_JS_SUITE := tests/e2b_suite/js
+
+e2b-js-suite: $(E2B_JS_SUITE)/node_modules/.installed
+
+$(E2B_JS_SUITE)/node_modules/.installed: $(E2B_JS_SUITE)/package.json $(E2B_JS_SUITE)/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		cd $(E2B_JS_SUITE) && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else \
+		echo "no npm: skipping E2B's JavaScript suite (its test will be skipped)"; \
+	fi
 
 # The reference in docs/, built with MkDocs (Material); --strict fails on a broken link.
 docs: setup

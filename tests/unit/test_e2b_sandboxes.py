@@ -342,6 +342,24 @@ async def test_what_a_sandbox_cannot_have_is_refused_not_ignored(registry: Regis
         as_root = {**envd, "Authorization": "Basic cm9vdDo="}  # "root:"
         files = await http.get("/files", params={"path": "a.txt"}, headers=as_root)
         assert files.status_code == 400 and "'root' is not available" in files.json()["message"]
+        # Named in the query instead (the SDKs' `username=`, and signed URLs): the same.
+        for method in ("GET", "POST"):
+            query = {"path": "a.txt", "username": "root"}
+            files = await http.request(method, "/files", params=query, headers=envd)
+            assert files.status_code == 400, files.text
+            assert "'root' is not available" in files.json()["message"]
+        # A form's plain field named `file` is the file's text, as envd takes it.
+        query = {"path": "plain.txt", "username": "user"}
+        field = {"file": (None, "text")}  # multipart, no file name
+        plain = await http.post("/files", params=query, files=field, headers=envd)
+        assert plain.status_code == 200, plain.text
+        assert plain.json() == [
+            {"name": "plain.txt", "type": "file", "path": "/home/user/plain.txt"}
+        ]
+        read = await http.get("/files", params={"path": "plain.txt"}, headers=envd)
+        assert read.content == b"text"
+        nameless = await http.post("/files", files=field, headers=envd)
+        assert nameless.status_code == 400 and "path" in nameless.json()["message"]
         rpc = await http.post("/process.Process/List", json={}, headers=as_root)
         assert rpc.status_code == 400 and rpc.json()["code"] == "invalid_argument"
         as_user = {**envd, "Authorization": "Basic dXNlcjo="}  # "user:"

@@ -130,13 +130,13 @@ class Envd:
                     parts = [(k, v) for k, v in form.multi_items() if k == "file"]
                     seen: set[str] = set()
                     for _, part in parts:
-                        if isinstance(part, str):
-                            continue
-                        path = query_path or part.filename or ""
+                        # A plain field (no file name) is the file's text, as envd takes it.
+                        filename = None if isinstance(part, str) else part.filename
+                        path = query_path or filename or ""
                         if path in seen:
                             raise BadRequest(f"a repeated path: {path!r}")
                         seen.add(path)
-                        data = await part.read()
+                        data = part.encode() if isinstance(part, str) else await part.read()
                         written.append(await self._write(session, path, data, limit, metadata))
             else:
                 if not query_path:

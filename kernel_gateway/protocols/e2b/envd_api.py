@@ -41,8 +41,11 @@ def envd_routes(service: E2BService) -> list[Route]:
     ) -> Handler:
         async def endpoint(request: Request) -> Response:
             sandbox: Sandbox = request.state.e2b_sandbox
-            user = _basic_user(request.headers.get("authorization"))
-            if user not in (None, "", SANDBOX_USER):
+            users = {_basic_user(request.headers.get("authorization"))}
+            if request.url.path.endswith("/files"):  # `/files` may name it in the query
+                users.add(request.query_params.get("username"))
+            user = next((u for u in users if u not in (None, "", SANDBOX_USER)), None)
+            if user is not None:
                 message = (
                     f"user {user!r} is not available here: files and commands belong to the "
                     f"sandbox's only user, {SANDBOX_USER!r} (uid 1000)"
