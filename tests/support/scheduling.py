@@ -31,6 +31,7 @@ KEEP_SECONDS = 24 * 3600
 LONGEST = (
     "tests/integration/cluster",  # 345 s
     "tests/integration/test_bench.py",  # 245 s
+    "tests/integration/test_e2b_js_suite.py",  # 170 s alone
     "tests/integration/test_persistence.py",  # 185 s
     "tests/integration/test_classic_template.py",  # 180 s on a fresh machine (its base image)
     "tests/integration/test_api.py",  # 160 s
