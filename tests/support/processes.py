@@ -154,7 +154,14 @@ class Gateway:
 
 
 def serve_command(runtime_dir: Path, port: int, *args: str, token: str | None = None) -> list[str]:
-    """`python -m kernel_gateway serve` on `port` and `runtime_dir`, the test image, `args`."""
+    """`python -m kernel_gateway serve` on `port` and `runtime_dir`, the test image, `args`.
+
+    One fork server, as `settings_for` gives in-process gateways, unless `args` say how
+    stateless requests run: the default four are a container start and a second of CPU
+    each, at every start of every test gateway, for tests that send few stateless requests.
+    """
+    if not {"--fork-servers", "--stateless-mode"} & set(args):
+        args = ("--fork-servers", "1", *args)
     return [
         sys.executable,
         "-m",
