@@ -8,7 +8,7 @@ it left, killed and emptied after it (`fork_server.py` calls these).
   request's code, output or key (the code arrives on the child's own socket);
 - when a request ends, every process of its uid is killed (detached, double-forked,
   `setsid` ones included: the fork server is their subreaper), its SysV IPC objects
-  are removed, and every place it could write (`/workspace`, `/tmp`, home,
+  are removed, and every place it could write (`/home/user`, `/tmp`, home,
   `/dev/shm`, `/dev/mqueue`, its socket folder) is emptied. Only then is the next
   child forked. Anything that cannot be verified clean is reported as `broken`
   and the gateway replaces the whole container.

@@ -351,7 +351,7 @@ class Zygote:
         self.libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         self.libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
         os.umask(0o022)
-        os.chdir("/workspace")
+        os.chdir("/home/user")
 
     def end(self) -> None:
         """Kill everything the request started and empty what it could write."""

@@ -95,7 +95,7 @@ class Language:
     """A template's commands, run beside each of its kernels before it is handed out."""
     seed: Path | None = field(default=None, compare=False)
     """A tar of files every new session of it starts with in its working directory (a
-    template's `/workspace`, see `templates/`), or None."""
+    template's `/home/user`, see `templates/`), or None."""
 
     @property
     def builtin(self) -> bool:

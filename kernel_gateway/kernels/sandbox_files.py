@@ -25,7 +25,7 @@ EXCLUDED = ("home/sandbox/.ipython",)
 """Left out of an archive: the running kernel's own files (IPython's history database is
 open, and a restored kernel has its own; hibernation restores `In`/`Out` itself)."""
 ARCHIVE = (
-    'target="$1"; shift; cd / && find "$@" -xdev -mindepth 1 '
+    'target="$1"; shift; cd / && find -H "$@" -xdev -mindepth 1 '
     + " ".join(f"-path {pattern} -prune -o" for pattern in EXCLUDED)
     + ' -print0 | tar --create --file="$target" --null --no-recursion --files-from=- '
     "--ignore-failed-read --warning=no-file-changed --warning=no-file-ignored"
@@ -72,7 +72,7 @@ async def unpack(kernel: Kernel, source: Path, seconds: float) -> None:
     working = kernel.process.sandbox_folders[0]
     # Volumes mounted below it are left alone (-xdev); their mount points cannot be removed,
     # nor the folders holding them, so find's complaints about those are expected.
-    script = 'find "$1" -xdev -mindepth 1 -delete 2>/dev/null; '
+    script = 'find -H "$1" -xdev -mindepth 1 -delete 2>/dev/null; '
     script += 'exec tar --extract --file="$2" --directory=/ '
     script += "--preserve-permissions --no-same-owner --no-overwrite-dir"
     try:

@@ -73,7 +73,8 @@ class SessionStorage:
 
     @property
     def files(self) -> Path:
-        """The working directory (/workspace in a container); what the file API serves."""
+        """The working directory (/home/user in a container, also named /workspace); what
+        the file API serves."""
         return self.root / "files"
 
     @property

@@ -392,7 +392,7 @@ class Templates:
         seed = self._seed_path(build)
         limit = self.settings.workspace_size_bytes
         kernel = await images.inspect(image)
-        folder = kernel.workdir if kernel is not None else "/workspace"
+        folder = kernel.workdir if kernel is not None else "/home/user"
         count = await images.archive(image, folder, seed, limit)
         if count <= 1:  # nothing, or the folder alone
             seed.unlink(missing_ok=True)

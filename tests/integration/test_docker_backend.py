@@ -88,7 +88,7 @@ def test_container_is_hardened(client: httpx.Client, engine: docker.DockerClient
         "print(os.getcwd())\n"
     )
     stream = execute(client, sid, code)
-    assert stream.stdout == "True\nFalse\nno net\nread-only\n/workspace\n"
+    assert stream.stdout == "True\nFalse\nno net\nread-only\n/home/user\n"
 
 
 def test_container_killed_from_outside(

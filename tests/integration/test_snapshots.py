@@ -275,7 +275,7 @@ def test_another_languages_snapshot_keeps_its_files_and_says_its_variables_are_n
     started = new_session(api, snapshot=snapshot["id"])
     assert api.get(f"/sessions/{started}").json()["language"] == "bash"
     out = execute(api, started, 'cat kept.txt deep/er/y; echo "[$GONE]"; pwd').stdout
-    assert out == "data\nx\n[]\n/workspace\n", out
+    assert out == "data\nx\n[]\n/home/user\n", out
 
 
 def test_snapshots_outlive_the_gateway(tmp_path: Path) -> None:

@@ -241,7 +241,7 @@ def test_files_a_template_puts_in_the_working_directory_reach_each_new_session(
     assert response.status_code == 202, response.text
     lines, build = follow(client, response.json())
     assert build["state"] == "ready", (build, lines)
-    assert any("3 files in /workspace kept for new sessions" in line for line in lines), lines
+    assert any("3 files in /home/user kept for new sessions" in line for line in lines), lines
     sessions = [client.post("/sessions", json={"template": template}).json() for _ in range(2)]
     try:
         first, second = (s["id"] for s in sessions)
@@ -317,7 +317,7 @@ def test_a_template_cannot_change_how_its_kernels_run(client: httpx.Client) -> N
             "print(sorted(os.listdir('/sys/class/net')))"
         )
         out = execute(client, session["id"], code).stdout.splitlines()
-        assert out[0] == "1000 /workspace"
+        assert out[0] == "1000 /home/user"
         assert out[1].startswith("read-only")
         assert out[2] == "['lo']"
     finally:

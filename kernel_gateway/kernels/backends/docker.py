@@ -111,11 +111,11 @@ class DockerBackend(Backend):
         size = self._settings.workspace_size
         if self._storage.capped:
             return (
-                f"/workspace, /tmp and home on the session's own ext4 disk, capped at {size} "
+                f"/home/user, /tmp and home on the session's own ext4 disk, capped at {size} "
                 "in all (disk, not memory)"
             )
         return (
-            "/workspace a plain folder on the host's disk (UNCAPPED); /tmp and home tmpfs "
+            "/home/user a plain folder on the host's disk (UNCAPPED); /tmp and home tmpfs "
             f"capped at {size} and {HOME_TMPFS_SIZE} (they count as memory)"
         )
 
@@ -152,7 +152,7 @@ class DockerBackend(Backend):
             return {
                 inside: (await asyncio.to_thread(os.stat, host)).st_dev
                 for inside, host in (
-                    ("/workspace", storage.files),
+                    ("/home/user", storage.files),
                     ("/tmp", storage.tmp),
                     ("/home/sandbox", storage.home),
                 )

@@ -39,7 +39,7 @@ FORK_SERVER_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID",
 """What a fork server (root in its container, never running user code) keeps: enough to
 give each request a uid of its own, and to kill and clean up after it."""
 HOME_TMPFS_SIZE = "64m"  # home as a tmpfs, only when sessions have no disk of their own
-SANDBOX_FOLDERS = ("/workspace", "/tmp", "/home/sandbox")
+SANDBOX_FOLDERS = ("/home/user", "/tmp", "/home/sandbox")
 """A kernel's writable folders as it sees them: its working directory, /tmp and home."""
 
 

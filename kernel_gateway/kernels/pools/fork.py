@@ -48,7 +48,7 @@ from kernel_gateway.types import JSON, ConnectionInfo
 
 logger = logging.getLogger(__name__)
 
-WRITABLE = ["/workspace", "/tmp", "/home/sandbox", "/dev/shm"]
+WRITABLE = ["/home/user", "/tmp", "/home/sandbox", "/dev/shm"]
 UID_BASE = 1_000_000
 UID_SPAN = 100_000  # uids per container: fork_server_requests is capped below this
 CONNECT_WAIT = 0.02

@@ -406,6 +406,27 @@ def test_run_code_takes_a_language(sandbox: Any) -> None:
         sandbox.run_code("1", language="cobol")
 
 
+def test_the_working_directory_is_home_user_in_every_language(sandbox: Any) -> None:
+    """As in E2B's sandboxes, code starts in /home/user (`/workspace` names it too)."""
+    sandbox.files.write("here.txt", "found")
+    for language, show in (
+        ("python", "import os; print(os.getcwd(), open('here.txt').read())"),
+        ("r", 'cat(getwd(), readLines("here.txt", warn = FALSE))'),
+        ("javascript", 'console.log(Deno.cwd(), Deno.readTextFileSync("here.txt"))'),
+        ("typescript", 'console.log(Deno.cwd(), Deno.readTextFileSync("here.txt"))'),
+        ("bash", "echo $(pwd -P) $(cat here.txt)"),
+        (
+            "java",
+            'System.out.println(System.getProperty("user.dir") + " " + '
+            'java.nio.file.Files.readString(java.nio.file.Path.of("here.txt")))',
+        ),
+    ):
+        shown = sandbox.run_code(show, language=language)
+        assert shown.error is None, (language, shown.error)
+        assert "".join(shown.logs.stdout).split() == ["/home/user", "found"], (language, shown)
+    assert sandbox.commands.run("cat /workspace/here.txt; pwd").stdout == "found/home/user\n"
+
+
 def test_env_vars_apply_to_one_execution(sandbox: Any) -> None:
     shown = sandbox.run_code("import os; os.environ['ONLY_NOW']", envs={"ONLY_NOW": "yes"})
     assert shown.text == "yes"
