@@ -15,6 +15,9 @@ export default defineConfig({
     testTimeout: 30_000,
     environment: 'node',
     bail: 0,
+    // Most of these tests wait on the sandbox (sleeps, pauses, watches), not on this
+    // process: three files at a time (E2B's default would be one on a 2-core machine).
+    maxWorkers: 3,
     setupFiles: ['tests/globalFetchFallback.setup.ts'],
     deps: { interopDefault: true },
     reporters: junit ? ['default', 'junit'] : ['default'],
