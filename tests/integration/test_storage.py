@@ -149,6 +149,10 @@ def test_reclaim_unmounts_and_detaches_what_a_dead_gateway_left(tmp_path: Path) 
     subprocess.run(["losetup", "-f", str(orphan)], check=True)
     assert len(mounts_under(tmp_path)) == 3 and len(loops_under(tmp_path)) == 4
     reclaim(tmp_path)
+    # An unmounted disk's loop device detaches itself (autoclear) a moment later.
+    deadline = time.monotonic() + 10
+    while loops_under(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert mounts_under(tmp_path) == [] and loops_under(tmp_path) == []
 
 
