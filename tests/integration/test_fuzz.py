@@ -17,7 +17,9 @@ the sessions are, and nothing is left after it stops. Its resident memory is
 checked for leaks by a second, shorter pass over every operation (the coverage
 phase): a leak grows with each pass, while the first pass's growth (3 to 25 MiB
 measured, with the machine's load) is mostly the allocator finding its working
-size, which a check against the warm-up read as a leak.
+size, which a check against the warm-up read as a leak. Under load the second pass
+can still grow (threads waiting on a slow Docker get malloc arenas of their own), so
+a pass past the slack gets another, up to three: a leak grows in each.
 The local gateway runs without a token and the docker one with a token, so both
 auth modes are fuzzed. Both log in JSON, and every line must parse.
 """
@@ -50,9 +52,11 @@ SEED = os.environ.get("KG_FUZZ_SEED")
 LONG = EXAMPLES > 0
 POOL = 2
 TOKEN = "fuzz-token"
-# Growth allowed over the second pass (measured from -15 to +7 MiB, the allocator's state
-# with the machine's load), and descriptors after the run.
+# Growth allowed over a pass after the first (measured from -15 to +7 MiB on a quiet
+# machine, 0.2 MiB pass after pass over six; once 16.3 in a loaded CI run, which a third
+# pass would have told apart from a leak), and descriptors after the run.
 RSS_SLACK = 16 * 1024**2
+LEAK_PASSES = 3
 FD_SLACK = 4
 
 
@@ -246,18 +250,28 @@ def test_schemathesis_finds_nothing(tmp_path: Path, backend: str) -> None:
         rss = gw.rss_bytes()
         assert gw.open_fds() <= fds + FD_SLACK, (fds, gw.open_fds())
 
-        # The leak check: every operation again. Growth here is what each pass leaves.
-        again = tmp_path / "again"
-        again.mkdir()
-        result, second = run_schemathesis(gw, again, "--phases", "coverage", "--max-examples", "1")
-        assert result.returncode == 0, result.stdout[-20000:]
-        settle(gw)
-        grown = gw.rss_bytes() - rss
+        # The leak check: every operation again. Growth here is what each pass leaves; a
+        # pass that grew past the slack gets one more, since a leak grows again.
+        growth = []
+        for attempt in range(LEAK_PASSES):
+            again = tmp_path / f"again-{attempt}"
+            again.mkdir()
+            result, second = run_schemathesis(
+                gw, again, "--phases", "coverage", "--max-examples", "1"
+            )
+            assert result.returncode == 0, result.stdout[-20000:]
+            settle(gw)
+            growth.append(gw.rss_bytes() - rss)
+            rss += growth[-1]
+            if growth[-1] < RSS_SLACK:
+                break
         print(
-            f"{backend}: RSS {rss / 2**20:.1f} MiB, {grown / 2**20:+.1f} over a second pass "
-            f"of {second['test_cases']['generated']} cases; fds {fds} -> {gw.open_fds()}"
+            f"{backend}: RSS {rss / 2**20:.1f} MiB, "
+            + ", ".join(f"{g / 2**20:+.1f}" for g in growth)
+            + f" over passes of {second['test_cases']['generated']} cases; "
+            f"fds {fds} -> {gw.open_fds()}"
         )
-        assert grown < RSS_SLACK, f"gateway RSS grew by {grown / 2**20:.1f} MiB"
+        assert growth[-1] < RSS_SLACK, f"gateway RSS grew by {growth} bytes, pass after pass"
         assert gw.open_fds() <= fds + FD_SLACK, (fds, gw.open_fds())
         if backend == "docker":
             assert len(containers_of(instance, role="kernel")) == POOL
