@@ -10,12 +10,15 @@
     │   ├── SessionNotFound           404 session_not_found
     │   ├── ExecutionNotFound         404 execution_not_found
     │   ├── TemplateNotFound          404 template_not_found
-    │   └── SnapshotNotFound          404 snapshot_not_found
+    │   ├── SnapshotNotFound          404 snapshot_not_found
+    │   ├── VolumeNotFound            404 volume_not_found
+    │   └── KeyNotFound               404 key_not_found       (or another key's: never 403)
     ├── Conflict                      409 conflict
     │   ├── SessionBusy               409 session_busy        (too many queued executions)
     │   ├── SessionClosed             409 session_closed      (deleted while the request waited)
     │   ├── SessionFailed             409 session_failed      (its kernel kept dying: gave up)
-    │   └── TemplateConflict          409 template_conflict   (name taken, build running, in use)
+    │   ├── TemplateConflict          409 template_conflict   (name taken, build running, in use)
+    │   └── VolumeInUse               409 volume_in_use       (mounted by a session)
     ├── Gone                          410 gone
     │   ├── ExecutionExpired          410 execution_expired   (its events aged out of retention)
     │   ├── SessionLost               410 session_lost        (its kernel did not survive a restart)
@@ -26,6 +29,9 @@
     ├── TooManySessions               429 too_many_sessions   (+ Retry-After)
     ├── TooManyTemplates              429 too_many_templates  (--max-templates)
     ├── TooManySnapshots              429 too_many_snapshots  (--max-snapshots)
+    ├── TooManyVolumes                429 too_many_volumes    (--max-volumes)
+    ├── QuotaExceeded                 429 quota_exceeded      (+ Retry-After: the key's quota)
+    │   └── RateLimited               429 rate_limited        (+ Retry-After: its requests a minute)
     ├── KernelUnavailable             503 kernel_unavailable  (+ Retry-After: no kernel could start)
     │   └── HibernationFailed         503 hibernation_failed  (not saved: the session runs on;
     │                                                          also a snapshot or fork's save)
@@ -106,6 +112,10 @@ class SnapshotNotFound(NotFound):
 
 class VolumeNotFound(NotFound):
     error_type = "volume_not_found"
+
+
+class KeyNotFound(NotFound):
+    error_type = "key_not_found"
 
 
 class Gone(GatewayError):
@@ -189,6 +199,18 @@ class TooManySnapshots(GatewayError):
 class TooManyVolumes(GatewayError):
     status_code = 429
     error_type = "too_many_volumes"
+
+
+class QuotaExceeded(GatewayError):
+    """The request's API key holds what its quota allows (sessions, stateless requests,
+    disk): the message names the quota; nothing of anyone else's is reclaimed for it."""
+
+    status_code = 429
+    error_type = "quota_exceeded"
+
+
+class RateLimited(QuotaExceeded):
+    error_type = "rate_limited"
 
 
 class KernelUnavailable(GatewayError):

@@ -20,7 +20,8 @@
         │   ├── ExecutionNotFoundError  404 execution_not_found
         │   ├── TemplateNotFoundError   404 template_not_found
         │   ├── SnapshotNotFoundError   404 snapshot_not_found
-        │   └── VolumeNotFoundError     404 volume_not_found
+        │   ├── VolumeNotFoundError     404 volume_not_found
+        │   └── KeyNotFoundError        404 key_not_found
         ├── MethodNotAllowedError       405 method_not_allowed
         ├── GoneError                   410 gone
         │   ├── ExecutionExpiredError   410 execution_expired (past the session's retention)
@@ -35,7 +36,9 @@
         ├── RateLimitError              429 too_many_sessions (retry_after)
         │   ├── TooManyTemplatesError   429 too_many_templates (--max-templates)
         │   ├── TooManySnapshotsError   429 too_many_snapshots (--max-snapshots)
-        │   └── TooManyVolumesError     429 too_many_volumes (--max-volumes)
+        │   ├── TooManyVolumesError     429 too_many_volumes (--max-volumes)
+        │   └── QuotaExceededError      429 quota_exceeded (the API key's quota)
+        │       └── RateLimitedError    429 rate_limited (the key's requests a minute)
         └── ServerError                 500 internal_error (and any other 5xx)
             ├── BadGatewayError         502 bad_gateway (a cluster router: a node's answer broke)
             └── UnavailableError        503 (retry_after)
@@ -179,6 +182,10 @@ class VolumeNotFoundError(NotFoundError):
     """404: no volume with this id or name."""
 
 
+class KeyNotFoundError(NotFoundError):
+    """404: no API key with this id (or it was revoked)."""
+
+
 class GoneError(APIError):
     """410: what was asked for existed but is no longer kept."""
 
@@ -236,6 +243,14 @@ class TooManyVolumesError(RateLimitError):
     """429: the gateway keeps its maximum of volumes (`--max-volumes`)."""
 
 
+class QuotaExceededError(RateLimitError):
+    """429: the API key holds what its quota allows; the message names the quota."""
+
+
+class RateLimitedError(QuotaExceededError):
+    """429: the API key's requests a minute are spent; `retry_after` says when to go on."""
+
+
 class VolumeInUseError(ConflictError):
     """409: the volume is mounted by a session (delete that first)."""
 
@@ -290,6 +305,9 @@ BY_TYPE: dict[str, type[APIError]] = {
     "snapshot_not_found": SnapshotNotFoundError,
     "volume_not_found": VolumeNotFoundError,
     "volume_in_use": VolumeInUseError,
+    "key_not_found": KeyNotFoundError,
+    "quota_exceeded": QuotaExceededError,
+    "rate_limited": RateLimitedError,
     "too_many_volumes": TooManyVolumesError,
     "gone": GoneError,
     "execution_expired": ExecutionExpiredError,

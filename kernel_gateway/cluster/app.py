@@ -15,6 +15,7 @@ from kernel_gateway.cluster.metrics import RouterMetrics
 from kernel_gateway.cluster.proxy import Proxy
 from kernel_gateway.cluster.routes import routes
 from kernel_gateway.cluster.settings import RouterSettings
+from kernel_gateway.http.auth import Authenticator
 from kernel_gateway.http.errors import exception_handlers
 from kernel_gateway.http.middleware import front_middleware
 
@@ -64,7 +65,7 @@ def create_router_app(settings: RouterSettings) -> Starlette:
             *volumes.ROUTES,
             *templates.routes,
         ],
-        middleware=front_middleware(metrics, settings.token, settings.host),
+        middleware=front_middleware(metrics, Authenticator(settings.token), settings.host),
         exception_handlers=exception_handlers(),
         lifespan=lifespan,
     )

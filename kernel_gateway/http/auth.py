@@ -1,4 +1,13 @@
-"""Token authentication, and the Host check that guards a gateway without a token.
+"""Authentication: who a request acts as; and the Host check that guards a gateway
+without a token.
+
+A request carries the admin token (`--token`) or an API key (`tenants/keys.py`); either
+way it is given a `Principal` (`principal_of`), which every handler asks before it shows
+or touches a resource. Without a token the gateway is open: a request with no credential
+acts as the admin, as before keys existed, and one that presents a live key acts as that
+key (its quotas and ownership apply). A key's requests are counted against its rate
+limit here, and a key revoked or rotated while its request is open (an event stream, a
+WebSocket) ends that request at once: its `receive` reports the client gone.
 
 Tokens are compared as SHA-256 digests with `hmac.compare_digest`, so neither
 the time taken nor the answer says how much of a guess was right, and a
@@ -16,16 +25,23 @@ answered (`is_loopback_host`), which defeats DNS rebinding.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import ipaddress
 import re
+from collections.abc import Callable
+from typing import Protocol
 
 from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel_gateway.errors import BadRequest, Forbidden, GatewayError, Unauthorized
 from kernel_gateway.http.responses import error_response
+from kernel_gateway.tenants.principal import ADMIN, Principal
+from kernel_gateway.tenants.rate import RateLimiter
 
 AUTH_SCHEMES = frozenset({"bearer", "token"})
 PUBLIC_PATHS = frozenset({"/health", "/", "/openapi.json"})
@@ -39,31 +55,134 @@ is it (protocols/e2b/signed_files.py)."""
 _HOST = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[^\[\]:@]+))(?::[0-9]{0,5})?")
 
 
+PRINCIPAL = "kernel_gateway.principal"
+"""The scope key a request's principal is kept under."""
+
+
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-class BearerAuth:
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
-        self.app = app
+class Keys(Protocol):
+    """What authentication needs of the key store (`tenants.keys.KeyStore`)."""
+
+    def resolve(self, secret: str) -> Principal | None: ...
+
+    def watch(self, key_id: str, revoked: Callable[[], None]) -> Callable[[], None]: ...
+
+    def live(self, key_id: str | None) -> bool: ...
+
+
+class Authenticator:
+    """Who a credential stands for: the admin token, a live API key, or nobody."""
+
+    def __init__(self, token: str | None, keys: Keys | None = None) -> None:
         self._digest = _digest(token) if token else None
+        self.keys = keys
+        self.limiter = RateLimiter()
+
+    @property
+    def open(self) -> bool:
+        """No token: requests without a credential act as the admin."""
+        return self._digest is None
+
+    def principal(self, credential: str) -> Principal | None:
+        """The principal `credential` stands for; on an open gateway, anything that is not a
+        live key is the admin."""
+        if self._digest is not None and hmac.compare_digest(_digest(credential), self._digest):
+            return ADMIN
+        found = self.keys.resolve(credential) if credential and self.keys is not None else None
+        if found is not None:
+            return found
+        return ADMIN if self._digest is None else None
+
+    def admits(self, credential: str) -> bool:
+        """Whether `credential` is the admin token (an open gateway admits anything)."""
+        return self._digest is None or hmac.compare_digest(_digest(credential), self._digest)
+
+
+def credential(headers: Headers) -> str:
+    """The token of `Authorization: Bearer <token>` (or Jupyter's `token <token>`), or ""."""
+    scheme, _, value = headers.get("authorization", "").partition(" ")
+    return value.strip() if scheme.lower() in AUTH_SCHEMES else ""
+
+
+def principal_of(connection: HTTPConnection | Scope) -> Principal:
+    """The principal a request acts as; Unauthorized if no authentication gave it one
+    (a route left public by mistake fails closed)."""
+    scope = connection.scope if isinstance(connection, HTTPConnection) else connection
+    found = scope.get(PRINCIPAL)
+    if not isinstance(found, Principal):
+        raise Unauthorized("this request is not authenticated")
+    return found
+
+
+def act_as(scope: Scope, principal: Principal) -> None:
+    """Give a request its principal (a surface that authenticates by itself: E2B's)."""
+    scope[PRINCIPAL] = principal
+
+
+class BearerAuth:
+    def __init__(self, app: ASGIApp, auth: Authenticator) -> None:
+        self.app = app
+        self.auth = auth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] not in ("http", "websocket")
-            or self._digest is None
-            or scope["path"] in PUBLIC_PATHS
+        if scope["type"] not in ("http", "websocket") or (
+            scope["path"] in PUBLIC_PATHS
             or scope["path"] in SELF_CHECKED
             or scope["path"].startswith(PUBLIC_PREFIXES)
         ):
             await self.app(scope, receive, send)
             return
-        scheme, _, value = Headers(scope=scope).get("authorization", "").partition(" ")
-        provided = value.strip() if scheme.lower() in AUTH_SCHEMES else ""
-        if not hmac.compare_digest(_digest(provided), self._digest):
+        principal = self.auth.principal(credential(Headers(scope=scope)))
+        if principal is None:
             await refuse(scope, receive, send, Unauthorized("missing or invalid token"))
             return
-        await self.app(scope, receive, send)
+        try:
+            self.auth.limiter.take(principal)
+        except GatewayError as exc:
+            await refuse(scope, receive, send, exc)
+            return
+        scope[PRINCIPAL] = principal
+        if principal.key_id is None or self.auth.keys is None:
+            await self.app(scope, receive, send)
+            return
+        await until_revoked(self.app, self.auth.keys, principal.key_id, scope, receive, send)
+
+
+async def until_revoked(
+    app: ASGIApp, keys: Keys, key_id: str, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Run the request; if its key is revoked or rotated meanwhile, its `receive` says the
+    client left, which ends any stream or WebSocket that listens for that."""
+    revoked = asyncio.Event()
+    stop = keys.watch(key_id, revoked.set)
+    gone: Message = (
+        {"type": "websocket.disconnect", "code": 1008}
+        if scope["type"] == "websocket"
+        else {"type": "http.disconnect"}
+    )
+
+    async def watched() -> Message:
+        if revoked.is_set():
+            return gone
+        reading = asyncio.ensure_future(receive())
+        waiting = asyncio.ensure_future(revoked.wait())
+        try:
+            await asyncio.wait({reading, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+            if not reading.done():
+                reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reading
+        return reading.result() if reading.done() and not reading.cancelled() else gone
+
+    try:
+        await app(scope, watched, send)
+    finally:
+        stop()
 
 
 async def refuse(scope: Scope, receive: Receive, send: Send, exc: GatewayError) -> None:

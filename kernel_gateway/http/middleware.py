@@ -30,7 +30,7 @@ from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel_gateway import logs
-from kernel_gateway.http.auth import BearerAuth, LoopbackHostGuard
+from kernel_gateway.http.auth import Authenticator, BearerAuth, LoopbackHostGuard
 from kernel_gateway.http.responses import REQUEST_ID_HEADER, ConnectionDropped, JSONResponse
 from kernel_gateway.settings import is_loopback
 from kernel_gateway.types import JSON
@@ -152,11 +152,11 @@ def _internal_error(rid: str) -> JSONResponse[JSON]:
     return JSONResponse(body, status_code=500, headers={REQUEST_ID_HEADER: rid})
 
 
-def front_middleware(metrics: RequestCounter, token: str | None, host: str) -> list[Middleware]:
+def front_middleware(metrics: RequestCounter, auth: Authenticator, host: str) -> list[Middleware]:
     """What every request passes first, on a gateway and on a router alike: request ids,
-    the access log and HTTP metrics; the Host guard (no token, loopback); the token."""
+    the access log and HTTP metrics; the Host guard (no token, loopback); the token or key."""
     return [
         Middleware(ObserveRequests, metrics=metrics),
-        Middleware(LoopbackHostGuard, enabled=token is None and is_loopback(host)),
-        Middleware(BearerAuth, token=token),
+        Middleware(LoopbackHostGuard, enabled=auth.open and is_loopback(host)),
+        Middleware(BearerAuth, auth=auth),
     ]

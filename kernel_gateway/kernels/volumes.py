@@ -44,6 +44,7 @@ from kernel_gateway.errors import (
     VolumeNotFound,
 )
 from kernel_gateway.kernels.storage import make_image, run_command, unmount
+from kernel_gateway.tenants.principal import Principal
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +74,13 @@ class Volume:
     size: int
     """Its size cap in bytes (enforced where `Volumes.capped`)."""
     created_at: str
+    owner: str | None = None
+    """The id of the API key that made it (None: the admin); only it and the admin see it
+    or mount it, and names are each owner's own."""
 
     def to_json(self) -> dict[str, object]:
         return {"format": FORMAT, "id": self.id, "name": self.name, "size": self.size,
-                "created_at": self.created_at}  # fmt: skip
+                "created_at": self.created_at, "owner": self.owner}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -150,21 +154,22 @@ class Volumes:
 
     # -- reading -----------------------------------------------------------------------------
 
-    async def all(self) -> list[Volume]:
-        return await asyncio.to_thread(self._load)
+    async def all(self, viewer: Principal) -> list[Volume]:
+        """The volumes `viewer` sees, oldest first."""
+        return [v for v in await asyncio.to_thread(self._load) if viewer.sees(v.owner)]
 
-    async def get(self, ref: str) -> Volume:
-        """A volume by id or name."""
-        return await asyncio.to_thread(self._get, ref)
+    async def get(self, ref: str, viewer: Principal) -> Volume:
+        """A volume `viewer` sees, by id or name (its own name first, for the admin)."""
+        return await asyncio.to_thread(self._get, ref, viewer)
 
-    def _get(self, ref: str) -> Volume:
+    def _get(self, ref: str, viewer: Principal) -> Volume:
         if ID.match(ref):
             volume = self._read(self.root / ref)
-            if volume is not None:
+            if volume is not None and viewer.sees(volume.owner):
                 return volume
-        for volume in self._load():
-            if volume.name == ref:
-                return volume
+        named = [v for v in self._load() if v.name == ref and viewer.sees(v.owner)]
+        for volume in sorted(named, key=lambda v: v.owner != viewer.owner):
+            return volume
         raise VolumeNotFound(f"no volume with id or name {ref!r}")
 
     def _load(self) -> list[Volume]:
@@ -179,18 +184,24 @@ class Volumes:
     def _read(folder: Path) -> Volume | None:
         try:
             data = json.loads((folder / "volume.json").read_text())
+            owner = data.get("owner")
             return Volume(
-                str(data["id"]), str(data["name"]), int(data["size"]), str(data["created_at"])
+                str(data["id"]),
+                str(data["name"]),
+                int(data["size"]),
+                str(data["created_at"]),
+                str(owner) if owner else None,
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None  # being made or removed, or not a volume
 
-    async def mounts(self, asked: dict[str, str]) -> tuple[VolumeMount, ...]:
-        """A session's volumes ({name or id: mount path}) as mounts; VolumeNotFound for one
-        missing, BadRequest for a mount path not allowed or overlapping another."""
+    async def mounts(self, asked: dict[str, str], viewer: Principal) -> tuple[VolumeMount, ...]:
+        """A session's volumes ({name or id: mount path}, those `viewer` sees) as mounts;
+        VolumeNotFound for one missing, BadRequest for a mount path not allowed or
+        overlapping another."""
         mounts: list[VolumeMount] = []
         for ref, path in asked.items():
-            volume = await self.get(ref)
+            volume = await self.get(ref, viewer)
             target = mount_target(path)
             for other in mounts:
                 if other.volume_id == volume.id:
@@ -218,7 +229,7 @@ class Volumes:
 
     # -- changing ----------------------------------------------------------------------------
 
-    async def create(self, name: str, size: int) -> Volume:
+    async def create(self, name: str, size: int, owner: Principal) -> Volume:
         if not NAME.match(name):
             raise BadRequest(
                 f"a volume's name is 1 to 128 letters, digits and -_. starting with a letter or "
@@ -226,8 +237,8 @@ class Volumes:
             )
         size = max(size, MIN_SIZE)
         async with self._lock:
-            volumes = await self.all()
-            if any(v.name == name for v in volumes):
+            volumes = await asyncio.to_thread(self._load)
+            if any(v.name == name and v.owner == owner.owner for v in volumes):
                 raise Conflict(f"a volume named {name!r} exists already")
             if len(volumes) >= self._max:
                 raise TooManyVolumes(
@@ -238,6 +249,7 @@ class Volumes:
                 name,
                 size,
                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                owner.owner,
             )
             try:
                 await asyncio.shield(asyncio.to_thread(self._make, volume))
@@ -274,10 +286,10 @@ class Volumes:
         with contextlib.suppress(OSError):
             shutil.rmtree(lost)  # mkfs's own folder: not the user's
 
-    async def delete(self, ref: str, mounted_by: list[str]) -> Volume:
+    async def delete(self, ref: str, mounted_by: list[str], viewer: Principal) -> Volume:
         """Delete a volume and its content. `mounted_by`: sessions that mount it (refused)."""
         async with self._lock:
-            volume = await self.get(ref)
+            volume = await self.get(ref, viewer)
             if mounted_by:
                 raise VolumeInUse(
                     f"volume {volume.name!r} is mounted by session(s) {', '.join(mounted_by)}: "

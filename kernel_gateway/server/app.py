@@ -14,6 +14,7 @@ import zmq.asyncio
 from starlette.applications import Starlette
 
 from kernel_gateway.errors import BackendUnavailable
+from kernel_gateway.http.auth import Authenticator
 from kernel_gateway.http.errors import exception_handlers
 from kernel_gateway.http.middleware import front_middleware
 from kernel_gateway.kernels.backends import AUTO, load_backend
@@ -37,6 +38,7 @@ from kernel_gateway.sessions.usage import UsageSampler
 from kernel_gateway.settings import Settings
 from kernel_gateway.templates.builtin import start_builtin
 from kernel_gateway.templates.service import Templates
+from kernel_gateway.tenants.keys import KeyStore
 from kernel_gateway.types import JSON
 
 if TYPE_CHECKING:  # its module loads the Docker SDK: imported when egress is on
@@ -56,6 +58,8 @@ class State(TypedDict):
     snapshots: SavedSessions
     volumes: Volumes
     usage: UsageSampler
+    keys: KeyStore
+    auth: Authenticator
     openapi: Callable[[], JSON]
 
 
@@ -90,6 +94,8 @@ def create_app(settings: Settings) -> Starlette:
     # for open connections, and the drain must start at the signal).
     durable = DurableSessions(settings)
     metrics = Metrics()
+    keys = KeyStore(settings.runtime_dir / "keys.sqlite3")
+    auth = Authenticator(settings.token, keys)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
@@ -102,6 +108,7 @@ def create_app(settings: Settings) -> Starlette:
         templates: Templates | None = None
         usage: UsageSampler | None = None
         try:
+            await asyncio.to_thread(keys.open)
             backend = await select_backend(settings, runtime)
             backend_ready = time.monotonic()
             logger.info("backend: %s; isolation: %s", backend.name, backend.isolation)
@@ -128,7 +135,16 @@ def create_app(settings: Settings) -> Starlette:
                 await templates.sweep()
                 templates.egress = egress
             start_builtin(templates, settings.builtin_template_list, backend.name)
-            registry = Registry(settings, warm, runtime.instance, forks, others, egress, templates)
+            registry = Registry(
+                settings,
+                warm,
+                runtime.instance,
+                forks,
+                others,
+                egress,
+                templates,
+                principals=keys.principal,
+            )
             volumes = Volumes(
                 runtime.root / "volumes",
                 capped=backend.disks_capped,
@@ -154,7 +170,7 @@ def create_app(settings: Settings) -> Starlette:
             usage = UsageSampler(settings, registry.sessions)
             usage.start()
             async with protocol_state(
-                settings, registry, snapshots, usage, volumes, records
+                settings, registry, snapshots, usage, volumes, auth, records
             ) as protocols:
                 document = functools.cache(functools.partial(build, settings, list(languages)))
                 yield {
@@ -165,6 +181,8 @@ def create_app(settings: Settings) -> Starlette:
                     "snapshots": snapshots,
                     "volumes": volumes,
                     "usage": usage,
+                    "keys": keys,
+                    "auth": auth,
                     "openapi": document,
                     **protocols,
                 }
@@ -182,11 +200,12 @@ def create_app(settings: Settings) -> Starlette:
                 await (backend.detach() if left else backend.close())
             context.destroy(linger=0)
             runtime.close(keep=left > 0)
+            await asyncio.to_thread(keys.close)
             durable.log_stopped(left)
 
     app = Starlette(
         routes=routes,
-        middleware=front_middleware(metrics, settings.token, settings.host),
+        middleware=front_middleware(metrics, auth, settings.host),
         exception_handlers=exception_handlers(),
         lifespan=lifespan,
     )

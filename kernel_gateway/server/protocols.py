@@ -12,6 +12,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import TypedDict
 
+from kernel_gateway.http.auth import Authenticator
 from kernel_gateway.kernels.volumes import Volumes
 from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.jupyter.kernels import JupyterKernels
@@ -35,6 +36,7 @@ async def protocol_state(
     snapshots: SavedSessions,
     usage: UsageSampler,
     volumes: Volumes,
+    auth: Authenticator,
     records: Path | None = None,
 ) -> AsyncIterator[ProtocolState]:
     """`records`: where front doors keep what must outlive the gateway (E2B's sandboxes),
@@ -47,6 +49,7 @@ async def protocol_state(
         snapshots,
         usage,
         volumes,
+        auth,
         records / "e2b" if records is not None else None,
     )
     async with AsyncExitStack() as stack:

@@ -182,7 +182,7 @@ class DurableSessions:
                 reason = f"its kernel did not answer within {ADOPT_PROBE_SECONDS:g} s"
         if reason is not None:
             logger.warning("session %s is lost: %s", record.id, reason)
-            registry.mark_lost(record.id, reason)
+            registry.mark_lost(record.id, reason, record.owner)
             self.store.delete(record.id)
             if kernel is not None:
                 await kernel.close()

@@ -91,6 +91,9 @@ class SessionRecord:
     """`template_id/build_id` of the template its kernel runs, if any."""
     mounts: list[list[str]] = field(default_factory=list)
     """Its volumes: `[volume id, name, folder on the host, mount path]` each."""
+    owner: str | None = None
+    """The id of the API key that made it (None: the admin, and records written before
+    keys existed)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self)}
@@ -124,6 +127,7 @@ class SessionRecord:
             else None,
             carrier=str(data["carrier"]) if data.get("carrier") else None,
             mounts=[[str(part) for part in m] for m in data.get("mounts") or []],
+            owner=str(data["owner"]) if data.get("owner") else None,
             running=None
             if running is None
             else RunningCell(

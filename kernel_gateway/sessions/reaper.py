@@ -17,6 +17,7 @@ from kernel_gateway.errors import GatewayError, SessionBusy, SessionNotFound
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
 from kernel_gateway.tasks import TaskSet
+from kernel_gateway.tenants.principal import ADMIN, Principal
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +29,10 @@ class Reaped(Protocol):
 
     def companions(self, owner_id: str) -> list[Session]: ...
 
-    async def delete_session(self, session_id: str) -> None: ...
+    async def delete_session(self, session_id: str, viewer: Principal) -> None: ...
 
-    def gone(self, session_id: str, message: str) -> None:
-        """`session_id` answers 410 with `message` from now on."""
+    def gone(self, session_id: str, message: str, owner: str | None = None) -> None:
+        """`session_id` answers 410 with `message` from now on (to `owner` and the admin)."""
 
 
 class IdleReaper:
@@ -85,11 +86,12 @@ class IdleReaper:
                 logger.info(
                     "session %s hibernated and idle for %.0f s; removing it", session.id, idle
                 )
-                await self._registry.delete_session(session.id)
+                await self._registry.delete_session(session.id, ADMIN)
                 self._registry.gone(
                     session.id,
                     f"session {session.id} was hibernated for longer than --hibernated-ttl "
                     f"({s.hibernated_ttl:g} s) and was deleted with its variables and files",
+                    session.owner,
                 )
             return
         if self._may_hibernate(session):  # never removed while it can hibernate instead
@@ -99,7 +101,7 @@ class IdleReaper:
             return
         if idle >= s.idle_timeout:
             logger.info("session %s idle for %.0f s; removing it", session.id, s.idle_timeout)
-            await self._registry.delete_session(session.id)
+            await self._registry.delete_session(session.id, ADMIN)
 
     def _may_hibernate(self, session: Session) -> bool:
         return (

@@ -15,6 +15,12 @@ the drain, the suspension, the adoption) is `DurableSessions`' (sessions/durable
 the registry offers it a few named steps, and answers 410 `session_lost` for the
 sessions it could not adopt.
 
+Every session belongs to the principal that made it (`tenants/principal.py`): an API key,
+or the admin. `get`, `visible` and `delete_session` take the principal asking, and a
+session of another key is answered as missing (404), never as forbidden; a key's quotas
+(sessions held, stateless requests at once) are counted here, per key, before any kernel
+is taken, so a key past its quota never takes capacity from another.
+
 Beside it: which domains a session may reach (`network_policy.py`), and the reaping of
 idle sessions (`reaper.py`).
 """
@@ -24,16 +30,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from kernel_gateway.errors import (
     BadRequest,
     Conflict,
-    Forbidden,
-    InvalidRequest,
     KernelUnavailable,
-    NotFound,
     SessionLost,
     SessionNotFound,
     ShuttingDown,
@@ -54,16 +57,19 @@ from kernel_gateway.sessions.execution import Execution
 from kernel_gateway.sessions.files import SessionFiles
 from kernel_gateway.sessions.hibernation import Hibernator
 from kernel_gateway.sessions.kernel_slot import KernelSlot
+from kernel_gateway.sessions.key_quotas import KeyQuotas
 from kernel_gateway.sessions.persistence import SessionRecord, SessionStore
 from kernel_gateway.sessions.reaper import IdleReaper
 from kernel_gateway.sessions.restart_policy import RestartPolicy
 from kernel_gateway.sessions.session import Session
+from kernel_gateway.sessions.stateless import StatelessRuns
 from kernel_gateway.sessions.template_pools import TemplatePools
 from kernel_gateway.settings import Settings
-from kernel_gateway.shapes.responses import LanguageInfo, PoolStats, StatelessMode
+from kernel_gateway.shapes.responses import PoolStats
 from kernel_gateway.tasks import TaskSet
 from kernel_gateway.templates.model import TemplateRef
 from kernel_gateway.templates.service import Templates
+from kernel_gateway.tenants.principal import Principal
 
 if TYPE_CHECKING:  # the proxy's module loads the Docker SDK: only when egress is on
     from kernel_gateway.kernels.egress.proxy import EgressProxy
@@ -83,8 +89,12 @@ class Registry:
         others: Iterable[WarmPool] = (),
         egress: EgressProxy | None = None,
         templates: Templates | None = None,
+        principals: Callable[[str], Principal] | None = None,
     ) -> None:
+        """`principals`: a key's principal by its id, as it is now (`KeyQuotas`)."""
         self.settings = settings
+        self.quotas = KeyQuotas(self.held_by, principals)
+        """What each API key holds, against its quotas."""
         self.template_pools = TemplatePools(templates, warm, settings, self.sessions)
         """Kernels of templates' builds (see template_pools.py)."""
         self.warm = warm
@@ -94,9 +104,8 @@ class Registry:
         for pool in others:
             self.pools[pool.language.name] = pool
         self.forks = forks
-        self.stateless_limit = settings.stateless_limit(forked=forks is not None)
-        """At most this many stateless executions at once (`--max-stateless`)."""
         """Where stateless kernels come from when they are forked (else from `warm`)."""
+        self.stateless = StatelessRuns(self, settings, forks, self.quotas)
         self.instance = instance
         """This gateway's id; its kernel containers carry it as a label."""
         self.store: SessionStore | None = None
@@ -104,15 +113,13 @@ class Registry:
         None when they die with the gateway."""
         self.draining = False
         self._sessions: dict[str, Session] = {}
-        self._lost: dict[str, str] = {}
-        """Sessions a predecessor persisted that could not be adopted, and why."""
-        self._ephemeral: set[Session] = set()
+        self._lost: dict[str, tuple[str, str | None]] = {}
+        """Sessions gone for good (not adopted, reaped hibernated): id → (why, owner)."""
         self._leases: dict[Session, Lease] = {}
+        """Where each session's kernel came from: released when the session closes."""
         self._companions: dict[str, list[Session]] = {}
         """Sessions whose kernels run on another session's storage, by that session's id."""
-        """Where each session's kernel came from: released when the session closes."""
         self._reserved = 0
-        self._reserved_stateless = 0
         self.egress = egress
         """The egress proxy, when the operator allows some domains (`--egress-allow`)."""
         self._tasks = TaskSet()
@@ -158,8 +165,8 @@ class Registry:
         await self.stop_reaping()
         # Taken out first, so a stateless cell that ends meanwhile starts no release of its own.
         companions = [c for group in self._companions.values() for c in group]
-        sessions = [*self._sessions.values(), *self._ephemeral]
-        self._sessions, self._ephemeral, self._companions = {}, set(), {}
+        sessions = [*self._sessions.values(), *self.stateless.take_all()]
+        self._sessions, self._companions = {}, {}
         # Companions first: their kernels run on their owners' storage.
         await asyncio.gather(*(self._close(c) for c in companions), return_exceptions=True)
         await asyncio.gather(*(self._close(s) for s in sessions), return_exceptions=True)
@@ -184,13 +191,13 @@ class Registry:
 
     def busy(self) -> bool:
         """A cell runs or waits, in a session or a stateless execution."""
-        return any(s.busy for s in (*self._sessions.values(), *self._ephemeral))
+        return any(s.busy for s in (*self._sessions.values(), *self.stateless.sessions()))
 
     def stop_stateless(self) -> None:
         """Stop every stateless cell still running: its session closes in the background
         (`close` waits for it)."""
-        for session in list(self._ephemeral):
-            self._release(session)
+        for session in self.stateless.sessions():
+            self.stateless.release(session)
 
     async def stop_reaping(self) -> None:
         await self.reaper.stop()
@@ -214,6 +221,7 @@ class Registry:
             language=record.language,
             template=template,
             pool=pool,
+            owner=record.owner,
         )
         carrier = None
         if record.carrier is not None:  # its kernel runs on this disk, carrying the session's
@@ -236,6 +244,7 @@ class Registry:
             language=record.language,
             template=template,
             pool=pool,
+            owner=record.owner,
         )
         session.restore(record)
         self._sessions[session.id] = session
@@ -243,17 +252,19 @@ class Registry:
             await self._restore_network(session, record.network)
         return session
 
-    def mark_lost(self, session_id: str, reason: str) -> None:
+    def mark_lost(self, session_id: str, reason: str, owner: str | None = None) -> None:
         """A persisted session that could not be adopted: it answers 410 `session_lost`."""
         self.gone(
             session_id,
             f"session {session_id} did not survive the gateway's restart ({reason}); "
             "its variables and files are gone: create a new session",
+            owner,
         )
 
-    def gone(self, session_id: str, message: str) -> None:
-        """`session_id` answers 410 `session_lost` with `message` from now on."""
-        self._lost[session_id] = message
+    def gone(self, session_id: str, message: str, owner: str | None = None) -> None:
+        """`session_id` answers 410 `session_lost` with `message` from now on (to `owner`'s
+        requests and the admin's; 404 to another key's)."""
+        self._lost[session_id] = (message, owner)
         while len(self._lost) > MAX_GONE_KEPT:
             del self._lost[next(iter(self._lost))]
 
@@ -263,37 +274,9 @@ class Registry:
             # Running ones: what `--max-sessions` bounds (and a cluster router places by).
             "sessions": sum(1 for s in self._sessions.values() if not s.hibernated),
             "max_sessions": self.settings.max_sessions,
-            "stateless": len(self._ephemeral),
-            "max_stateless": self.stateless_limit,
+            "stateless": len(self.stateless.sessions()),
+            "max_stateless": self.stateless.limit,
         }
-
-    def languages_json(self) -> list[LanguageInfo]:
-        """Each language served, Python first, with its version and its pool's numbers."""
-        out: list[LanguageInfo] = []
-        for name, language in self.languages.items():
-            pool = self.pools.get(name)
-            warm = pool.stats() if pool is not None else None
-            out.append(
-                {
-                    "name": language.name,
-                    "display_name": language.display_name,
-                    "version": language.version,
-                    "image": language.image,
-                    "interrupt_mode": language.interrupt_mode,
-                    "pool": {
-                        "warm": warm["warm"] if warm is not None else 0,
-                        "starting": warm["starting"] if warm is not None else 0,
-                        "target": warm["target"] if warm is not None else 0,
-                    },
-                }
-            )
-        return out
-
-    def stateless_stats(self) -> StatelessMode:
-        """How stateless requests get kernels, for /health."""
-        if self.forks is None:
-            return {"stateless_mode": "container"}
-        return {"stateless_mode": "fork", "fork_servers": self.forks.stats()}
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -316,8 +299,11 @@ class Registry:
         network: list[str] | str | None = None,
         template: str | None = None,
         mounts: tuple[VolumeMount, ...] = (),
+        *,
+        owner: Principal,
     ) -> Session:
         self._refuse_if_draining()
+        self.quotas.check_session(owner)
         allow = self.network_policy(network)
         if mounts and self.backend.volumes is not None:
             raise BadRequest(self.backend.volumes)
@@ -339,7 +325,12 @@ class Registry:
         finally:
             self._reserved -= 1
         session = self._session_on(
-            lease, ephemeral=False, language=pool.language.name, template=ref, pool=pool
+            lease,
+            ephemeral=False,
+            language=pool.language.name,
+            template=ref,
+            pool=pool,
+            owner=owner.owner,
         )
         if allow:
             try:
@@ -353,29 +344,45 @@ class Registry:
             await self.store.flush()  # on disk before the client hears of it
         return session
 
-    def get(self, session_id: str) -> Session:
+    def get(self, session_id: str, viewer: Principal) -> Session:
+        """The session, if `viewer` may see it (its owner, or the admin)."""
         session = self._sessions.get(session_id)
-        if session is None:
-            raise self._missing(session_id)
+        if session is None or not viewer.sees(session.owner):
+            raise self._missing(session_id, viewer)
         return session
 
-    def _missing(self, session_id: str) -> SessionNotFound | SessionLost:
-        message = self._lost.get(session_id)
-        if message is not None:
-            return SessionLost(message)
+    def _missing(self, session_id: str, viewer: Principal) -> SessionNotFound | SessionLost:
+        lost = self._lost.get(session_id)
+        if lost is not None and viewer.sees(lost[1]):
+            return SessionLost(lost[0])
         return SessionNotFound(f"no session with id {session_id!r}")
+
+    def held_by(self, key_id: str) -> int:
+        """Kernels a key holds against its `max_sessions`: its sessions (hibernated ones
+        too: each resumes when called) and their companions."""
+        return sum(
+            1 + len(self._companions.get(s.id, ()))
+            for s in self._sessions.values()
+            if s.owner == key_id
+        )
 
     def _refuse_if_draining(self) -> None:
         if self.draining:
             raise ShuttingDown("the gateway is restarting; retry shortly", retry_after=2)
 
     def sessions(self) -> list[Session]:
+        """Every session, whoever owns it: the gateway's own view (reaping, the drain)."""
         return list(self._sessions.values())
 
-    async def delete_session(self, session_id: str) -> None:
+    def visible(self, viewer: Principal) -> list[Session]:
+        """The sessions `viewer` may see: its own, or all for the admin."""
+        return [s for s in self._sessions.values() if viewer.sees(s.owner)]
+
+    async def delete_session(self, session_id: str, viewer: Principal) -> None:
+        self.get(session_id, viewer)
         session = self._sessions.pop(session_id, None)
         if session is None:
-            raise self._missing(session_id)
+            raise self._missing(session_id, viewer)
         self.reaper.forget(session_id)
         if self.store is not None:  # first: a crash from here on must not bring it back
             self.store.delete(session_id)
@@ -386,11 +393,15 @@ class Registry:
 
     # -- companions: more kernels on one session's files ---------------------------------------
 
-    async def create_companion(self, owner_id: str, language: str | None = None) -> Session:
+    async def create_companion(
+        self, owner_id: str, language: str | None = None, *, viewer: Principal
+    ) -> Session:
         """A session of `language` on session `owner_id`'s storage: its files, variables of its
-        own (E2B's contexts). Closed with its owner; not persisted; counts as a session."""
+        own (E2B's contexts). Closed with its owner; not persisted; counts as a session (and
+        against its key's quota)."""
         self._refuse_if_draining()
-        owner = self.get(owner_id)
+        owner = self.get(owner_id, viewer)
+        self.quotas.check_session(self.quotas.principal(owner.owner))
         # A context of a session on a template runs on the template too (its language's).
         pool = self.template_pools.for_session(owner, language) or self.pool(language)
         if self._held() + self._reserved >= self.settings.max_sessions:
@@ -406,9 +417,14 @@ class Registry:
             self._reserved -= 1
         if self._sessions.get(owner_id) is not owner:  # deleted while the kernel started
             await lease.kernel.close()
-            raise self._missing(owner_id)
+            raise self._missing(owner_id, viewer)
         session = self._session_on(
-            lease, ephemeral=False, language=pool.language.name, template=owner.template, pool=pool
+            lease,
+            ephemeral=False,
+            language=pool.language.name,
+            template=owner.template,
+            pool=pool,
+            owner=owner.owner,
         )
         self._companions.setdefault(owner_id, []).append(session)
         return session
@@ -439,62 +455,43 @@ class Registry:
         language: str | None = None,
         network: list[str] | str | None = None,
         template: str | None = None,
+        *,
+        owner: Principal,
     ) -> tuple[Session, Execution]:
-        """Run one cell in a fresh kernel that is destroyed once the cell ends.
-
-        Python's come from the fork servers when there are some (unless the cell may reach
-        some domains: a forked kernel shares its server's container, so it gets a kernel
-        of its own); other languages' and templates' from their warm pool (a kernel started
-        on demand when it has none ready).
-        """
-        self._refuse_if_draining()
-        allow = self.network_policy(network)
-        ref: TemplateRef | None = None
-        if template is not None:
-            pool, ref = self.template_pools.for_reference(template, language)
-        else:
-            pool = self.pool(language)
-        network_policy.check_language(pool.language.name, allow)
-        forks = self.forks if pool is self.warm and not allow else None
-        # A forked request waiting for a fork server holds nothing; one that gets a
-        # container of its own holds that container: by default it is let in only under
-        # the lower limit (`Settings.stateless_limit`).
-        limit = self.stateless_limit if forks else self.settings.stateless_limit(forked=False)
-        if len(self._ephemeral) + self._reserved_stateless >= limit:
-            raise TooManySessions(
-                f"{limit} stateless executions are already running; retry shortly",
-                retry_after=1,
-            )
-        self._reserved_stateless += 1
-        try:
-            lease: Lease = await (forks.acquire(forks.is_light(code)) if forks else pool.acquire())
-        finally:
-            self._reserved_stateless -= 1
-        session = self._session_on(
-            lease, ephemeral=True, language=pool.language.name, template=ref, pool=pool
+        """Run one cell in a fresh kernel destroyed once the cell ends (`stateless.py`)."""
+        return await self.stateless.run(
+            code, cell_timeout, files, language, network, template, owner
         )
-        self._ephemeral.add(session)
-        try:
-            if allow:
-                await self._give_network(session, allow)
-            for i, (path, data) in enumerate(files):
-                try:
-                    await session.files.write(path, data, self.settings.max_upload_bytes)
-                except (BadRequest, Conflict, Forbidden, NotFound) as exc:
-                    # a bad path, or one that clashes with an earlier file: the body's fault
-                    raise InvalidRequest(f"'files[{i}]': {exc.message}") from None
-            execution = session.submit(code, cell_timeout)
-        except BaseException:
-            self._release(session)
-            raise
-        assert execution.task is not None
-        execution.task.add_done_callback(lambda _: self._release(session))
-        return session, execution
 
-    def _release(self, session: Session) -> None:
-        if session in self._ephemeral:
-            self._ephemeral.discard(session)
-            self._tasks.spawn(self._close(session))
+    # -- what stateless executions ask (stateless.Host) --------------------------------------
+
+    def refuse_if_draining(self) -> None:
+        self._refuse_if_draining()
+
+    def pool_for(
+        self, language: str | None, template: str | None
+    ) -> tuple[WarmPool, TemplateRef | None]:
+        if template is not None:
+            return self.template_pools.for_reference(template, language)
+        return self.pool(language), None
+
+    def ephemeral_session(
+        self, lease: Lease, pool: WarmPool, template: TemplateRef | None, owner: str | None
+    ) -> Session:
+        return self._session_on(
+            lease,
+            ephemeral=True,
+            language=pool.language.name,
+            template=template,
+            pool=pool,
+            owner=owner,
+        )
+
+    async def give_network(self, session: Session, allow: list[str]) -> None:
+        await self._give_network(session, allow)
+
+    def close_later(self, session: Session) -> None:
+        self._tasks.spawn(self._close(session))
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -512,6 +509,7 @@ class Registry:
         language: str = PYTHON,
         template: TemplateRef | None = None,
         pool: WarmPool | None = None,
+        owner: str | None = None,
     ) -> Session:
         session_id = id or self._new_id()
         s = self.settings
@@ -540,6 +538,7 @@ class Registry:
             language=language,
             hibernator=self.hibernator if hibernates else None,
             template=template,
+            owner=owner,
         )
 
         def replaced() -> None:
@@ -577,9 +576,9 @@ class Registry:
             if lease is not None:
                 await lease.release()
 
-    async def hibernate(self, session_id: str) -> Session:
+    async def hibernate(self, session_id: str, viewer: Principal) -> Session:
         """Hibernate a session now (`POST /sessions/{id}/hibernate`)."""
-        session = self.get(session_id)
+        session = self.get(session_id, viewer)
         if session.hibernation is None:  # a well-formed call this session cannot take
             raise Conflict(
                 f"{session.language} sessions cannot be hibernated (only Python kernels' "

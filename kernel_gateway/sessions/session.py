@@ -67,8 +67,12 @@ class Session:
         language: str = PYTHON,
         hibernator: Hibernator | None = None,
         template: TemplateRef | None = None,
+        owner: str | None = None,
     ) -> None:
         self.id = session_id
+        self.owner = owner
+        """The id of the API key that made it (None: the admin); only it and the admin
+        see it."""
         self.language = language
         """The language its kernel runs (a name from `GET /languages`), fixed for its life."""
         self.template = template
@@ -350,6 +354,7 @@ class Session:
             "hibernation": self.hibernation.to_json() if self.hibernation is not None else None,
             "template": self.template.to_json() if self.template is not None else None,
             "volumes": {m.target: m.name for m in self.mounts},
+            "owner": self.owner,
         }
 
     # -- persistence -------------------------------------------------------------------------
@@ -379,6 +384,7 @@ class Session:
             carrier=carrier.root.name if carrier is not None else None,
             template=self.template.key if self.template is not None else None,
             mounts=[[m.volume_id, m.name, str(m.source), m.target] for m in self.mounts],
+            owner=self.owner,
         )
 
     def restore(self, record: SessionRecord, carrier: SessionStorage | None = None) -> None:

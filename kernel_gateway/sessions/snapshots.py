@@ -55,6 +55,7 @@ from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.shapes import responses
 from kernel_gateway.shapes.events import LostName
+from kernel_gateway.tenants.principal import ADMIN, Principal
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,9 @@ class Snapshot:
     extra: dict[str, Any] = field(default_factory=dict)
     """What a front door keeps with it (E2B: the sandbox's environment variables)."""
     has_namespace: bool = False
+    owner: str | None = None
+    """The id of the API key that took it (None: the admin); only it and the admin see it,
+    and sessions started from it are its."""
 
     def to_json(self) -> responses.Snapshot:
         created = datetime.fromtimestamp(self.created_at, UTC).isoformat()
@@ -97,6 +101,7 @@ class Snapshot:
             "created_at": created.replace("+00:00", "Z"),
             "bytes": self.bytes,
             "lost": list(self.lost),
+            "owner": self.owner,
         }
 
     def record(self) -> dict[str, Any]:
@@ -113,6 +118,7 @@ class Snapshot:
             "lost": self.lost,
             "extra": self.extra,
             "has_namespace": self.has_namespace,
+            "owner": self.owner,
         }
 
     @classmethod
@@ -132,6 +138,7 @@ class Snapshot:
             lost=[{"name": str(x["name"]), "reason": str(x["reason"])} for x in data["lost"]],
             extra=dict(data.get("extra") or {}),
             has_namespace=bool(data.get("has_namespace", False)),
+            owner=str(data["owner"]) if data.get("owner") else None,
         )
 
 
@@ -173,14 +180,17 @@ class SnapshotStore:
                     found.append(Snapshot.from_record(json.loads((entry / RECORD).read_bytes())))
         return sorted(found, key=lambda s: s.created_at)
 
-    def find(self, reference: str) -> Snapshot:
-        """By id, else by name."""
+    def find(self, reference: str, viewer: Principal) -> Snapshot:
+        """By id, else by name, among those `viewer` sees (names are each owner's own: its
+        own name first for the admin)."""
         if _settled(reference) and (self.folder / reference / RECORD).is_file():
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                return self._read(self.folder / reference)
-        for snapshot in self.all():
-            if snapshot.name == reference:
-                return snapshot
+                found = self._read(self.folder / reference)
+                if viewer.sees(found.owner):
+                    return found
+        named = [s for s in self.all() if s.name == reference and viewer.sees(s.owner)]
+        for snapshot in sorted(named, key=lambda s: s.owner != viewer.owner):
+            return snapshot
         raise SnapshotNotFound(f"no snapshot {reference!r}")
 
     def _read(self, folder: Path) -> Snapshot:
@@ -234,20 +244,23 @@ class SavedSessions:
 
     # -- what the API asks ---------------------------------------------------------------
 
-    async def find(self, session_id: str | None = None, name: str | None = None) -> list[Snapshot]:
+    async def find(
+        self, viewer: Principal, session_id: str | None = None, name: str | None = None
+    ) -> list[Snapshot]:
         found = await asyncio.to_thread(self.store.all)
         return [
             s
             for s in found
-            if (session_id is None or s.source == session_id)
+            if viewer.sees(s.owner)
+            and (session_id is None or s.source == session_id)
             and (name is None or name in (s.name, s.id))
         ]
 
-    async def get(self, reference: str) -> Snapshot:
-        return await asyncio.to_thread(self.store.find, reference)
+    async def get(self, reference: str, viewer: Principal) -> Snapshot:
+        return await asyncio.to_thread(self.store.find, reference, viewer)
 
-    async def delete(self, reference: str) -> None:
-        snapshot = await self.get(reference)
+    async def delete(self, reference: str, viewer: Principal) -> None:
+        snapshot = await self.get(reference, viewer)
         await asyncio.to_thread(self.store.delete, snapshot)
         logger.info("snapshot %s deleted", snapshot.id)
 
@@ -255,13 +268,13 @@ class SavedSessions:
         self, session: Session, name: str | None = None, extra: dict[str, Any] | None = None
     ) -> Snapshot:
         """A snapshot of `session` (running as it was), kept as `name`: one of that name is
-        replaced (its id stays)."""
+        replaced (its id stays). It belongs to the session's owner, as do names."""
         if name is not None and not NAME.fullmatch(name):
             raise InvalidRequest(
                 f"'name': {name!r} is not a snapshot name (letters, digits and -_., at most "
                 "128, starting with a letter or digit)"
             )
-        existing = await self._named(name)
+        existing = await self._named(name, session.owner)
         if existing is None:
             held = len(await asyncio.to_thread(self.store.all)) + self._writing
             if held >= self.settings.max_snapshots:
@@ -287,12 +300,15 @@ class SavedSessions:
         language: str | None = None,
         template: str | None = None,
         mounts: tuple[VolumeMount, ...] = (),
+        *,
+        owner: Principal,
     ) -> Restored:
-        """A new session from the snapshot `reference` (id or name): its files, its variables,
-        its language and template, and its network policy unless `network` asks another.
-        A `language` or `template` asked as well must be the snapshot's (else 409).
-        `mounts`: volumes it mounts (a snapshot holds none of a volume's files)."""
-        snapshot = await self.get(reference)
+        """A new session of `owner`'s from the snapshot `reference` (id or name, one it sees):
+        its files, its variables, its language and template, and its network policy unless
+        `network` asks another. A `language` or `template` asked as well must be the
+        snapshot's (else 409). `mounts`: volumes it mounts (a snapshot holds none of a
+        volume's files)."""
+        snapshot = await self.get(reference, owner)
         if language is not None:
             asked = self.registry.languages.get_or_raise(language).name
             if asked != snapshot.language:
@@ -305,18 +321,20 @@ class SavedSessions:
                 + (f"the template {snapshot.template}" if snapshot.template else "no template")
                 + f", not {template!r} (leave 'template' out, or give its id)"
             )
-        return await self._start(snapshot, self.store.path(snapshot), network, mounts)
+        return await self._start(snapshot, self.store.path(snapshot), network, mounts, owner)
 
-    async def fork(self, session: Session, count: int) -> list[Restored | GatewayError]:
-        """`count` new sessions, each a copy of `session` as it is now (which runs on); each
-        succeeds or fails on its own."""
+    async def fork(
+        self, session: Session, count: int, *, owner: Principal
+    ) -> list[Restored | GatewayError]:
+        """`count` new sessions of `owner`'s, each a copy of `session` as it is now (which
+        runs on); each succeeds or fails on its own."""
         if not 1 <= count <= MAX_FORKS:
             raise InvalidRequest(f"'count': from 1 to {MAX_FORKS}, not {count}")
         snapshot = await self._save(session, self._new_id(), None, {}, keep=False)
         folder = self.store.folder / f"{snapshot.id}.partial"
         try:
             results = await asyncio.gather(
-                *(self._start(snapshot, folder, None, session.mounts) for _ in range(count)),
+                *(self._start(snapshot, folder, None, session.mounts, owner) for _ in range(count)),
                 return_exceptions=True,
             )
         finally:
@@ -345,11 +363,11 @@ class SavedSessions:
         node = self.settings.node_name
         return f"{node}.snap-{hexa}" if node else f"snap-{hexa}"
 
-    async def _named(self, name: str | None) -> Snapshot | None:
+    async def _named(self, name: str | None, owner: str | None) -> Snapshot | None:
         if name is None:
             return None
         for snapshot in await asyncio.to_thread(self.store.all):
-            if snapshot.name == name:
+            if snapshot.name == name and snapshot.owner == owner:
                 return snapshot
         return None
 
@@ -447,6 +465,7 @@ class SavedSessions:
             lost=lost,
             extra=dict(extra),
             has_namespace=has_namespace,
+            owner=session.owner,
         )
 
     async def _start(
@@ -454,11 +473,12 @@ class SavedSessions:
         snapshot: Snapshot,
         folder: Path,
         network: list[str] | str | None,
-        mounts: tuple[VolumeMount, ...] = (),
+        mounts: tuple[VolumeMount, ...],
+        owner: Principal,
     ) -> Restored:
         asked = network if network is not None else snapshot.network
         session = await self.registry.create_session(
-            snapshot.language, asked, snapshot.template, mounts
+            snapshot.language, asked, snapshot.template, mounts, owner=owner
         )
         try:
             async with session.slot.lock:
@@ -479,7 +499,7 @@ class SavedSessions:
     async def _discard(self, session: Session) -> None:
         """A session whose snapshot could not be loaded: not left behind half-made."""
         with contextlib.suppress(GatewayError):
-            await self.registry.delete_session(session.id)
+            await self.registry.delete_session(session.id, ADMIN)
 
 
 def _refuse_if_busy(session: Session) -> None:

@@ -128,6 +128,10 @@ class Session(TypedDict):
         dict[str, str],
         field(description="The volumes it mounts: mount path → volume name."),
     ]
+    owner: Annotated[
+        str | None,
+        field(description="The id of the API key that made it; null: the admin token."),
+    ]
 
 
 @closed
@@ -192,6 +196,10 @@ class Snapshot(TypedDict):
             "hibernation reports them."
         ),
     ]
+    owner: Annotated[
+        str | None,
+        field(description="The id of the API key that took it; null: the admin token."),
+    ]
 
 
 @closed
@@ -225,6 +233,51 @@ class VolumeInfo(TypedDict):
 @closed
 class VolumeList(TypedDict):
     volumes: list[VolumeInfo]
+
+
+@closed
+class KeyQuotas(TypedDict):
+    """A key's quotas; null: none of its own (the gateway's limits apply)."""
+
+    max_sessions: Annotated[Count | None, field(description="Sessions held at once.")]
+    max_stateless: Annotated[
+        Count | None, field(description="Stateless requests running or waiting at once.")
+    ]
+    requests_per_minute: Annotated[Count | None, field(description="Requests a minute.")]
+
+
+@closed
+class KeyInfo(TypedDict):
+    """An API key, without its secret (shown once, when it is made or rotated)."""
+
+    id: Annotated[str, field(description="`key_` and 16 hex digits.")]
+    name: Annotated[str, field(description="Unique among live keys; labels its metrics.")]
+    prefix: Annotated[
+        str, field(description="The secret's first 12 characters, to tell keys apart.")
+    ]
+    created_at: Timestamp
+    rotated_at: Annotated[Timestamp | None, field(description="Its last new secret, if any.")]
+    revoked_at: Annotated[
+        Timestamp | None, field(description="When it stopped working, if it has.")
+    ]
+    quotas: KeyQuotas
+
+
+@closed
+class KeySecret(KeyInfo):
+    secret: Annotated[
+        str,
+        field(
+            description="The key itself: `e2b_` and 48 hex digits, sent as `Authorization: "
+            "Bearer <secret>` (or E2B's `X-API-KEY`). Shown only here: the gateway keeps its "
+            "hash."
+        ),
+    ]
+
+
+@closed
+class KeyList(TypedDict):
+    keys: list[KeyInfo]
 
 
 @closed

@@ -11,6 +11,7 @@ import pytest
 
 from kernel_gateway.sessions.persistence import RunningCell, SessionRecord
 from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.tenants.principal import ADMIN
 from tests.support.fake_kernel import fake_registry, until
 
 
@@ -30,7 +31,7 @@ def ended(registry: Registry) -> float:
 
 
 async def test_an_adopted_cell_is_counted_and_touches_the_session(registry: Registry) -> None:
-    session = await registry.create_session()
+    session = await registry.create_session(owner=ADMIN)
     long_ago = time.time() - 1000
     running = RunningCell(execution=3, msg_id="m-1", timeout=60.0, deadline=time.time() + 60)
     record = SessionRecord(

@@ -26,6 +26,7 @@ from kernel_gateway.sessions.durable import DurableSessions
 from kernel_gateway.sessions.persistence import SessionStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
+from kernel_gateway.tenants.principal import ADMIN
 from tests.support.fake_kernel import FakeBackend, FakeKernelProcess, run
 
 
@@ -91,7 +92,7 @@ async def backend() -> AsyncIterator[PersistingBackend]:
 
 
 def process_of(registry: Registry, session_id: str) -> FakeKernelProcess:
-    kernel = registry.get(session_id).slot.kernel
+    kernel = registry.get(session_id, ADMIN).slot.kernel
     assert kernel is not None and isinstance(kernel.process, FakeKernelProcess)
     return kernel.process
 
@@ -105,7 +106,7 @@ async def test_without_persistence_stop_closes_the_registry(
             gw = await Gateway.start(settings_for(tmp_path, persist=True), backend, context)
         assert not gw.durable.persist and gw.durable.store is None and gw.registry.store is None
         assert "cannot keep kernels running" in caplog.text
-        session = await gw.registry.create_session()
+        session = await gw.registry.create_session(owner=ADMIN)
         process = process_of(gw.registry, session.id)
         gw.durable.stop_requested()
         assert not gw.registry.draining  # a stop request drains only durable sessions
@@ -122,14 +123,14 @@ async def test_a_stop_request_begins_the_drain_once(
 ) -> None:
     gw = await Gateway.start(settings_for(tmp_path, persist=True), backend, context)
     assert gw.durable.persist and gw.registry.store is gw.durable.store is not None
-    session = await gw.registry.create_session()
+    session = await gw.registry.create_session(owner=ADMIN)
     gw.durable.stop_requested()
     first = gw.durable.stop_requested_at
     timer = gw.durable._end_streams_timer
     assert first is not None and timer is not None
     assert gw.registry.draining and session.draining
     with pytest.raises(ShuttingDown):
-        await gw.registry.create_session()
+        await gw.registry.create_session(owner=ADMIN)
     with pytest.raises(ShuttingDown):
         session.submit("print x", None)
     gw.durable.stop_requested()  # a second signal changes nothing
@@ -142,7 +143,7 @@ async def test_a_cell_running_at_the_stop_request_finishes_within_the_drain(
     tmp_path: Path, backend: PersistingBackend, context: zmq.asyncio.Context
 ) -> None:
     gw = await Gateway.start(settings_for(tmp_path, persist=True), backend, context)
-    session = await gw.registry.create_session()
+    session = await gw.registry.create_session(owner=ADMIN)
     execution = session.submit("sleep 0.3\nprint done", None)
     gw.durable.stop_requested()
     assert await gw.stop() == 1
@@ -154,7 +155,7 @@ async def test_at_the_drain_deadline_streams_end_without_done_and_the_cell_runs_
 ) -> None:
     settings = settings_for(tmp_path, persist=True, drain_timeout=0.2)
     gw = await Gateway.start(settings, backend, context)
-    session = await gw.registry.create_session()
+    session = await gw.registry.create_session(owner=ADMIN)
     execution = session.submit("print started\nsleep 30", None)
     stream = asyncio.ensure_future(_names(execution.stream()))
     await asyncio.sleep(0.05)
@@ -175,7 +176,7 @@ async def test_stop_with_persistence_suspends_and_reports_the_kernels_left(
     tmp_path: Path, backend: PersistingBackend, context: zmq.asyncio.Context
 ) -> None:
     gw = await Gateway.start(settings_for(tmp_path, persist=True), backend, context)
-    sessions = [await gw.registry.create_session() for _ in range(2)]
+    sessions = [await gw.registry.create_session(owner=ADMIN) for _ in range(2)]
     processes = [process_of(gw.registry, s.id) for s in sessions]
     await run(sessions[0], "print a")
     assert await gw.stop() == 2
@@ -192,7 +193,7 @@ async def test_a_successor_adopts_the_sessions_and_reports_the_lost(
     tmp_path: Path, backend: PersistingBackend, context: zmq.asyncio.Context
 ) -> None:
     first = await Gateway.start(settings_for(tmp_path, persist=True), backend, context)
-    kept, gone = [await first.registry.create_session() for _ in range(2)]
+    kept, gone = [await first.registry.create_session(owner=ADMIN) for _ in range(2)]
     await run(kept, "print a")
     gone_process = process_of(first.registry, gone.id)
     assert await first.stop() == 2
@@ -201,13 +202,13 @@ async def test_a_successor_adopts_the_sessions_and_reports_the_lost(
     # Without the flag, a successor on the same runtime dir adopts, then removes everything.
     second = await Gateway.start(settings_for(tmp_path, persist=False), backend, context)
     assert second.runtime.adopted and second.runtime.instance == first.runtime.instance
-    adopted = second.registry.get(kept.id)
+    adopted = second.registry.get(kept.id, ADMIN)
     assert adopted.execution_count == 1
     events = await run(adopted, "print b")
     assert ("stdout", {"text": "b\n"}) in events
     assert events[-1][1]["execution_count"] == 2  # the count goes on
     with pytest.raises(SessionLost):
-        second.registry.get(gone.id)
+        second.registry.get(gone.id, ADMIN)
     process = process_of(second.registry, kept.id)
     assert await second.stop() == 0
     assert process.poll() is not None

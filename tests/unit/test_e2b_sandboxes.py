@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from kernel_gateway import logs
+from kernel_gateway.http.auth import Authenticator
 from kernel_gateway.kernels.languages import Language
 from kernel_gateway.kernels.volumes import Volumes
 from kernel_gateway.logs import ROUTE_TEMPLATE
@@ -23,6 +24,7 @@ from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.snapshots import SavedSessions, SnapshotStore
 from kernel_gateway.sessions.usage import UsageSampler
+from kernel_gateway.tenants.principal import ADMIN
 from tests.support.fake_kernel import fake_registry, until
 
 
@@ -52,31 +54,31 @@ async def test_a_sandbox_lives_until_its_timeout(
     sandboxes = Sandboxes(registry, _saved(registry))
     sandboxes.start()
     try:
-        sandbox = await sandboxes.create("code-interpreter-v1", 60, {"a": "b"}, {})
-        assert registry.get(sandbox.id) is not None
+        sandbox = await sandboxes.create("code-interpreter-v1", 60, {"a": "b"}, {}, owner=ADMIN)
+        assert registry.get(sandbox.id, ADMIN) is not None
         assert sandbox.accepts(sandbox.token) and not sandbox.accepts("nope")
         assert not sandbox.accepts(None)
         before = sandbox.end_at
-        _, resumed = await sandboxes.connect(sandbox.id, 10)  # connect never shortens
+        _, resumed = await sandboxes.connect(sandbox.id, 10, ADMIN)  # connect never shortens
         assert sandbox.end_at == before and not resumed
-        await sandboxes.pause(sandbox.id)
+        await sandboxes.pause(sandbox.id, ADMIN)
         with pytest.raises(SandboxError) as again:
-            await sandboxes.pause(sandbox.id)
+            await sandboxes.pause(sandbox.id, ADMIN)
         assert again.value.status == 409
-        _, resumed = await sandboxes.connect(sandbox.id, None)
+        _, resumed = await sandboxes.connect(sandbox.id, None, ADMIN)
         assert resumed and not sandbox.paused
-        sandboxes.set_timeout(sandbox.id, 1)
+        sandboxes.set_timeout(sandbox.id, 1, ADMIN)
         await until(lambda: not sandboxes.has(sandbox.id), 5)
         assert sandbox.id not in {s.id for s in registry.sessions()}
         with pytest.raises(SandboxError) as gone:
-            sandboxes.get(sandbox.id)
+            sandboxes.get(sandbox.id, ADMIN)
         assert gone.value.status == 404
         # A timeout of 0 (E2B's minimum) ends it now; a negative one is refused.
-        other = await sandboxes.create("base", 60, {}, {})
+        other = await sandboxes.create("base", 60, {}, {}, owner=ADMIN)
         with pytest.raises(SandboxError) as negative:
-            sandboxes.set_timeout(other.id, -1)
+            sandboxes.set_timeout(other.id, -1, ADMIN)
         assert negative.value.status == 400
-        sandboxes.set_timeout(other.id, 0)
+        sandboxes.set_timeout(other.id, 0, ADMIN)
         await until(lambda: not sandboxes.has(other.id), 5)
     finally:
         await sandboxes.close()
@@ -86,14 +88,14 @@ async def test_bad_templates_and_timeouts_are_400s(registry: Registry) -> None:
     sandboxes = Sandboxes(registry, _saved(registry))
     for template, lifetime in (("my-template", 60), ("base", 0), ("base", 10**9)):
         with pytest.raises(SandboxError) as caught:
-            await sandboxes.create(template, lifetime, {}, {})
+            await sandboxes.create(template, lifetime, {}, {}, owner=ADMIN)
         assert caught.value.status == 400
     assert registry.sessions() == []
 
 
 async def test_contexts_share_the_files_and_close_with_the_sandbox(registry: Registry) -> None:
     sandboxes = Sandboxes(registry, _saved(registry))
-    sandbox = await sandboxes.create("base", 60, {}, {})
+    sandbox = await sandboxes.create("base", 60, {}, {}, owner=ADMIN)
     context = await sandboxes.create_context(sandbox, "python", None)
     session = await sandboxes.started_context(sandbox, context.id)
     owner = sandboxes.session(sandbox)
@@ -101,14 +103,14 @@ async def test_contexts_share_the_files_and_close_with_the_sandbox(registry: Reg
     assert context.id in sandbox.contexts and context.cwd == "/home/user"
     with pytest.raises(SandboxError, match="cannot be removed"):
         await sandboxes.remove_context(sandbox, sandbox.id)
-    await sandboxes.kill(sandbox.id)
+    await sandboxes.kill(sandbox.id, ADMIN)
     assert registry.companions(sandbox.id) == []
     assert session.closed
 
 
 async def test_a_gateway_without_javascript_lists_only_python(registry: Registry) -> None:
     sandboxes = Sandboxes(registry, _saved(registry))
-    sandbox = await sandboxes.create("base", 60, {}, {})
+    sandbox = await sandboxes.create("base", 60, {}, {}, owner=ADMIN)
     assert [c.language for c in sandbox.contexts.values()] == ["python"]
     await sandboxes.close()
 
@@ -123,7 +125,7 @@ async def test_a_new_sandbox_lists_python_and_javascript_and_starts_javascript_o
 
 async def _lists_and_starts(registry: Registry) -> None:
     sandboxes = Sandboxes(registry, _saved(registry))
-    sandbox = await sandboxes.create("base", 60, {}, {})
+    sandbox = await sandboxes.create("base", 60, {}, {}, owner=ADMIN)
     try:
         listed = {c.language: c for c in sandbox.contexts.values()}
         assert set(listed) == {"python", "javascript"}
@@ -139,7 +141,7 @@ async def _lists_and_starts(registry: Registry) -> None:
         assert registry.companions(sandbox.id) == [by_id]
         assert [c.id for c in sandbox.contexts.values()] == [sandbox.id, pending.id]
         # A listed context removed before its first use is gone, and starts nothing.
-        other = await sandboxes.create("base", 60, {}, {})
+        other = await sandboxes.create("base", 60, {}, {}, owner=ADMIN)
         unused = other.defaults["javascript"]
         await sandboxes.remove_context(other, unused)
         assert unused not in other.contexts and registry.companions(other.id) == []
@@ -152,7 +154,12 @@ async def _lists_and_starts(registry: Registry) -> None:
 
 async def test_the_control_plane_answers_in_e2bs_shapes(registry: Registry) -> None:
     service = E2BService(
-        registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+        registry,
+        registry.settings,
+        _saved(registry),
+        _usage(registry),
+        _volumes(registry),
+        Authenticator(registry.settings.token),
     )
     transport = httpx.ASGITransport(app=_with_state(service))
     async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
@@ -212,9 +219,16 @@ def _with_state(service: E2BService):  # type: ignore[no-untyped-def]
 
 async def test_list_pages_by_next_token(registry: Registry) -> None:
     service = E2BService(
-        registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+        registry,
+        registry.settings,
+        _saved(registry),
+        _usage(registry),
+        _volumes(registry),
+        Authenticator(registry.settings.token),
     )
-    made = [await service.sandboxes.create("base", 60, {"n": str(i)}, {}) for i in range(3)]
+    made = [
+        await service.sandboxes.create("base", 60, {"n": str(i)}, {}, owner=ADMIN) for i in range(3)
+    ]
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
     async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
@@ -236,7 +250,12 @@ async def test_each_call_names_its_route_and_sandbox_for_logs_and_metrics(
     registry: Registry,
 ) -> None:
     service = E2BService(
-        registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+        registry,
+        registry.settings,
+        _saved(registry),
+        _usage(registry),
+        _volumes(registry),
+        Authenticator(registry.settings.token),
     )
     seen: list[tuple[str, str | None]] = []
 
@@ -278,26 +297,26 @@ async def test_sandboxes_are_kept_for_the_next_gateway(registry: Registry, tmp_p
     store = RecordStore(tmp_path / "e2b", Sandbox.from_json)
     sandboxes = Sandboxes(registry, _saved(registry), store)
     sandboxes.start()
-    kept = await sandboxes.create("base", 600, {"who": "me"}, {"A": "1"})
-    gone = await sandboxes.create("base", 600, {}, {})
-    await sandboxes.pause(kept.id)
+    kept = await sandboxes.create("base", 600, {"who": "me"}, {"A": "1"}, owner=ADMIN)
+    gone = await sandboxes.create("base", 600, {}, {}, owner=ADMIN)
+    await sandboxes.pause(kept.id, ADMIN)
     await sandboxes.close()
     assert sorted(p.name for p in (tmp_path / "e2b").iterdir()) == sorted(
         [f"{kept.id}.json", f"{gone.id}.json"]
     )
     assert all(p.stat().st_mode & 0o077 == 0 for p in (tmp_path / "e2b").iterdir())
-    await registry.delete_session(gone.id)  # its session was not adopted by the next gateway
+    await registry.delete_session(gone.id, ADMIN)  # its session was not adopted by the next gateway
 
     after = Sandboxes(registry, _saved(registry), RecordStore(tmp_path / "e2b", Sandbox.from_json))
     after.start()
     try:
-        again = after.get(kept.id)
+        again = after.get(kept.id, ADMIN)
         assert (again.token, again.metadata, again.env) == (kept.token, {"who": "me"}, {"A": "1"})
         assert again.paused and again.end_at == kept.end_at
         assert list(again.contexts) == [kept.id]
         with pytest.raises(SandboxError):
-            after.get(gone.id)
-        await after.kill(kept.id)
+            after.get(gone.id, ADMIN)
+        await after.kill(kept.id, ADMIN)
     finally:
         await after.close()
     assert list((tmp_path / "e2b").iterdir()) == []
@@ -305,7 +324,12 @@ async def test_sandboxes_are_kept_for_the_next_gateway(registry: Registry, tmp_p
 
 async def test_what_a_sandbox_cannot_have_is_refused_not_ignored(registry: Registry) -> None:
     service = E2BService(
-        registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+        registry,
+        registry.settings,
+        _saved(registry),
+        _usage(registry),
+        _volumes(registry),
+        Authenticator(registry.settings.token),
     )
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
@@ -374,7 +398,12 @@ async def test_auto_pause_at_the_end_and_auto_resume_on_a_call(
 ) -> None:
     monkeypatch.setattr(sandboxes_module, "REAP_EVERY", 0.05)
     service = E2BService(
-        registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+        registry,
+        registry.settings,
+        _saved(registry),
+        _usage(registry),
+        _volumes(registry),
+        Authenticator(registry.settings.token),
     )
     service.start()
     transport = httpx.ASGITransport(app=_with_state(service))
@@ -386,9 +415,9 @@ async def test_auto_pause_at_the_end_and_auto_resume_on_a_call(
             headers=key,
         )
         body = made.json()
-        sandbox = service.sandboxes.get(body["sandboxID"])
+        sandbox = service.sandboxes.get(body["sandboxID"], ADMIN)
         await until(lambda: sandbox.paused, 5)  # paused at its end, not killed
-        assert registry.get(sandbox.id) is not None
+        assert registry.get(sandbox.id, ADMIN) is not None
         envd = {
             "E2b-Sandbox-Id": sandbox.id,
             "E2b-Sandbox-Port": "49983",
@@ -397,8 +426,8 @@ async def test_auto_pause_at_the_end_and_auto_resume_on_a_call(
         assert (await http.get("/health", headers=envd)).status_code == 204  # resumed
         assert not sandbox.paused
         plain = await http.post("/v2/sandboxes", json={"timeout": 60}, headers=key)
-        other = service.sandboxes.get(plain.json()["sandboxID"])
-        await service.sandboxes.pause(other.id)
+        other = service.sandboxes.get(plain.json()["sandboxID"], ADMIN)
+        await service.sandboxes.pause(other.id, ADMIN)
         envd_other = {**envd, "E2b-Sandbox-Id": other.id}
         envd_other["X-Access-Token"] = plain.json()["envdAccessToken"]
         assert (await http.get("/health", headers=envd_other)).status_code == 502  # stays paused
@@ -409,7 +438,12 @@ async def test_without_a_token_a_key_is_still_required(tmp_path: Path) -> None:
     """A web page cannot send X-API-KEY without the browser asking the gateway first."""
     async with fake_registry(tmp_path, max_sessions=2) as (registry, _):
         service = E2BService(
-            registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+            registry,
+            registry.settings,
+            _saved(registry),
+            _usage(registry),
+            _volumes(registry),
+            Authenticator(registry.settings.token),
         )
         transport = httpx.ASGITransport(app=_with_state(service))
         async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
@@ -421,7 +455,12 @@ async def test_without_a_token_a_key_is_still_required(tmp_path: Path) -> None:
 
 async def test_bad_data_plane_input_is_a_clear_error_never_a_500(registry: Registry) -> None:
     service = E2BService(
-        registry, registry.settings, _saved(registry), _usage(registry), _volumes(registry)
+        registry,
+        registry.settings,
+        _saved(registry),
+        _usage(registry),
+        _volumes(registry),
+        Authenticator(registry.settings.token),
     )
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
@@ -459,7 +498,7 @@ async def test_a_sandboxs_env_and_a_contexts_cwd_reach_every_new_kernel(
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sandboxes = Sandboxes(registry, _saved(registry))
-    sandbox = await sandboxes.create("base", 60, {}, {"A": "1"})
+    sandbox = await sandboxes.create("base", 60, {}, {"A": "1"}, owner=ADMIN)
     session = sandboxes.session(sandbox)
 
     def executed() -> list[str]:
@@ -471,7 +510,7 @@ async def test_a_sandboxs_env_and_a_contexts_cwd_reach_every_new_kernel(
     await session.restart()  # a new kernel: set up again before any cell reaches it
     assert any("environ.update({'A': '1'})" in code for code in executed())
     with pytest.raises(SandboxError) as bad:
-        await sandboxes.create("base", 60, {}, {"B=C": "2"})
+        await sandboxes.create("base", 60, {}, {"B=C": "2"}, owner=ADMIN)
     assert bad.value.status == 400 and len(registry.sessions()) == 1
 
     def cannot(language: str, env: dict[str, str], cwd: str) -> str:

@@ -12,6 +12,7 @@ from kernel_gateway.sessions.execution import Execution, StopReason
 from kernel_gateway.sessions.follow import Disconnect, follow
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
+from kernel_gateway.tenants.principal import ADMIN
 from tests.support.fake_kernel import fake_registry, until
 
 
@@ -33,14 +34,14 @@ async def _leave_after_first_output(
 
 
 async def _running(registry: Registry) -> tuple[Session, Execution]:
-    session = await registry.create_session()
+    session = await registry.create_session(owner=ADMIN)
     execution = session.submit("print started\nsleep 30", None)
     await until(lambda: execution.running)
     return session, execution
 
 
 async def test_reading_to_the_end_stops_nothing(registry: Registry) -> None:
-    session = await registry.create_session()
+    session = await registry.create_session(owner=ADMIN)
     execution = session.submit("print a\nprint b", None)
     async with follow(session, execution, None, Disconnect.INTERRUPT) as records:
         names = [record.event.name async for record in records]
@@ -49,7 +50,7 @@ async def test_reading_to_the_end_stops_nothing(registry: Registry) -> None:
 
 
 async def test_records_start_after_the_event_id_given(registry: Registry) -> None:
-    session = await registry.create_session()
+    session = await registry.create_session(owner=ADMIN)
     execution = session.submit("print a\nprint b", None)
     await execution.task  # type: ignore[misc]
     async with follow(session, execution) as records:
@@ -64,7 +65,7 @@ async def test_grace_leaves_the_cell_to_the_sessions_rule(registry: Registry) ->
     await _leave_after_first_output(session, execution, Disconnect.GRACE)
     await asyncio.sleep(0.1)
     assert execution.running and execution.stop_reason is None  # within --reconnect-grace
-    await registry.delete_session(session.id)
+    await registry.delete_session(session.id, ADMIN)
 
 
 @pytest.mark.parametrize("policy", [Disconnect.INTERRUPT, Disconnect.INTERRUPT_UNLESS_DRAINING])
@@ -92,7 +93,9 @@ async def test_a_draining_gateway_keeps_the_cell_only_where_the_policy_says(
 
 
 async def test_a_stateless_cell_is_abandoned_once(registry: Registry) -> None:
-    session, execution = await registry.run_stateless("print started\nsleep 30", None, [])
+    session, execution = await registry.run_stateless(
+        "print started\nsleep 30", None, [], owner=ADMIN
+    )
     await _leave_after_first_output(session, execution, Disconnect.INTERRUPT_UNLESS_DRAINING)
     assert execution.stop_reason is StopReason.DISCONNECT
     await asyncio.wait_for(asyncio.shield(execution.task), 3)  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from kernel_gateway.errors import HibernationFailed, SessionLost
 from kernel_gateway.sessions.persistence import HibernatedState
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
+from kernel_gateway.tenants.principal import ADMIN
 from tests.support.fake_kernel import fake_registry
 
 
@@ -39,38 +40,38 @@ def _hibernated(session: Session) -> None:
 async def test_a_hibernated_session_lives_until_its_ttl_then_answers_410(
     registry: Registry,
 ) -> None:
-    session = await registry.create_session()
+    session = await registry.create_session(owner=ADMIN)
     _hibernated(session)
     _idle_for(session, 3000)  # far past --idle-timeout, within --hibernated-ttl
     await registry.reaper.reap(session)
-    assert registry.get(session.id) is session and session.status == "hibernated"
+    assert registry.get(session.id, ADMIN) is session and session.status == "hibernated"
     _idle_for(session, 3601)
     await registry.reaper.reap(session)
     with pytest.raises(SessionLost) as gone:
-        registry.get(session.id)
+        registry.get(session.id, ADMIN)
     assert "--hibernated-ttl" in gone.value.message and gone.value.status_code == 410
 
 
 async def test_a_failed_hibernation_falls_back_to_the_idle_timeout(registry: Registry) -> None:
-    session = await registry.create_session()
+    session = await registry.create_session(owner=ADMIN)
     with pytest.raises(HibernationFailed):  # the fake kernel cannot write a snapshot
-        await registry.hibernate(session.id)
-    assert registry.get(session.id).status == "idle"  # it runs on
+        await registry.hibernate(session.id, ADMIN)
+    assert registry.get(session.id, ADMIN).status == "idle"  # it runs on
     _idle_for(session, 121)  # past --hibernate-after and --idle-timeout
     await registry.reaper.reap(session)  # tries to hibernate it (in the background): fails
     await registry.reaper.join()
-    assert registry.get(session.id) is session and not session.closed
+    assert registry.get(session.id, ADMIN) is session and not session.closed
     await registry.reaper.reap(session)  # not tried again while unused: removed as before
     assert session.closed
     with pytest.raises(Exception, match="no session"):
-        registry.get(session.id)
+        registry.get(session.id, ADMIN)
 
 
 async def test_hibernated_sessions_hold_no_capacity(registry: Registry) -> None:
-    first = await registry.create_session()
-    await registry.create_session()
+    first = await registry.create_session(owner=ADMIN)
+    await registry.create_session(owner=ADMIN)
     assert registry.stats()["sessions"] == 2
     _hibernated(first)
     assert registry.stats()["sessions"] == 1
-    third = await registry.create_session()  # --max-sessions 2 counts running ones
+    third = await registry.create_session(owner=ADMIN)  # --max-sessions 2 counts running ones
     assert third.status == "idle"

@@ -22,6 +22,7 @@ from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.restart_policy import RestartPolicy
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
+from kernel_gateway.tenants.principal import ADMIN
 from kernel_gateway.types import Event
 from tests.support.fake_kernel import FakeBackend, FakeKernelProcess, fake_registry, run, until
 
@@ -32,7 +33,7 @@ class Harness:
     backend: FakeBackend
 
     async def session(self) -> Session:
-        return await self.registry.create_session()
+        return await self.registry.create_session(owner=ADMIN)
 
     def pool_full(self) -> bool:
         stats = self.registry.warm.stats()
@@ -325,7 +326,7 @@ async def test_closing_a_session_ends_running_and_queued_cells(gw: Harness) -> N
     running = session.submit("hang", None)
     queued = session.submit("print x", None)
     await until(lambda: running.running)
-    await gw.registry.delete_session(session.id)
+    await gw.registry.delete_session(session.id, ADMIN)
     for execution in (running, queued):
         events = [e async for e in execution.stream()]
         assert events[-1].data["status"] == "interrupted"
@@ -416,7 +417,7 @@ async def test_a_malformed_message_is_dropped_and_counted_not_fatal(gw: Harness)
 async def test_a_stateless_kernel_is_released_when_its_cell_ends_even_unread(
     gw: Harness,
 ) -> None:
-    session, execution = await gw.registry.run_stateless("print x", None, [])
+    session, execution = await gw.registry.run_stateless("print x", None, [], owner=ADMIN)
     assert gw.registry.stats()["stateless"] == 1
     await execution.task  # type: ignore[misc]
     for _ in range(100):
@@ -433,7 +434,7 @@ async def test_a_stateless_response_torn_down_before_its_first_step_abandons_the
 
     from kernel_gateway.server.routes.streaming import respond
 
-    session, execution = await gw.registry.run_stateless("sleep 30", None, [])
+    session, execution = await gw.registry.run_stateless("sleep 30", None, [], owner=ADMIN)
     scope = {"type": "http", "method": "POST", "path": "/execute", "headers": []}
     response = await respond(Request(scope), session, execution)
 
@@ -518,7 +519,7 @@ async def test_a_session_deleted_while_a_cell_starts_its_kernel_says_so(gw: Harn
     gw.backend.launch_delay = 0.3  # the cell's own revival is still starting below
     execution = session.submit("print never", None)
     await until(lambda: session.current is execution)
-    await gw.registry.delete_session(session.id)
+    await gw.registry.delete_session(session.id, ADMIN)
     events = [(e.name, e.data) async for e in execution.stream()]
     assert errors_of(events) == ["SessionClosed"]  # not a GatewayError
     assert done_of(events)["status"] == "interrupted"
@@ -538,8 +539,8 @@ async def test_closing_the_registry_waits_for_stateless_releases_that_start_mean
 
     # Patched first: the first cell may end (and be released) while the second one starts.
     gw.registry.warm.remove_storage = slow_remove  # type: ignore[method-assign]
-    first, done_first = await gw.registry.run_stateless("print a", None, [])
-    second, done_second = await gw.registry.run_stateless("sleep 0.05", None, [])
+    first, done_first = await gw.registry.run_stateless("print a", None, [], owner=ADMIN)
+    second, done_second = await gw.registry.run_stateless("sleep 0.05", None, [], owner=ADMIN)
     delays.update({first.slot.storage.root: 0.2, second.slot.storage.root: 0.4})
     await done_first.task  # type: ignore[misc]
     await asyncio.sleep(0)  # the first release is under way; the second cell still runs
@@ -556,7 +557,7 @@ async def test_deleting_a_session_does_not_wait_out_a_restart_backoff(gw: Harnes
     await until(lambda: session.slot.kernel is not None and not session.slot.alive)
     await asyncio.sleep(0.05)  # the background revival is now sleeping its backoff
     started = asyncio.get_running_loop().time()
-    await gw.registry.delete_session(session.id)
+    await gw.registry.delete_session(session.id, ADMIN)
     assert asyncio.get_running_loop().time() - started < 0.4
 
 
@@ -688,5 +689,5 @@ async def test_deleting_a_session_does_not_wait_out_a_reconnect_grace(gw: Harnes
     await until(lambda: execution.running)
     session.detach(execution)  # the default grace is 10 s
     started = asyncio.get_running_loop().time()
-    await gw.registry.delete_session(session.id)
+    await gw.registry.delete_session(session.id, ADMIN)
     assert asyncio.get_running_loop().time() - started < 2

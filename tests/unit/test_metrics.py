@@ -18,6 +18,7 @@ from prometheus_client import generate_latest
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.sessions.gauges import RegistryGauges
 from kernel_gateway.sessions.registry import Registry
+from kernel_gateway.tenants.principal import ADMIN
 from tests.support.fake_kernel import FakeBackend, fake_registry, run, until
 from tests.support.metrics import Labels, nonzero, samples, value
 
@@ -40,7 +41,7 @@ async def test_lifecycle_counts_are_exact(
     lifecycle: tuple[Registry, FakeBackend, Metrics],
 ) -> None:
     registry, backend, metrics = lifecycle
-    session = await registry.create_session()
+    session = await registry.create_session(owner=ADMIN)
     for code, limit in [
         ("print hi", None),
         ("error", None),
@@ -56,12 +57,12 @@ async def test_lifecycle_counts_are_exact(
     assert await session.interrupt()
     await execution.task  # type: ignore[misc]
     await session.restart()
-    _, stateless = await registry.run_stateless("print x", None, [])
+    _, stateless = await registry.run_stateless("print x", None, [], owner=ADMIN)
     await stateless.task  # type: ignore[misc]
 
     await until(lambda: registry.warm.stats()["warm"] == 1)
     backend.fail_launches = 1  # the refill after the next hand-out fails once, then succeeds
-    await registry.create_session()
+    await registry.create_session(owner=ADMIN)
     await until(lambda: scrape_of(metrics)["kernel_gateway_kernel_start_failures_total"][()] == 1)
     await until(lambda: registry.warm.stats()["warm"] == 1, seconds=10)
 
@@ -99,7 +100,7 @@ async def test_lifecycle_counts_are_exact(
 
 async def test_queue_and_running_gauges(lifecycle: tuple[Registry, FakeBackend, Metrics]) -> None:
     registry, _, metrics = lifecycle
-    session = await registry.create_session()
+    session = await registry.create_session(owner=ADMIN)
     first = session.submit("sleep 5", None)
     session.submit("print queued", None)
     await until(lambda: first.running)

@@ -12,6 +12,7 @@ import pytest
 
 from kernel_gateway.errors import SnapshotNotFound
 from kernel_gateway.sessions.snapshots import FILES, RECORD, Snapshot, SnapshotStore
+from kernel_gateway.tenants.principal import ADMIN
 
 
 def snapshot(snapshot_id: str, name: str | None = None, at: float = 1.0) -> Snapshot:
@@ -44,14 +45,18 @@ def test_written_found_listed_replaced_and_deleted(tmp_path: Path) -> None:
     assert stat.S_IMODE(store.folder.stat().st_mode) == 0o700
     write(store, snapshot("snap-a", at=1.0))
     assert [s.id for s in store.all()] == ["snap-a", "snap-b"]  # oldest first
-    assert store.find("snap-b") == store.find("daily") == snapshot("snap-b", "daily", at=2.0)
+    assert (
+        store.find("snap-b", ADMIN)
+        == store.find("daily", ADMIN)
+        == snapshot("snap-b", "daily", at=2.0)
+    )
     write(store, snapshot("snap-b", "daily", at=3.0), b"newer")
-    assert (store.path(store.find("daily")) / FILES).read_bytes() == b"newer"
+    assert (store.path(store.find("daily", ADMIN)) / FILES).read_bytes() == b"newer"
     assert [s.created_at for s in store.all()] == [1.0, 3.0]
-    store.delete(store.find("snap-a"))
+    store.delete(store.find("snap-a", ADMIN))
     assert [s.id for s in store.all()] == ["snap-b"]
     with pytest.raises(SnapshotNotFound):
-        store.find("snap-a")
+        store.find("snap-a", ADMIN)
     assert sorted(p.name for p in store.folder.iterdir()) == ["snap-b"]
 
 
@@ -69,7 +74,7 @@ def test_what_a_crash_left_is_never_listed_and_is_removed_at_open(tmp_path: Path
     (unreadable / RECORD).write_text("{not json")
     assert [s.id for s in store.all()] == ["snap-a"]
     with pytest.raises(SnapshotNotFound):
-        store.find("snap-z")
+        store.find("snap-z", ADMIN)
     store.open()
     assert sorted(p.name for p in store.folder.iterdir()) == ["snap-a", "snap-z"]
 

@@ -16,6 +16,7 @@ from kernel_gateway.protocols.e2b.sandboxes_api import network_update
 from kernel_gateway.protocols.e2b.signed_files import signature, signed_sandbox
 from kernel_gateway.sessions import usage as usage_module
 from kernel_gateway.sessions.usage import UsageSampler
+from kernel_gateway.tenants.principal import ADMIN
 from tests.support.fake_kernel import FakeKernelProcess, fake_registry
 
 
@@ -30,7 +31,7 @@ async def test_a_session_is_sampled_at_once_then_once_per_bucket(
     monkeypatch.setattr(FakeKernelProcess, "usage", usage)
     monkeypatch.setattr(usage_module, "FIRST_SPAN", 0.5)
     async with fake_registry(tmp_path, cpu_limit=2.0) as (registry, _):
-        session = await registry.create_session()
+        session = await registry.create_session(owner=ADMIN)
         sampler = UsageSampler(registry.settings, registry.sessions)
         (first,) = await sampler.samples(session)  # two readings, half a second apart
         assert first.cpu_count == 2
@@ -58,7 +59,7 @@ async def test_a_session_is_sampled_at_once_then_once_per_bucket(
 
 async def test_a_backend_that_cannot_tell_gives_no_samples(tmp_path: Path) -> None:
     async with fake_registry(tmp_path) as (registry, _):
-        session = await registry.create_session()
+        session = await registry.create_session(owner=ADMIN)
         sampler = UsageSampler(registry.settings, registry.sessions)
         assert await sampler.samples(session) == []
 

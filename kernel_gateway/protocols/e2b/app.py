@@ -1,7 +1,8 @@
 """`/e2b`: E2B's API, for E2B's own SDKs, on the gateway's sessions.
 
 Users point the SDKs at it with `E2B_API_URL=http://HOST:8888/e2b` and
-`E2B_SANDBOX_URL=http://HOST:8888/e2b` (and `E2B_API_KEY=<the gateway's token>`).
+`E2B_SANDBOX_URL=http://HOST:8888/e2b` (and `E2B_API_KEY=<the gateway's token or an API
+key>`).
 The SDKs send control-plane calls without sandbox headers, and every data-plane call to
 the same base URL with `E2b-Sandbox-Id` and `E2b-Sandbox-Port`; so requests are told
 apart by those headers, not by path (see design/e2b-wire.md). This module dispatches;
@@ -16,12 +17,15 @@ each router is a module of its own:
                                                                       /files, RPC
 
 Every answer is in E2B's shapes, never the gateway's own error document.
+
+`X-API-KEY` is the admin token or an API key (`http.auth.Authenticator`, as every other
+surface): the control plane acts as its principal, which sees only its own sandboxes,
+snapshots and templates. The data plane's credential is each sandbox's own token; a
+sandbox whose API key was revoked is refused there too, and its open streams end.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 from pathlib import Path
 
@@ -32,6 +36,7 @@ from starlette.routing import Match, Route, Router
 from starlette.types import Receive, Scope, Send
 
 from kernel_gateway import logs
+from kernel_gateway.http.auth import Authenticator, until_revoked
 from kernel_gateway.kernels.volumes import Volumes
 from kernel_gateway.logs import ROUTE_TEMPLATE
 from kernel_gateway.protocols.e2b.envd import Envd
@@ -52,6 +57,7 @@ from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.snapshots import SavedSessions
 from kernel_gateway.sessions.usage import UsageSampler
 from kernel_gateway.settings import Settings
+from kernel_gateway.tenants.principal import ADMIN, Principal
 
 INTERPRETER_PORT = "49999"
 SANDBOX_IN_PATH = re.compile(r"^/+(?:v\d+/+)?sandboxes/+(?P<id>[^/]+)")
@@ -69,6 +75,7 @@ class E2BService:
         snapshots: SavedSessions,
         usage: UsageSampler,
         volumes: Volumes,
+        auth: Authenticator,
         records: Path | None = None,
     ) -> None:
         """`records`: the folder that keeps sandboxes for the next gateway (with
@@ -79,9 +86,7 @@ class E2BService:
         """Sessions' metrics (the sandboxes' metrics)."""
         store = RecordStore(records, Sandbox.from_json) if records is not None else None
         self.sandboxes = Sandboxes(registry, snapshots, store, self._commands_running)
-        self._key_digest = (
-            hashlib.sha256(settings.token.encode()).digest() if settings.token else None
-        )
+        self.auth = auth
         self.volumes = volumes
         self.volume_tokens = VolumeTokens(settings.token)
         """Signs the tokens of the volumes' content API (volumes_api.py)."""
@@ -155,24 +160,26 @@ class E2BService:
             await sandbox(scope, receive, send)
             return
         state["e2b_sandbox"] = sandbox
-        await router(scope, receive, send)
+        owner = self.sandboxes.owner(sandbox)
+        if owner is None or self.auth.keys is None:
+            await router(scope, receive, send)
+            return
+        await until_revoked(router, self.auth.keys, owner, scope, receive, send)
 
     # -- authentication -----------------------------------------------------------------
 
-    def api_key_ok(self, request: Request) -> bool:
-        """`X-API-KEY` is the gateway's token (any key when the gateway has none, but one:
-        the SDKs always send it, and a web page cannot without the browser asking first, so
-        a page cannot create or drive sandboxes on a gateway without a token)."""
+    def api_principal(self, request: Request) -> Principal | None:
+        """Who `X-API-KEY` stands for: the admin token or an API key (on a gateway without a
+        token, any key but one: the SDKs always send it, and a web page cannot without the
+        browser asking first, so a page cannot create or drive sandboxes there)."""
         key = request.headers.get("x-api-key")
         if key is None:
-            return False
-        if self._key_digest is None:
-            return True
-        return hmac.compare_digest(hashlib.sha256(key.encode()).digest(), self._key_digest)
+            return None
+        return self.auth.principal(key)
 
     def _data_plane_sandbox(self, sandbox_id: str, headers: Headers) -> Sandbox | Response:
         try:
-            sandbox = self.sandboxes.get(sandbox_id)
+            sandbox = self.sandboxes.get(sandbox_id, ADMIN)  # its own token is checked below
         except SandboxError:
             return gone(sandbox_id)
         token = headers.get("x-access-token") or headers.get("e2b-traffic-access-token")
@@ -182,6 +189,10 @@ class E2BService:
             return gone(sandbox_id)  # paused: as E2B's edge answers (whatever the token)
         if not sandbox.accepts(token):
             return e2b_error(401, "invalid access token for this sandbox")
+        keys = self.auth.keys
+        owner = self.sandboxes.owner(sandbox)
+        if owner is not None and keys is not None and not keys.live(owner):
+            return e2b_error(401, "the API key that made this sandbox was revoked")
         self.sandboxes.touch(sandbox)
         return sandbox
 

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from kernel_gateway.errors import GatewayError, InvalidRequest
+from kernel_gateway.http.auth import act_as
 from kernel_gateway.http.bodies import read_json
 from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.paths import ERROR_TYPE_HEADER
@@ -72,12 +73,24 @@ def answered(service: E2BService, handler: ControlHandler) -> Handler:
 
 
 def guarded(service: E2BService, handler: ControlHandler) -> Handler:
-    """`answered`, behind the control plane's `X-API-KEY` (`E2BService.api_key_ok`)."""
+    """`answered`, behind the control plane's `X-API-KEY` (`E2BService.api_principal`):
+    the handler acts as its principal (`http.auth.principal_of`), within its rate limit."""
     inner = answered(service, handler)
 
     async def endpoint(request: Request) -> Response:
-        if not service.api_key_ok(request):
-            return e2b_error(401, "invalid API key: it is the gateway's token")
+        principal = service.api_principal(request)
+        if principal is None:
+            return e2b_error(
+                401, "invalid API key: it is the gateway's token or one of its API keys"
+            )
+        try:
+            service.auth.limiter.take(principal)
+        except GatewayError as exc:
+            response = e2b_error(status_for(exc), exc.message, exc.error_type)
+            if exc.retry_after is not None:
+                response.headers["Retry-After"] = str(round(exc.retry_after))
+            return response
+        act_as(request.scope, principal)
         return await inner(request)
 
     return endpoint

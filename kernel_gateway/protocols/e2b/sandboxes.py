@@ -54,6 +54,7 @@ from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.sessions.snapshots import SavedSessions, Snapshot
+from kernel_gateway.tenants.principal import ADMIN, Principal
 
 logger = logging.getLogger(__name__)
 
@@ -244,6 +245,7 @@ class Sandboxes:
         auto_resume: bool = False,
         network: list[str] | str | None = None,
         mounts: tuple[VolumeMount, ...] = (),
+        owner: Principal,
     ) -> Sandbox:
         """`template`: a built-in name (`TEMPLATES`: the gateway's kernel image), a snapshot
         (its id or name: E2B's snapshots are templates), or a gateway template (`name`,
@@ -251,10 +253,12 @@ class Sandboxes:
         takes them: None for the gateway's default, "none", or patterns)."""
         seconds = timeout_seconds(lifetime)
         check_env(env, "'envVars'")
-        snapshot = await self._snapshot(template)
+        snapshot = await self._snapshot(template, owner)
         if snapshot is not None:
             try:
-                restored = await self.snapshots.start(snapshot.id, network, mounts=mounts)
+                restored = await self.snapshots.start(
+                    snapshot.id, network, mounts=mounts, owner=owner
+                )
             except GatewayError as exc:
                 raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
             saved = snapshot.extra.get("e2b") or {}
@@ -275,7 +279,7 @@ class Sandboxes:
                     auto_resume=auto_resume,
                 ),
             )
-        session = await self._new_session(template, network, mounts)
+        session = await self._new_session(template, network, mounts, owner)
         ref = session.template
         return await self.around(
             session,
@@ -308,23 +312,27 @@ class Sandboxes:
         try:
             await equip(session, sandbox.env)
         except SandboxError:
-            await self.kill(sandbox.id)
+            await self.kill(sandbox.id, ADMIN)
             raise
         return sandbox
 
-    async def _snapshot(self, template: str) -> Snapshot | None:
+    async def _snapshot(self, template: str, owner: Principal) -> Snapshot | None:
         """The snapshot `template` names (its id or name, or `name:default` as E2B writes a
         snapshot's name), if it names one."""
         if template in TEMPLATES:
             return None
         reference = template.removesuffix(":default")
         try:
-            return await self.snapshots.get(reference)
+            return await self.snapshots.get(reference, owner)
         except SnapshotNotFound:
             return None
 
     async def _new_session(
-        self, template: str, network: list[str] | str | None, mounts: tuple[VolumeMount, ...]
+        self,
+        template: str,
+        network: list[str] | str | None,
+        mounts: tuple[VolumeMount, ...],
+        owner: Principal,
     ) -> Session:
         """The session of a new sandbox on `template`: the kernel image for a built-in
         name, else the gateway template's ready build (E2B's 404 for one not there)."""
@@ -338,7 +346,7 @@ class Sandboxes:
             )
         try:
             ref = None if builtin else template
-            return await self.registry.create_session(None, network, ref, mounts)
+            return await self.registry.create_session(None, network, ref, mounts, owner=owner)
         except TemplateNotFound as exc:
             raise SandboxError(
                 404, f"template {template!r} not found ({exc.message})", kind=exc.error_type
@@ -358,7 +366,8 @@ class Sandboxes:
 
     async def _start_context(self, sandbox: Sandbox, language: str, cwd: str) -> Session:
         try:
-            session = await self.registry.create_companion(sandbox.id, language)
+            # The sandbox's token was checked: counted against its owner's quota.
+            session = await self.registry.create_companion(sandbox.id, language, viewer=ADMIN)
         except GatewayError as exc:
             raise SandboxError(status_for(exc), exc.message) from exc
         try:
@@ -426,12 +435,22 @@ class Sandboxes:
             if default == context_id:
                 del sandbox.defaults[language]
 
-    def get(self, sandbox_id: str) -> Sandbox:
+    def get(self, sandbox_id: str, viewer: Principal) -> Sandbox:
+        """The sandbox, if `viewer` may see it (the API key that made it, or the admin; the
+        data plane asks as the admin, then checks the sandbox's own token)."""
         sandbox = self._by_id.get(sandbox_id)
-        if sandbox is None or self._session(sandbox_id) is None:
+        session = self._session(sandbox_id)
+        if sandbox is None or session is None:
             self._forget(sandbox_id)
             raise not_found(sandbox_id)
+        if not viewer.sees(session.owner):
+            raise not_found(sandbox_id)
         return sandbox
+
+    def owner(self, sandbox: Sandbox) -> str | None:
+        """The id of the API key that made it (None: the admin)."""
+        session = self._session(sandbox.id)
+        return session.owner if session is not None else None
 
     def has(self, sandbox_id: str) -> bool:
         return sandbox_id in self._by_id
@@ -443,23 +462,25 @@ class Sandboxes:
             raise not_found(sandbox.id)
         return session
 
-    async def kill(self, sandbox_id: str) -> None:
-        self.get(sandbox_id)
+    async def kill(self, sandbox_id: str, viewer: Principal) -> None:
+        self.get(sandbox_id, viewer)
         self._forget(sandbox_id)
         with contextlib.suppress(SessionNotFound, SessionLost):
-            await self.registry.delete_session(sandbox_id)
+            await self.registry.delete_session(sandbox_id, viewer)
 
-    def set_timeout(self, sandbox_id: str, timeout: int) -> None:
+    def set_timeout(self, sandbox_id: str, timeout: int, viewer: Principal) -> None:
         """Its end `timeout` seconds from now; 0 ends it now (E2B's `minimum: 0`): the
         reaper kills or, with `autoPause`, pauses it within `REAP_EVERY`."""
-        sandbox = self.get(sandbox_id)
+        sandbox = self.get(sandbox_id, viewer)
         sandbox.end_at = time.time() + (0 if timeout == 0 else timeout_seconds(timeout))
         self._save(sandbox)
 
-    async def connect(self, sandbox_id: str, lifetime: int | None) -> tuple[Sandbox, bool]:
+    async def connect(
+        self, sandbox_id: str, lifetime: int | None, viewer: Principal
+    ) -> tuple[Sandbox, bool]:
         """The sandbox, resumed if it was paused (the second value says so), its session
         brought back from hibernation; its end time only ever moves later."""
-        sandbox = self.get(sandbox_id)
+        sandbox = self.get(sandbox_id, viewer)
         resumed = sandbox.paused
         session = self._session(sandbox_id)
         if session is not None and session.hibernated:
@@ -486,8 +507,8 @@ class Sandboxes:
         logger.info("E2B sandbox %s resumed by a call to it", sandbox.id)
         return True
 
-    async def pause(self, sandbox_id: str) -> None:
-        sandbox = self.get(sandbox_id)
+    async def pause(self, sandbox_id: str, viewer: Principal) -> None:
+        sandbox = self.get(sandbox_id, viewer)
         if sandbox.paused:
             raise SandboxError(409, f"sandbox {sandbox_id!r} is already paused")
         sandbox.paused = True
@@ -508,20 +529,27 @@ class Sandboxes:
             )
             return
         try:
-            await self.registry.hibernate(sandbox.id)
+            await self.registry.hibernate(sandbox.id, ADMIN)
         except GatewayError as exc:
             logger.info("E2B sandbox %s paused with its kernel running: %s", sandbox.id, exc)
 
     def all(self) -> Iterator[Sandbox]:
+        """Every sandbox, whoever made it (the gateway's own view)."""
         for sandbox_id in list(self._by_id):
             with contextlib.suppress(SandboxError):
-                yield self.get(sandbox_id)
+                yield self.get(sandbox_id, ADMIN)
+
+    def visible(self, viewer: Principal) -> Iterator[Sandbox]:
+        """The sandboxes `viewer` may see."""
+        for sandbox_id in list(self._by_id):
+            with contextlib.suppress(SandboxError):
+                yield self.get(sandbox_id, viewer)
 
     # -- internals ----------------------------------------------------------------------
 
     def _session(self, sandbox_id: str) -> Session | None:
         try:
-            return self.registry.get(sandbox_id)
+            return self.registry.get(sandbox_id, ADMIN)
         except (SessionNotFound, SessionLost):
             return None
 
@@ -560,7 +588,7 @@ class Sandboxes:
                     continue
                 logger.info("E2B sandbox %s reached its timeout; killing it", sandbox.id)
                 try:
-                    await self.kill(sandbox.id)
+                    await self.kill(sandbox.id, ADMIN)
                 except SandboxError:
                     pass
                 except Exception:

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kernel_gateway.errors import GatewayError
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.bodies import query_seconds
 from kernel_gateway.kernels.volumes import VolumeMount
 from kernel_gateway.protocols.e2b.errors import SandboxError
@@ -27,6 +28,7 @@ from kernel_gateway.protocols.e2b.sandboxes import ENVD_VERSION, Sandbox, status
 from kernel_gateway.sessions import network_policy
 from kernel_gateway.sessions.usage import Sample
 from kernel_gateway.settings import Settings
+from kernel_gateway.tenants.principal import Principal
 
 if TYPE_CHECKING:
     from kernel_gateway.protocols.e2b.app import E2BService
@@ -132,12 +134,15 @@ async def create(request: Request, service: E2BService) -> Response:
         auto_pause=body.get("autoPause") is True or lifecycle.get("onTimeout") == "pause",
         auto_resume=auto_resume.get("enabled") is True or lifecycle.get("autoResume") is True,
         network=_network(body),
-        mounts=await _volume_mounts(body, service),
+        mounts=await _volume_mounts(body, service, principal_of(request)),
+        owner=principal_of(request),
     )
     return JSONResponse(sandbox_json(sandbox), status_code=201)
 
 
-async def _volume_mounts(body: dict[str, Any], service: E2BService) -> tuple[VolumeMount, ...]:
+async def _volume_mounts(
+    body: dict[str, Any], service: E2BService, viewer: Principal
+) -> tuple[VolumeMount, ...]:
     """E2B's `volumeMounts` (`[{"name", "path"}]`) as the gateway's mounts (docs/volumes.md)."""
     asked = body.get("volumeMounts") or []
     if not isinstance(asked, list) or not all(
@@ -148,7 +153,7 @@ async def _volume_mounts(body: dict[str, Any], service: E2BService) -> tuple[Vol
     if len({m["name"] for m in asked}) != len(asked):
         raise SandboxError(400, "'volumeMounts' names a volume twice")
     try:
-        return await service.volumes.mounts({m["name"]: m["path"] for m in asked})
+        return await service.volumes.mounts({m["name"]: m["path"] for m in asked}, viewer)
     except GatewayError as exc:
         raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
 
@@ -199,7 +204,7 @@ def network_update(body: dict[str, Any]) -> list[str] | str | None:
 
 
 async def change_network(request: Request, service: E2BService) -> Response:
-    sandbox = service.sandboxes.get(request.path_params["id"])
+    sandbox = service.sandboxes.get(request.path_params["id"], principal_of(request))
     session = service.sandboxes.session(sandbox)
     asked = network_update(await json_body(request))
     registry = service.registry
@@ -219,12 +224,12 @@ def _refuse_what_is_not_here(body: dict[str, Any]) -> None:
 
 
 async def get_sandbox(request: Request, service: E2BService) -> Response:
-    sandbox = service.sandboxes.get(request.path_params["id"])
+    sandbox = service.sandboxes.get(request.path_params["id"], principal_of(request))
     return JSONResponse(detail_json(sandbox, service.settings))
 
 
 async def kill(request: Request, service: E2BService) -> Response:
-    await service.sandboxes.kill(request.path_params["id"])
+    await service.sandboxes.kill(request.path_params["id"], principal_of(request))
     return Response(status_code=204)
 
 
@@ -232,25 +237,27 @@ async def set_timeout(request: Request, service: E2BService) -> Response:
     timeout = integer(await json_body(request), "timeout")
     if timeout is None:
         raise SandboxError(400, "'timeout' is required")
-    service.sandboxes.set_timeout(request.path_params["id"], timeout)
+    service.sandboxes.set_timeout(request.path_params["id"], timeout, principal_of(request))
     return Response(status_code=204)
 
 
 async def connect(request: Request, service: E2BService) -> Response:
     body = await json_body(request)
     sandbox_id = request.path_params["id"]
-    sandbox, resumed = await service.sandboxes.connect(sandbox_id, integer(body, "timeout"))
+    sandbox, resumed = await service.sandboxes.connect(
+        sandbox_id, integer(body, "timeout"), principal_of(request)
+    )
     return JSONResponse(sandbox_json(sandbox), status_code=201 if resumed else 200)
 
 
 async def pause(request: Request, service: E2BService) -> Response:
-    await service.sandboxes.pause(request.path_params["id"])
+    await service.sandboxes.pause(request.path_params["id"], principal_of(request))
     return Response(status_code=204)
 
 
 async def metrics(request: Request, service: E2BService) -> Response:
     """E2B's `SandboxMetric` list from `start` to `end` (Unix seconds), oldest first."""
-    sandbox = service.sandboxes.get(request.path_params["id"])
+    sandbox = service.sandboxes.get(request.path_params["id"], principal_of(request))
     session = service.sandboxes.session(sandbox)
     try:
         bounds = [query_seconds(request, name) for name in ("start", "end")]
@@ -268,7 +275,8 @@ async def all_metrics(request: Request, service: E2BService) -> Response:
     out: dict[str, Any] = {}
     for sandbox_id in dict.fromkeys(wanted):
         try:
-            session = service.sandboxes.session(service.sandboxes.get(sandbox_id))
+            sandbox = service.sandboxes.get(sandbox_id, principal_of(request))
+            session = service.sandboxes.session(sandbox)
         except SandboxError:
             continue
         found = await service.usage.samples(session)
@@ -308,7 +316,7 @@ async def list_sandboxes(request: Request, service: E2BService) -> Response:
     order = query.get("order") or "desc"
     if order not in ("asc", "desc"):
         raise SandboxError(400, "'order' must be asc or desc")
-    everyone = list(service.sandboxes.all())
+    everyone = list(service.sandboxes.visible(principal_of(request)))
     found = [
         s
         for s in everyone

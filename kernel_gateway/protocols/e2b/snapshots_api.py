@@ -24,11 +24,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kernel_gateway.errors import GatewayError
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.replies import ControlHandler, Handler, guarded, json_body
 from kernel_gateway.protocols.e2b.sandboxes import Sandbox, status_for, timeout_seconds
 from kernel_gateway.protocols.e2b.sandboxes_api import integer, sandbox_json
 from kernel_gateway.sessions.snapshots import MAX_FORKS, Snapshot
+from kernel_gateway.tenants.principal import Principal
 
 if TYPE_CHECKING:
     from kernel_gateway.protocols.e2b.app import E2BService
@@ -64,7 +66,7 @@ async def create(request: Request, service: E2BService) -> Response:
     if name is not None and not isinstance(name, str):
         raise SandboxError(400, "'name' must be a string")
     sandboxes = service.sandboxes
-    sandbox = sandboxes.get(request.path_params["id"])
+    sandbox = sandboxes.get(request.path_params["id"], principal_of(request))
     extra = {"e2b": {"env": sandbox.env}}
     snapshot = await sandboxes.snapshots.take(sandboxes.session(sandbox), name or None, extra)
     return JSONResponse(info(snapshot), status_code=201)
@@ -74,7 +76,9 @@ async def list_snapshots(request: Request, service: E2BService) -> Response:
     query = request.query_params
     name = query.get("name")
     found = await service.sandboxes.snapshots.find(
-        query.get("sandboxID") or None, name.removesuffix(TAG) if name else None
+        principal_of(request),
+        query.get("sandboxID") or None,
+        name.removesuffix(TAG) if name else None,
     )
     try:
         limit = int(query.get("limit") or PAGE)
@@ -103,7 +107,13 @@ async def fork(request: Request, service: E2BService) -> Response:
         count = 1
     if not 1 <= count <= MAX_FORKS:
         raise SandboxError(400, f"'count' must be between 1 and {MAX_FORKS}")
-    results = await copies(service, request.path_params["id"], count, integer(body, "timeout"))
+    results = await copies(
+        service,
+        request.path_params["id"],
+        count,
+        integer(body, "timeout"),
+        principal_of(request),
+    )
     answer: list[dict[str, Any]] = []
     for result in results:
         if isinstance(result, Sandbox):
@@ -114,14 +124,14 @@ async def fork(request: Request, service: E2BService) -> Response:
 
 
 async def copies(
-    service: E2BService, sandbox_id: str, count: int, lifetime: int | None
+    service: E2BService, sandbox_id: str, count: int, lifetime: int | None, owner: Principal
 ) -> list[Sandbox | SandboxError]:
     """`count` copies of the sandbox as it is now (it runs on), each a sandbox of its own
-    with its metadata and environment, or why it could not start."""
+    (and `owner`'s) with its metadata and environment, or why it could not start."""
     seconds = timeout_seconds(lifetime)
     sandboxes = service.sandboxes
-    source = sandboxes.get(sandbox_id)
-    results = await sandboxes.snapshots.fork(sandboxes.session(source), count)
+    source = sandboxes.get(sandbox_id, owner)
+    results = await sandboxes.snapshots.fork(sandboxes.session(source), count, owner=owner)
     forks: list[Sandbox | SandboxError] = []
     for result in results:
         if isinstance(result, GatewayError):

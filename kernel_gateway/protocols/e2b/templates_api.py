@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.protocols.e2b import template_files, template_tags
 from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.replies import (
@@ -317,9 +318,10 @@ async def delete_template(request: Request, service: E2BService) -> Response:
     it builds or sessions run on it. A snapshot's id or name (`name:default`) deletes the
     snapshot: E2B's snapshots are templates (snapshots_api.py)."""
     snapshots = service.sandboxes.snapshots
-    found = await snapshots.find(None, request.path_params["id"].removesuffix(":default"))
+    viewer = principal_of(request)
+    found = await snapshots.find(viewer, None, request.path_params["id"].removesuffix(":default"))
     if found:
-        await snapshots.delete(found[0].id)
+        await snapshots.delete(found[0].id, viewer)
         return Response(status_code=204)
     template = template_named(service, request.path_params["id"])
     await templates_of(service).delete(template)

@@ -37,6 +37,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from kernel_gateway.errors import GatewayError
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.responses import file_chunks
 from kernel_gateway.kernels.volumes import Volume, Volumes
 from kernel_gateway.kernels.workspace import Entry, Workspace, write_stream
@@ -50,6 +51,7 @@ from kernel_gateway.protocols.e2b.replies import (
     json_body,
 )
 from kernel_gateway.protocols.e2b.sandboxes import status_for
+from kernel_gateway.tenants.principal import ADMIN, Principal
 
 if TYPE_CHECKING:
     from kernel_gateway.protocols.e2b.app import E2BService
@@ -116,9 +118,9 @@ def _with_volume_token(service: E2BService, handler: ControlHandler) -> Handler:
     return endpoint
 
 
-async def _volume(service: E2BService, ref: str) -> Volume:
+async def _volume(service: E2BService, ref: str, viewer: Principal) -> Volume:
     try:
-        return await service.volumes.get(ref)
+        return await service.volumes.get(ref, viewer)
     except GatewayError as exc:
         raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
 
@@ -140,29 +142,32 @@ async def create(request: Request, service: E2BService) -> Response:
     if not isinstance(name, str) or not NAME.match(name):
         raise SandboxError(400, "'name': 1 to 128 letters, digits, '-' and '_'")
     try:
-        volume = await service.volumes.create(name, service.settings.volume_size_bytes)
+        volume = await service.volumes.create(
+            name, service.settings.volume_size_bytes, principal_of(request)
+        )
     except GatewayError as exc:
         raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
     return JSONResponse(_and_token(service, volume), status_code=201)
 
 
 async def list_volumes(request: Request, service: E2BService) -> Response:
-    found = await service.volumes.all()
+    found = await service.volumes.all(principal_of(request))
     return JSONResponse([{"volumeID": v.id, "name": v.name} for v in found])
 
 
 async def get(request: Request, service: E2BService) -> Response:
-    volume = await _volume(service, request.path_params["volume"])
+    volume = await _volume(service, request.path_params["volume"], principal_of(request))
     return JSONResponse(_and_token(service, volume))
 
 
 async def delete(request: Request, service: E2BService) -> Response:
-    volume = await _volume(service, request.path_params["volume"])
+    viewer = principal_of(request)
+    volume = await _volume(service, request.path_params["volume"], viewer)
     users = sorted(
         s.id for s in service.registry.sessions() for m in s.mounts if m.volume_id == volume.id
     )
     try:
-        await service.volumes.delete(volume.id, users)
+        await service.volumes.delete(volume.id, users, viewer)
     except GatewayError as exc:
         raise SandboxError(status_for(exc), exc.message, kind=exc.error_type) from exc
     return Response(status_code=204)
@@ -174,7 +179,8 @@ async def delete(request: Request, service: E2BService) -> Response:
 async def _content(request: Request, service: E2BService) -> tuple[Workspace, str]:
     """The volume's files and the asked path, relative to its root ("" for the root)."""
     volumes: Volumes = service.volumes
-    volume = await _volume(service, request.path_params["volume"])
+    # Its token was made for this id (`_with_volume_token`): whoever holds it may use it.
+    volume = await _volume(service, request.path_params["volume"], ADMIN)
     path = request.query_params.get("path")
     if not path:
         raise SandboxError(400, "'path' is required")

@@ -63,6 +63,7 @@ from kernel_gateway.protocols.jupyter.wire import (
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.tasks import TaskSet
+from kernel_gateway.tenants.principal import ADMIN, Principal
 from kernel_gateway.types import JSON
 
 logger = logging.getLogger(__name__)
@@ -121,9 +122,10 @@ class JupyterKernels:
     def state(self, session_id: str) -> KernelState:
         return self._states.setdefault(session_id, KernelState())
 
-    def session(self, kernel_id: str) -> Session:
-        """The session behind a kernel id (either spelling); SessionNotFound if none."""
-        return self.registry.get(session_id(kernel_id))
+    def session(self, kernel_id: str, viewer: Principal) -> Session:
+        """The session behind a kernel id (either spelling), if `viewer` may see it;
+        SessionNotFound if none."""
+        return self.registry.get(session_id(kernel_id), viewer)
 
     def model(self, session: Session) -> JSON:
         """The kernel model Jupyter Server and its gateway client read; a kernel on a
@@ -529,7 +531,8 @@ class ChannelProxy:
             self.hub.tasks.spawn(_quietly(self.session.restart))
         else:
             registry, session_id = self.hub.registry, self.session.id
-            self.hub.tasks.spawn(_quietly(lambda: registry.delete_session(session_id)))
+            # Its owner's (or the admin's) client, checked when the WebSocket opened.
+            self.hub.tasks.spawn(_quietly(lambda: registry.delete_session(session_id, ADMIN)))
 
 
 class _Closed(Exception):

@@ -31,7 +31,7 @@ from starlette.websockets import WebSocket
 
 from kernel_gateway import __version__
 from kernel_gateway.errors import GatewayError, NotFound, TooManySessions
-from kernel_gateway.http.auth import refuse
+from kernel_gateway.http.auth import principal_of, refuse
 from kernel_gateway.http.bodies import read_model
 from kernel_gateway.http.operations import Surface
 from kernel_gateway.http.responses import JSONResponse
@@ -140,7 +140,7 @@ def _language(request: Request, name: str) -> Language:
 @jupyter_errors
 async def list_kernels(request: Request) -> Response:
     hub = _hub(request)
-    return JSONResponse([hub.model(s) for s in _registry(request).sessions()])
+    return JSONResponse([hub.model(s) for s in _registry(request).visible(principal_of(request))])
 
 
 @jupyter_errors
@@ -169,35 +169,37 @@ async def start_kernel(request: Request) -> Response:
     if allow is not None:
         patterns = [p.strip() for p in allow.split(",") if p.strip()]
         network = patterns if patterns and patterns != ["none"] else "none"
-    session = await registry.create_session(language, network, template)
+    session = await registry.create_session(
+        language, network, template, owner=principal_of(request)
+    )
     model = _hub(request).model(session)
     return JSONResponse(model, status_code=201, headers={"Location": f"/api/kernels/{model['id']}"})
 
 
 @jupyter_errors
 async def get_kernel(request: Request) -> Response:
-    session = _hub(request).session(request.path_params["kernel_id"])
+    session = _hub(request).session(request.path_params["kernel_id"], principal_of(request))
     return JSONResponse(_hub(request).model(session))
 
 
 @jupyter_errors
 async def delete_kernel(request: Request) -> Response:
     session = session_id(request.path_params["kernel_id"])
-    await _registry(request).delete_session(session)
+    await _registry(request).delete_session(session, principal_of(request))
     _hub(request).forget(session)
     return Response(status_code=204)
 
 
 @jupyter_errors
 async def interrupt_kernel(request: Request) -> Response:
-    session = _hub(request).session(request.path_params["kernel_id"])
+    session = _hub(request).session(request.path_params["kernel_id"], principal_of(request))
     await _hub(request).interrupt(session)
     return Response(status_code=204)
 
 
 @jupyter_errors
 async def restart_kernel(request: Request) -> Response:
-    session = _hub(request).session(request.path_params["kernel_id"])
+    session = _hub(request).session(request.path_params["kernel_id"], principal_of(request))
     await session.restart()
     return JSONResponse(_hub(request).model(session))
 
@@ -206,7 +208,7 @@ async def channels(websocket: WebSocket) -> None:
     """The kernel's channels over a WebSocket (see `jupyter_kernels.ChannelProxy`)."""
     hub = _hub(websocket)
     try:
-        session = hub.session(websocket.path_params["kernel_id"])
+        session = hub.session(websocket.path_params["kernel_id"], principal_of(websocket))
         if hub.state(session.id).connections >= MAX_CONNECTIONS:
             raise TooManySessions(
                 f"kernel {session.id} already has {MAX_CONNECTIONS} open connections",

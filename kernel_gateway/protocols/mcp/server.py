@@ -42,7 +42,8 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from kernel_gateway import __version__
-from kernel_gateway.errors import GatewayError, SessionNotFound
+from kernel_gateway.errors import GatewayError, SessionNotFound, Unauthorized
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.kernels.workspace import Workspace, file_url, guess_mime, iso_time
 from kernel_gateway.protocols.mcp.tools import (
     IMAGE_TYPES,
@@ -73,6 +74,7 @@ from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
 from kernel_gateway.templates.model import DEFAULT_TAG
+from kernel_gateway.tenants.principal import ADMIN, Principal
 
 logger = logging.getLogger(__name__)
 
@@ -161,21 +163,26 @@ class McpService:
         if scope["type"] == "http" and scope["method"] == "DELETE":
             mcp_session = Headers(scope=scope).get(MCP_SESSION_HEADER)
             if mcp_session is not None:
-                await self.release(mcp_session)
+                await self.release(mcp_session, principal_of(scope))
 
-    async def release(self, mcp_session: str) -> None:
+    async def release(self, mcp_session: str, viewer: Principal) -> None:
         """The MCP session ended: delete the gateway sessions that served it (one per
-        language, list of domains and template it asked for)."""
-        keys = [k for k in self._bound if k.split("\0", 1)[0] == mcp_session]
-        for key in [k for k in self._binding if k.split("\0", 1)[0] == mcp_session]:
+        language, list of domains and template it asked for) that `viewer` owns (the
+        admin: all)."""
+        ours = [
+            k
+            for k in self._binding
+            if k.split("\0", 1)[0] == mcp_session and viewer.sees(_bound_owner(k))
+        ]
+        for key in ours:
             del self._binding[key]
-        session_ids = [self._bound.pop(key) for key in keys]
+        session_ids = [self._bound.pop(key) for key in ours if key in self._bound]
         await asyncio.gather(*(self._delete(session_id) for session_id in session_ids))
 
     async def _delete(self, session_id: str) -> None:
         logger.info("MCP session ended; deleting its session %s", session_id)
         try:
-            await self.registry.delete_session(session_id)
+            await self.registry.delete_session(session_id, ADMIN)  # bound for its owner
         except SessionNotFound:
             pass
 
@@ -234,6 +241,7 @@ class McpService:
             arguments.language,
             arguments.network,
             arguments.template,
+            owner=_principal(ctx),
         )
         report = CellReport(_base_url(ctx))
         await self._follow(ctx, session, execution, report)
@@ -393,9 +401,10 @@ class McpService:
         else the template's, else Python), `network` (None: the named session's, else none)
         and `template` (None: the named session's, else none) pick the MCP session's
         sandbox of that language, those domains and that template."""
+        principal = _principal(ctx)
         if handle is not None:
             try:
-                session = self.registry.get(handle)
+                session = self.registry.get(handle, principal)
             except SessionNotFound:
                 raise ToolInputError(
                     f"there is no sandbox {handle!r} (any longer): idle sandboxes are removed "
@@ -422,17 +431,23 @@ class McpService:
         allow = self.registry.network_policy(network or "none")  # checked before any sandbox
         mcp_session = _mcp_session(ctx)
         if mcp_session is None:
-            return await self.registry.create_session(name, allow or "none", template), ""
+            session = await self.registry.create_session(
+                name, allow or "none", template, owner=principal
+            )
+            return session, ""
         # NUL cannot be in a session id, a language, a domain or a template reference, and
-        # "@" cannot start a language or a domain: keys cannot collide.
+        # "@" cannot start a language or a domain: keys cannot collide. The key's owner is
+        # in it: another API key presenting this MCP session's id gets sandboxes of its own.
         parts = [*([name] if name not in (None, "python") else []), *allow]
-        key = "\0".join([mcp_session, *parts, *([f"@{template}"] if template else [])])
+        owner = [f"#{principal.key_id}"] if principal.key_id is not None else []
+        tail = [*([f"@{template}"] if template else [])]
+        key = "\0".join([mcp_session, *owner, *parts, *tail])
         lock = self._binding.setdefault(key, asyncio.Lock())
         async with lock:  # two first calls at once must not make two sessions
             bound = self._bound.get(key)
             if bound is not None:
                 try:
-                    return self.registry.get(bound), ""
+                    return self.registry.get(bound, principal), ""
                 except SessionNotFound:
                     note = (
                         "[the previous sandbox of this connection was removed after being idle; "
@@ -441,7 +456,9 @@ class McpService:
             else:
                 note = ""
             self._forget_gone()
-            session = await self.registry.create_session(name, allow or "none", template)
+            session = await self.registry.create_session(
+                name, allow or "none", template, owner=principal
+            )
             self._bound[key] = session.id
             return session, note
 
@@ -473,6 +490,20 @@ def _mcp_session(ctx: ServerRequestContext[Any]) -> str | None:
     if isinstance(request, Request):
         return request.headers.get(MCP_SESSION_HEADER)
     return None
+
+
+def _principal(ctx: ServerRequestContext[Any]) -> Principal:
+    """Who the tool call acts as: the principal of the HTTP request that carried it."""
+    request = ctx.request
+    if isinstance(request, Request):
+        return principal_of(request)
+    raise Unauthorized("this MCP call came without an authenticated request")
+
+
+def _bound_owner(key: str) -> str | None:
+    """The key id written in a binding's key (`#key_…` after the MCP session's id)."""
+    parts = key.split("\0")
+    return parts[1][1:] if len(parts) > 1 and parts[1].startswith("#") else None
 
 
 def _base_url(ctx: ServerRequestContext[Any]) -> str:

@@ -16,6 +16,7 @@ from kernel_gateway.protocols.mcp import routes as mcp
 from kernel_gateway.server.routes import (
     files,
     health,
+    keys,
     metrics,
     openapi,
     session_metrics,
@@ -39,6 +40,7 @@ OPERATIONS: tuple[Operation, ...] = (
     *volumes.OPERATIONS,
     *files.OPERATIONS,
     *templates.OPERATIONS,
+    *keys.OPERATIONS,
 )
 SURFACES: tuple[Surface, ...] = (
     web.SURFACE,

@@ -6,13 +6,14 @@ from starlette.requests import Request
 
 from kernel_gateway.http.operations import Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
+from kernel_gateway.sessions.pool_reports import languages_json, stateless_stats
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.shapes import responses
 
 
 async def health(request: Request) -> JSONResponse[responses.Health]:
     registry: Registry = request.state.registry
-    stateless = registry.stateless_stats()
+    stateless = stateless_stats(registry)
     body: responses.Health = {
         "status": "ok",
         "backend": registry.backend.name,
@@ -32,7 +33,7 @@ async def health(request: Request) -> JSONResponse[responses.Health]:
 async def languages(request: Request) -> JSONResponse[responses.LanguageList]:
     """The languages this gateway runs, with versions, and which warm kernels each has."""
     registry: Registry = request.state.registry
-    return JSONResponse({"default": "python", "languages": registry.languages_json()})
+    return JSONResponse({"default": "python", "languages": languages_json(registry)})
 
 
 OPERATIONS = (

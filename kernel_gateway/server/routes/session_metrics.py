@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.bodies import query_seconds
 from kernel_gateway.http.operations import Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
@@ -16,7 +17,7 @@ from kernel_gateway.shapes import responses
 async def metrics(request: Request) -> JSONResponse[responses.SessionMetrics]:
     registry: Registry = request.state.registry
     sampler: UsageSampler = request.state.usage
-    session = registry.get(request.path_params["session_id"])
+    session = registry.get(request.path_params["session_id"], principal_of(request))
     start, end = query_seconds(request, "start"), query_seconds(request, "end")
     found = await sampler.samples(session, start, end)
     return JSONResponse({"metrics": [s.to_json() for s in found]})

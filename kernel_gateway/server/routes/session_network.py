@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.bodies import read_model
 from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
@@ -17,7 +18,7 @@ from kernel_gateway.shapes.requests import NetworkChange, network_asked
 
 async def change(request: Request) -> JSONResponse[responses.Session]:
     registry: Registry = request.state.registry
-    session = registry.get(request.path_params["session_id"])
+    session = registry.get(request.path_params["session_id"], principal_of(request))
     settings = registry.settings
     body = await read_model(request, NetworkChange, settings.max_body_bytes, settings)
     asked = network_asked(body.network)

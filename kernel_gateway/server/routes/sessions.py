@@ -5,6 +5,7 @@ from starlette.responses import Response
 
 from kernel_gateway import logs
 from kernel_gateway.errors import InvalidRequest, KernelUnavailable, TooManySessions
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.bodies import read_model
 from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
@@ -39,24 +40,33 @@ def _registry(request: Request) -> Registry:
 
 
 def _session(request: Request) -> Session:
-    return _registry(request).get(request.path_params["session_id"])
+    return _registry(request).get(request.path_params["session_id"], principal_of(request))
 
 
 async def create(request: Request) -> JSONResponse[responses.RestoredSession]:
     registry = _registry(request)
     settings = registry.settings
     body = await read_model(request, NewSession, settings.max_body_bytes, settings, optional=True)
-    mounts = await request.state.volumes.mounts(body.volumes or {})
+    mounts = await request.state.volumes.mounts(body.volumes or {}, principal_of(request))
     try:
         if body.snapshot is not None:
             saved: SavedSessions = request.state.snapshots
             restored = await saved.start(
-                body.snapshot, network_asked(body.network), body.language, body.template, mounts
+                body.snapshot,
+                network_asked(body.network),
+                body.language,
+                body.template,
+                mounts,
+                owner=principal_of(request),
             )
             answer = restored_json(restored)
         else:
             session = await registry.create_session(
-                body.language, network_asked(body.network), body.template, mounts
+                body.language,
+                network_asked(body.network),
+                body.template,
+                mounts,
+                owner=principal_of(request),
             )
             answer = {**session.to_json(), "restored": None}
     except (TooManySessions, KernelUnavailable) as exc:
@@ -67,7 +77,8 @@ async def create(request: Request) -> JSONResponse[responses.RestoredSession]:
 
 
 async def list_all(request: Request) -> JSONResponse[responses.SessionList]:
-    return JSONResponse({"sessions": [s.to_json() for s in _registry(request).sessions()]})
+    sessions = _registry(request).visible(principal_of(request))
+    return JSONResponse({"sessions": [s.to_json() for s in sessions]})
 
 
 async def get(request: Request) -> JSONResponse[responses.Session]:
@@ -75,7 +86,9 @@ async def get(request: Request) -> JSONResponse[responses.Session]:
 
 
 async def delete(request: Request) -> Response:
-    await _registry(request).delete_session(request.path_params["session_id"])
+    await _registry(request).delete_session(
+        request.path_params["session_id"], principal_of(request)
+    )
     return Response(status_code=204)
 
 
@@ -133,7 +146,9 @@ async def restart(request: Request) -> JSONResponse[responses.Session]:
 
 
 async def hibernate(request: Request) -> JSONResponse[responses.Session]:
-    session = await _registry(request).hibernate(request.path_params["session_id"])
+    session = await _registry(request).hibernate(
+        request.path_params["session_id"], principal_of(request)
+    )
     return JSONResponse(session.to_json())
 
 
@@ -170,6 +185,7 @@ async def execute_stateless(request: Request) -> Response:
             body.language,
             network_asked(body.network),
             body.template,
+            owner=principal_of(request),
         )
     except (TooManySessions, KernelUnavailable) as exc:
         metrics.stateless_rejections.labels(_rejection(exc)).inc()

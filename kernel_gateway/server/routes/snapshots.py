@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kernel_gateway import logs
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.bodies import read_model
 from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
@@ -38,7 +39,7 @@ def restored_json(restored: Restored) -> responses.RestoredSession:
 
 async def create(request: Request) -> JSONResponse[responses.Snapshot]:
     saved = _saved(request)
-    session = saved.registry.get(request.path_params["session_id"])
+    session = saved.registry.get(request.path_params["session_id"], principal_of(request))
     settings = saved.settings
     body = await read_model(request, NewSnapshot, settings.max_body_bytes, settings, optional=True)
     snapshot = await saved.take(session, body.name)
@@ -50,10 +51,11 @@ async def create(request: Request) -> JSONResponse[responses.Snapshot]:
 
 async def fork(request: Request) -> JSONResponse[responses.ForkList]:
     saved = _saved(request)
-    session = saved.registry.get(request.path_params["session_id"])
+    principal = principal_of(request)
+    session = saved.registry.get(request.path_params["session_id"], principal)
     settings = saved.settings
     body = await read_model(request, ForkRequest, settings.max_body_bytes, settings, optional=True)
-    results = await saved.fork(session, body.count)
+    results = await saved.fork(session, body.count, owner=principal)
     forks: list[responses.ForkOutcome] = []
     for result in results:
         if isinstance(result, Restored):
@@ -66,18 +68,20 @@ async def fork(request: Request) -> JSONResponse[responses.ForkList]:
 
 async def list_all(request: Request) -> JSONResponse[responses.SnapshotList]:
     found = await _saved(request).find(
-        request.query_params.get("session_id"), request.query_params.get("name")
+        principal_of(request),
+        request.query_params.get("session_id"),
+        request.query_params.get("name"),
     )
     return JSONResponse({"snapshots": [s.to_json() for s in found]})
 
 
 async def get(request: Request) -> JSONResponse[responses.Snapshot]:
-    snapshot = await _saved(request).get(request.path_params["snapshot_id"])
+    snapshot = await _saved(request).get(request.path_params["snapshot_id"], principal_of(request))
     return JSONResponse(snapshot.to_json())
 
 
 async def delete(request: Request) -> Response:
-    await _saved(request).delete(request.path_params["snapshot_id"])
+    await _saved(request).delete(request.path_params["snapshot_id"], principal_of(request))
     return Response(status_code=204)
 
 

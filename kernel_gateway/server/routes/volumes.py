@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from kernel_gateway.errors import BadRequest, Forbidden, InvalidRequest
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.bodies import check_declared_length, read_model
 from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse, file_chunks
@@ -82,7 +83,9 @@ async def volume_json(request: Request, volume: Volume) -> responses.VolumeInfo:
 async def create(request: Request) -> JSONResponse[responses.VolumeInfo]:
     settings = _registry(request).settings
     body = await read_model(request, NewVolume, settings.max_body_bytes, settings)
-    volume = await _volumes(request).create(body.name, volume_size(settings, body.size))
+    volume = await _volumes(request).create(
+        body.name, volume_size(settings, body.size), principal_of(request)
+    )
     return JSONResponse(
         await volume_json(request, volume),
         status_code=201,
@@ -91,19 +94,19 @@ async def create(request: Request) -> JSONResponse[responses.VolumeInfo]:
 
 
 async def list_all(request: Request) -> JSONResponse[responses.VolumeList]:
-    found = await _volumes(request).all()
+    found = await _volumes(request).all(principal_of(request))
     return JSONResponse({"volumes": [await volume_json(request, v) for v in found]})
 
 
 async def get(request: Request) -> JSONResponse[responses.VolumeInfo]:
-    volume = await _volumes(request).get(request.path_params["volume"])
+    volume = await _volumes(request).get(request.path_params["volume"], principal_of(request))
     return JSONResponse(await volume_json(request, volume))
 
 
 async def delete(request: Request) -> Response:
-    volumes = _volumes(request)
-    volume = await volumes.get(request.path_params["volume"])
-    await volumes.delete(volume.id, sorted(mounted_by(_registry(request), volume)))
+    volumes, viewer = _volumes(request), principal_of(request)
+    volume = await volumes.get(request.path_params["volume"], viewer)
+    await volumes.delete(volume.id, sorted(mounted_by(_registry(request), volume)), viewer)
     return Response(status_code=204)
 
 
@@ -113,7 +116,7 @@ async def delete(request: Request) -> Response:
 async def content(request: Request) -> Workspace:
     """The volume's files, reached without following links (as a session's workspace)."""
     volumes = _volumes(request)
-    volume = await volumes.get(request.path_params["volume"])
+    volume = await volumes.get(request.path_params["volume"], principal_of(request))
     return Workspace(volumes.data(volume), _registry(request).backend.workspace_owner)
 
 

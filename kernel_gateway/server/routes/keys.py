@@ -1,0 +1,199 @@
+"""API keys (kernel_gateway/tenants/keys.py): made and managed by the admin token.
+
+    POST   /keys                  a new key, its secret shown once (201; admin)
+    GET    /keys                  the live keys (`?revoked=true`: revoked ones too); a key
+                                  sees only itself
+    GET    /keys/{key_id}         one key (the admin, or the key itself)
+    PATCH  /keys/{key_id}         its quotas replaced (admin)
+    POST   /keys/{key_id}/rotate  a new secret; the old one stops at once (admin or itself)
+    DELETE /keys/{key_id}         revoked: refused from now on, its open streams ended
+                                  (admin or itself)
+
+Another key's id is answered 404, as a missing one: a key cannot learn which ids exist.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kernel_gateway.errors import BadRequest, Forbidden, KeyNotFound
+from kernel_gateway.http.auth import principal_of
+from kernel_gateway.http.bodies import read_model
+from kernel_gateway.http.operations import Body, Operation, Reply
+from kernel_gateway.http.responses import JSONResponse
+from kernel_gateway.server.routes.fragments import JSON_BODY, LOCATION
+from kernel_gateway.settings import Settings
+from kernel_gateway.shapes import requests, responses
+from kernel_gateway.tenants.keys import Key, KeyStore
+from kernel_gateway.tenants.principal import Quotas
+
+
+def _keys(request: Request) -> KeyStore:
+    keys: KeyStore = request.state.keys
+    return keys
+
+
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.state.settings
+    return settings
+
+
+def _admin(request: Request, what: str) -> None:
+    if not principal_of(request).admin:
+        raise Forbidden(f"only the admin token may {what}")
+
+
+def _visible(request: Request) -> Key:
+    """The key in the path, if the caller may see it (the admin, or the key itself)."""
+    key_id = request.path_params["key_id"]
+    if not principal_of(request).sees(key_id):
+        raise KeyNotFound(f"no key with id {key_id!r}")
+    return _keys(request).get(key_id)
+
+
+def quotas(asked: requests.Quotas) -> Quotas:
+    return Quotas(asked.max_sessions, asked.max_stateless, asked.requests_per_minute)
+
+
+def key_json(key: Key) -> responses.KeyInfo:
+    return {
+        "id": key.id,
+        "name": key.name,
+        "prefix": key.shown,
+        "created_at": key.created_at,
+        "rotated_at": key.rotated_at,
+        "revoked_at": key.revoked_at,
+        "quotas": {
+            "max_sessions": key.quotas.max_sessions,
+            "max_stateless": key.quotas.max_stateless,
+            "requests_per_minute": key.quotas.requests_per_minute,
+        },
+    }
+
+
+def with_secret(key: Key, secret: str) -> responses.KeySecret:
+    return {**key_json(key), "secret": secret}
+
+
+async def create(request: Request) -> JSONResponse[responses.KeySecret]:
+    _admin(request, "make keys")
+    settings = _settings(request)
+    body = await read_model(request, requests.NewKey, settings.max_body_bytes, settings)
+    key, secret = await _keys(request).create(body.name, quotas(body.quotas))
+    return JSONResponse(
+        with_secret(key, secret),
+        status_code=201,
+        headers={"Location": f"/keys/{key.id}", "Cache-Control": "no-store"},
+    )
+
+
+async def list_all(request: Request) -> JSONResponse[responses.KeyList]:
+    revoked = request.query_params.get("revoked", "false")
+    if revoked not in ("true", "false"):
+        raise BadRequest("revoked must be true or false")
+    principal = principal_of(request)
+    found = _keys(request).keys(revoked=revoked == "true")
+    return JSONResponse({"keys": [key_json(k) for k in found if principal.sees(k.id)]})
+
+
+async def get(request: Request) -> JSONResponse[responses.KeyInfo]:
+    return JSONResponse(key_json(_visible(request)))
+
+
+async def change(request: Request) -> JSONResponse[responses.KeyInfo]:
+    key = _visible(request)
+    _admin(request, "change a key's quotas")
+    settings = _settings(request)
+    body = await read_model(request, requests.KeyChange, settings.max_body_bytes, settings)
+    return JSONResponse(key_json(await _keys(request).set_quotas(key.id, quotas(body.quotas))))
+
+
+async def rotate(request: Request) -> JSONResponse[responses.KeySecret]:
+    key, secret = await _keys(request).rotate(_visible(request).id)
+    return JSONResponse(with_secret(key, secret), headers={"Cache-Control": "no-store"})
+
+
+async def revoke(request: Request) -> Response:
+    await _keys(request).revoke(_visible(request).id)
+    return Response(status_code=204)
+
+
+KEY_PATH = "/keys/{key_id}"
+
+OPERATIONS = (
+    Operation(
+        "post",
+        "/keys",
+        create,
+        "createKey",
+        summary="A new API key, with its quotas; its secret is shown only in this answer.",
+        description="Admin token only (403 for a key). A key acts as itself on every "
+        "surface: it sees and touches only what it made, within its quotas.",
+        tags=("keys",),
+        body=Body(requests.NewKey),
+        replies=(Reply(201, "The key, with its secret.", responses.KeySecret, headers=LOCATION),),
+        errors=(*JSON_BODY, 403, 409),
+    ),
+    Operation(
+        "get",
+        "/keys",
+        list_all,
+        "listKeys",
+        summary="The live API keys, oldest first (a key sees only itself).",
+        tags=("keys",),
+        parameters=(
+            {
+                "name": "revoked",
+                "in": "query",
+                "required": False,
+                "description": "Also list revoked keys.",
+                "schema": {"type": "string", "enum": ["true", "false"], "default": "false"},
+            },
+        ),
+        replies=(Reply(200, "The keys.", responses.KeyList),),
+    ),
+    Operation(
+        "get",
+        KEY_PATH,
+        get,
+        "getKey",
+        summary="An API key (the admin's, or the key's own).",
+        tags=("keys",),
+        replies=(Reply(200, "The key.", responses.KeyInfo),),
+        errors=(404,),
+    ),
+    Operation(
+        "patch",
+        KEY_PATH,
+        change,
+        "changeKey",
+        summary="Replace a key's quotas (admin token only).",
+        description="They apply to its next requests; what it holds already is kept.",
+        tags=("keys",),
+        body=Body(requests.KeyChange),
+        replies=(Reply(200, "The key.", responses.KeyInfo),),
+        errors=(*JSON_BODY, 403, 404),
+    ),
+    Operation(
+        "post",
+        KEY_PATH + "/rotate",
+        rotate,
+        "rotateKey",
+        summary="A new secret for a key; the old one is refused at once, its open streams end.",
+        tags=("keys",),
+        replies=(Reply(200, "The key, with its new secret.", responses.KeySecret),),
+        errors=(404,),
+    ),
+    Operation(
+        "delete",
+        KEY_PATH,
+        revoke,
+        "revokeKey",
+        summary="Revoke a key: refused from now on, its open streams and WebSockets end.",
+        description="What it made is kept, and seen by the admin.",
+        tags=("keys",),
+        replies=(Reply(204, "Revoked."),),
+        errors=(404,),
+    ),
+)

@@ -1,0 +1,316 @@
+"""API keys: made, listed, rotated, revoked; kept in SQLite, by hash only.
+
+A key's secret is `e2b_` and 48 hex digits (192 random bits), the form E2B's SDKs accept
+as an API key, so any key works as `E2B_API_KEY`. It is shown once, when it is made or
+rotated; the file keeps its SHA-256 digest (a random secret of that size needs no slow
+hash) and its first characters, to tell keys apart in a list.
+
+The file (`keys.sqlite3` in the runtime folder) is written by one thread in transactions,
+so a crash keeps each change whole or not at all; every live key is also held in memory,
+so a request's key is found without touching the disk. A revoked key's row stays (its
+usage is still asked for), its secret no longer resolves, and whoever is waiting on it
+(an open stream) is told at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import secrets
+import sqlite3
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kernel_gateway.errors import Conflict, InvalidRequest, KeyNotFound
+from kernel_gateway.tenants.principal import ADMIN_NAME, Principal, Quotas
+
+SECRET_PREFIX = "e2b_"
+KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+SHOWN = 12
+"""Characters of a secret kept to tell keys apart (`e2b_` and 8 hex digits)."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS keys (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    digest BLOB NOT NULL UNIQUE,
+    shown TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    rotated_at TEXT,
+    revoked_at TEXT,
+    quotas TEXT NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS live_names ON keys (name) WHERE revoked_at IS NULL;
+"""
+
+T = TypeVar("T")
+
+
+def digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Key:
+    """A key as listed: everything but its secret."""
+
+    id: str
+    name: str
+    shown: str
+    created_at: str
+    rotated_at: str | None
+    revoked_at: str | None
+    quotas: Quotas
+
+    @property
+    def principal(self) -> Principal:
+        return Principal(self.id, self.name, self.quotas)
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> Key:
+        key_id, name, shown, created, rotated, revoked, quotas = row
+        return cls(
+            key_id, name, shown, created, rotated, revoked, Quotas.from_json(json.loads(quotas))
+        )
+
+
+def check_name(name: str) -> str:
+    if not KEY_NAME.fullmatch(name):
+        raise InvalidRequest(
+            f"a key's name is 1-64 letters, digits, '.', '_' or '-', starting with a letter or "
+            f"digit; got {name!r}"
+        )
+    if name == ADMIN_NAME:
+        raise InvalidRequest(f"{ADMIN_NAME!r} names the admin token; choose another name")
+    return name
+
+
+class KeyStore:
+    """The keys in `path`, opened by `open()` (blocking: call it in a thread)."""
+
+    def __init__(self, path: Path, busy_timeout: float = 5.0) -> None:
+        """`busy_timeout`: how long a change waits for another process holding the file
+        (`kernel-gateway keys` beside a running gateway) before it fails."""
+        self.path = path
+        self._busy_timeout = busy_timeout
+        self._db: sqlite3.Connection | None = None
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="key-store")
+        self._by_digest: dict[bytes, Key] = {}
+        self._by_id: dict[str, Key] = {}
+        self._watchers: dict[str, list[Callable[[], None]]] = {}
+
+    # -- opening and closing -------------------------------------------------------------
+
+    def open(self) -> None:
+        self._writer.submit(self._open).result()
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        db = sqlite3.connect(
+            self.path,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=self._busy_timeout,
+        )
+        self.path.chmod(0o600)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.executescript(SCHEMA)
+        self._db = db
+        self._load()
+
+    def reload(self) -> None:
+        """Read the file again (another process may have changed it: `kernel-gateway keys`
+        with the gateway stopped, or a router beside this one). Blocking."""
+        self._writer.submit(self._load).result()
+
+    def _load(self) -> None:
+        assert self._db is not None
+        rows = self._db.execute(
+            "SELECT id, name, shown, created_at, rotated_at, revoked_at, quotas, digest FROM keys"
+        ).fetchall()
+        by_id: dict[str, Key] = {}
+        by_digest: dict[bytes, Key] = {}
+        for row in rows:
+            key = Key.from_row(row[:7])
+            by_id[key.id] = key
+            if key.revoked_at is None:
+                by_digest[bytes(row[7])] = key
+        gone = [
+            k
+            for k in self._by_id.values()
+            if k.revoked_at is None and (k.id not in by_id or by_id[k.id].revoked_at is not None)
+        ]
+        self._by_id, self._by_digest = by_id, by_digest
+        for key in gone:
+            self._tell(key.id)
+
+    def close(self) -> None:
+        """Close the file (blocking); `open()` may open it again."""
+        if self._db is not None:
+            self._writer.submit(self._db.close).result()
+            self._db = None
+
+    # -- reading (in memory, never the disk) ---------------------------------------------
+
+    def resolve(self, secret: str) -> Principal | None:
+        """The principal a secret stands for, if it is a live key's."""
+        key = self._by_digest.get(digest(secret))
+        return None if key is None else key.principal
+
+    def get(self, key_id: str) -> Key:
+        key = self._by_id.get(key_id)
+        if key is None:
+            raise KeyNotFound(f"no key with id {key_id!r}")
+        return key
+
+    def principal(self, key_id: str) -> Principal:
+        """The principal of key `key_id` as it is now (a revoked key's as it was; one never
+        known: no quotas)."""
+        key = self._by_id.get(key_id)
+        return key.principal if key is not None else Principal(key_id, key_id)
+
+    def keys(self, revoked: bool = False) -> list[Key]:
+        """Live keys (and revoked ones when asked), oldest first."""
+        found = [k for k in self._by_id.values() if revoked or k.revoked_at is None]
+        return sorted(found, key=lambda k: (k.created_at, k.id))
+
+    def by_name(self, name: str) -> Key | None:
+        return next(
+            (k for k in self._by_id.values() if k.name == name and k.revoked_at is None), None
+        )
+
+    def live(self, key_id: str | None) -> bool:
+        """Whether `key_id` is still a live key (the admin always is)."""
+        if key_id is None:
+            return True
+        key = self._by_id.get(key_id)
+        return key is not None and key.revoked_at is None
+
+    def watch(self, key_id: str, revoked: Callable[[], None]) -> Callable[[], None]:
+        """Call `revoked` when the key is revoked or rotated; returns the call that stops it."""
+        self._watchers.setdefault(key_id, []).append(revoked)
+
+        def stop() -> None:
+            watchers = self._watchers.get(key_id, [])
+            if revoked in watchers:
+                watchers.remove(revoked)
+            if not watchers:
+                self._watchers.pop(key_id, None)
+
+        return stop
+
+    # -- changes (one thread, one transaction each) --------------------------------------
+
+    async def create(self, name: str, quotas: Quotas) -> tuple[Key, str]:
+        check_name(name)
+        secret = SECRET_PREFIX + secrets.token_hex(24)
+        key = Key(f"key_{uuid.uuid4().hex[:16]}", name, secret[:SHOWN], now(), None, None, quotas)
+
+        def insert(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT INTO keys (id, name, digest, shown, created_at, quotas) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    key.id,
+                    name,
+                    digest(secret),
+                    key.shown,
+                    key.created_at,
+                    json.dumps(quotas.to_json()),
+                ),
+            )
+
+        try:
+            await self._write(insert)
+        except sqlite3.IntegrityError:
+            raise Conflict(f"a live key is already named {name!r}") from None
+        self._by_id[key.id] = key
+        self._by_digest[digest(secret)] = key
+        return key, secret
+
+    async def rotate(self, key_id: str) -> tuple[Key, str]:
+        """A new secret for the key; the old one stops working at once (open streams end)."""
+        old = self._live(key_id)
+        secret = SECRET_PREFIX + secrets.token_hex(24)
+        key = replace(old, shown=secret[:SHOWN], rotated_at=now())
+
+        def update(db: sqlite3.Connection) -> None:
+            db.execute(
+                "UPDATE keys SET digest = ?, shown = ?, rotated_at = ? WHERE id = ?",
+                (digest(secret), key.shown, key.rotated_at, key_id),
+            )
+
+        await self._write(update)
+        self._forget_secret(key_id)
+        self._by_id[key_id] = key
+        self._by_digest[digest(secret)] = key
+        self._tell(key_id)
+        return key, secret
+
+    async def set_quotas(self, key_id: str, quotas: Quotas) -> Key:
+        key = replace(self._live(key_id), quotas=quotas)
+
+        def update(db: sqlite3.Connection) -> None:
+            db.execute(
+                "UPDATE keys SET quotas = ? WHERE id = ?", (json.dumps(quotas.to_json()), key_id)
+            )
+
+        await self._write(update)
+        self._by_id[key_id] = key
+        for found, held in list(self._by_digest.items()):
+            if held.id == key_id:
+                self._by_digest[found] = key
+        return key
+
+    async def revoke(self, key_id: str) -> Key:
+        key = replace(self._live(key_id), revoked_at=now())
+
+        def update(db: sqlite3.Connection) -> None:
+            db.execute("UPDATE keys SET revoked_at = ? WHERE id = ?", (key.revoked_at, key_id))
+
+        await self._write(update)
+        self._forget_secret(key_id)
+        self._by_id[key_id] = key
+        self._tell(key_id)
+        return key
+
+    def _live(self, key_id: str) -> Key:
+        key = self.get(key_id)
+        if key.revoked_at is not None:
+            raise KeyNotFound(f"key {key_id!r} was revoked at {key.revoked_at}")
+        return key
+
+    def _forget_secret(self, key_id: str) -> None:
+        for found in [d for d, k in self._by_digest.items() if k.id == key_id]:
+            del self._by_digest[found]
+
+    def _tell(self, key_id: str) -> None:
+        for revoked in list(self._watchers.get(key_id, [])):
+            revoked()
+
+    async def _write(self, change: Callable[[sqlite3.Connection], T]) -> T:
+        def run() -> T:
+            assert self._db is not None, "the key store is not open"
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                result = change(self._db)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            return result
+
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._writer, run)

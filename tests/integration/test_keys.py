@@ -1,0 +1,250 @@
+"""API keys on a real gateway: made by the admin, each seeing only what it made, within its
+quotas; revoked at once, open streams included; kept across a restart.
+
+The ownership walk reads the gateway's own OpenAPI document: every operation naming a
+session, a snapshot or a key is called by another key with the first key's ids, and must
+answer 404, so an operation added later without the check fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.backends import require_backend, settings_for
+from tests.support.server import ServerFactory, ServerThread
+
+TOKEN = "admin-token-for-keys"
+OWNED = {"session_id", "snapshot_id", "key_id", "volume"}
+"""Path parameters naming what a key owns, walked below."""
+FILLED = {"execution_id": "1", "path": "a.txt"}
+
+
+def client(server: ServerThread, secret: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {secret}"}, timeout=60
+    )
+
+
+@pytest.fixture(scope="module")
+def server(servers: ServerFactory) -> ServerThread:
+    return servers("docker", token=TOKEN, pool_size=1, max_sessions=8)
+
+
+@pytest.fixture(scope="module")
+def admin(server: ServerThread) -> Iterator[httpx.Client]:
+    with client(server, TOKEN) as c:
+        yield c
+
+
+def new_key(admin: httpx.Client, name: str, **quotas: int) -> dict[str, Any]:
+    made = admin.post("/keys", json={"name": name, "quotas": quotas})
+    assert made.status_code == 201, made.text
+    assert made.headers["cache-control"] == "no-store"
+    key: dict[str, Any] = made.json()
+    return key
+
+
+def example(schema: dict[str, Any], document: dict[str, Any]) -> Any:
+    """A small valid value of `schema` (its required fields only), to get past validation."""
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[1]
+        return example(document["components"]["schemas"][name], document)
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            return example(schema[key][0], document)
+    kind = schema.get("type")
+    kind = kind[0] if isinstance(kind, list) else kind
+    if "const" in schema:
+        return schema["const"]
+    if "enum" in schema:
+        return schema["enum"][0]
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {k: example(props[k], document) for k in schema.get("required", [])}
+    if kind == "array":
+        return []
+    if kind in ("integer", "number"):
+        return max(1, schema.get("minimum", 1))
+    if kind == "boolean":
+        return False
+    return "print(1)" if schema.get("minLength", 0) <= 8 else "x" * schema["minLength"]
+
+
+def test_keys_are_made_shown_once_and_managed_by_the_admin(
+    server: ServerThread, admin: httpx.Client
+) -> None:
+    key = new_key(admin, "lister", max_sessions=2, requests_per_minute=600)
+    secret = key.pop("secret")
+    assert key["quotas"] == {"max_sessions": 2, "max_stateless": None, "requests_per_minute": 600}
+    assert admin.get(f"/keys/{key['id']}").json() == key  # never the secret again
+    assert key in admin.get("/keys").json()["keys"]
+    with client(server, secret) as own:
+        assert own.get("/keys").json() == {"keys": [key]}  # a key sees only itself
+        refused = own.post("/keys", json={"name": "more"})
+        assert refused.status_code == 403 and "admin token" in refused.json()["error"]["message"]
+        assert own.patch(f"/keys/{key['id']}", json={"quotas": {}}).status_code == 403
+        rotated = own.post(f"/keys/{key['id']}/rotate")
+        assert rotated.status_code == 200
+        assert own.get("/sessions").status_code == 401  # the old secret, refused at once
+    with client(server, rotated.json()["secret"]) as own:
+        assert own.get("/sessions").status_code == 200
+        changed = admin.patch(f"/keys/{key['id']}", json={"quotas": {"max_sessions": 1}})
+        assert changed.json()["quotas"]["max_sessions"] == 1
+        assert own.delete(f"/keys/{key['id']}").status_code == 204  # a key may revoke itself
+        gone = own.get("/sessions")
+        assert gone.status_code == 401 and gone.json()["error"]["type"] == "unauthorized"
+    listed = admin.get("/keys", params={"revoked": "true"}).json()["keys"]
+    assert [k["revoked_at"] is not None for k in listed if k["id"] == key["id"]] == [True]
+    assert admin.post("/keys", json={"name": "admin"}).status_code == 422
+    assert (
+        admin.post("/keys", json={"name": "x", "quotas": {"max_sessions": -1}}).status_code == 422
+    )
+    assert admin.get("/keys/key_nope").json()["error"]["type"] == "key_not_found"
+
+
+def test_another_key_gets_404_on_every_operation_naming_what_a_key_made(
+    server: ServerThread, admin: httpx.Client
+) -> None:
+    alice, bob = new_key(admin, "alice"), new_key(admin, "bob")
+    with client(server, alice["secret"]) as a, client(server, bob["secret"]) as b:
+        sid = a.post("/sessions").json()["id"]
+        ran = a.post(
+            f"/sessions/{sid}/execute",
+            json={"code": "open('a.txt', 'w').write('mine'); x = 41"},
+            headers={"Accept": "application/json"},
+        )
+        assert ran.status_code == 200, ran.text
+        snapshot = a.post(f"/sessions/{sid}/snapshots", json={"name": "base"})
+        assert snapshot.status_code == 201, snapshot.text
+        ids = {"session_id": sid, "snapshot_id": snapshot.json()["id"], "key_id": alice["id"]}
+
+        document = admin.get("/openapi.json").json()
+        walked = []
+        for path, item in document["paths"].items():
+            names = {p.strip("{}") for p in path.split("/") if p.startswith("{")}
+            if not names & OWNED:
+                continue
+            url = path
+            for name in names:
+                url = url.replace("{" + name + "}", ids.get(name) or FILLED[name])
+            for method, operation in item.items():
+                body = operation.get("requestBody", {}).get("content", {}).get("application/json")
+                kwargs: dict[str, Any] = {}
+                if body is not None:
+                    kwargs["json"] = example(body["schema"], document)
+                elif method in ("put", "post"):
+                    kwargs["content"] = b"x"
+                answer = b.request(method.upper(), url, **kwargs)
+                assert answer.status_code == 404, (method, url, answer.text)
+                walked.append(operation["operationId"])
+        assert len(walked) >= 20, walked
+        assert b.get("/sessions").json() == {"sessions": []}
+        assert b.get("/snapshots").json() == {"snapshots": []}
+        assert b.get("/api/kernels").json() == []
+        assert b.post("/sessions", json={"snapshot": "base"}).status_code == 404
+        # Bob's own snapshot may have the same name: names are each key's own.
+        bob_sid = b.post("/sessions").json()["id"]
+        assert b.post(f"/sessions/{bob_sid}/snapshots", json={"name": "base"}).status_code == 201
+
+        # Alice's session is untouched, and hers; the admin sees both keys' sessions.
+        kept = a.post(
+            f"/sessions/{sid}/execute",
+            json={"code": "print(open('a.txt').read(), x + 1)"},
+            headers={"Accept": "application/json"},
+        ).json()
+        assert kept["stdout"] == "mine 42\n"
+        mine = a.get(f"/sessions/{sid}").json()
+        assert mine["owner"] == alice["id"]
+        seen = {s["id"] for s in admin.get("/sessions").json()["sessions"]}
+        assert {sid, bob_sid} <= seen
+        assert admin.get(f"/sessions/{sid}").status_code == 200
+        assert {s["id"] for s in a.get("/sessions").json()["sessions"]} == {sid}
+        for c, own in ((a, sid), (b, bob_sid)):
+            assert c.delete(f"/sessions/{own}").status_code == 204
+
+
+def test_a_key_past_its_quota_is_refused_and_another_key_is_not(
+    server: ServerThread, admin: httpx.Client
+) -> None:
+    small = new_key(admin, "small", max_sessions=1, requests_per_minute=1000)
+    other = new_key(admin, "other")
+    with client(server, small["secret"]) as s, client(server, other["secret"]) as o:
+        first = s.post("/sessions")
+        assert first.status_code == 201
+        refused = s.post("/sessions")
+        assert refused.status_code == 429
+        error = refused.json()["error"]
+        assert error["type"] == "quota_exceeded" and "max_sessions" in error["message"]
+        assert o.post("/sessions").status_code == 201  # its own quota, untouched
+        assert s.delete(f"/sessions/{first.json()['id']}").status_code == 204
+        assert s.post("/sessions").status_code == 201  # room again
+    limited = new_key(admin, "limited", requests_per_minute=2)
+    with client(server, limited["secret"]) as c:
+        assert [c.get("/sessions").status_code for _ in range(2)] == [200, 200]
+        third = c.get("/sessions")
+        assert third.status_code == 429 and third.json()["error"]["type"] == "rate_limited"
+        assert 1 <= int(third.headers["retry-after"]) <= 30
+    for s in admin.get("/sessions").json()["sessions"]:
+        admin.delete(f"/sessions/{s['id']}")
+
+
+def test_revoking_a_key_ends_its_open_stream_at_once(
+    server: ServerThread, admin: httpx.Client
+) -> None:
+    key = new_key(admin, "streamer")
+    with client(server, key["secret"]) as c:
+        sid = c.post("/sessions").json()["id"]
+        ended: list[float] = []
+        events: list[str] = []
+
+        def follow() -> None:
+            body = {"code": "import time\nprint('started', flush=True)\ntime.sleep(60)"}
+            with c.stream("POST", f"/sessions/{sid}/execute", json=body) as stream:
+                for line in stream.iter_lines():
+                    events.append(line)
+            ended.append(time.monotonic())
+
+        reader = threading.Thread(target=follow)
+        reader.start()
+        deadline = time.monotonic() + 30
+        while not any("started" in e for e in events) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any("started" in e for e in events), events
+        revoked_at = time.monotonic()
+        assert admin.delete(f"/keys/{key['id']}").status_code == 204
+        reader.join(timeout=20)
+        assert not reader.is_alive() and ended[0] - revoked_at < 10
+    assert admin.get(f"/sessions/{sid}").status_code == 200  # kept, for the admin
+    assert admin.delete(f"/sessions/{sid}").status_code == 204
+
+
+def test_keys_and_what_they_own_survive_a_restart(tmp_path: Path) -> None:
+    require_backend("docker")
+    settings = settings_for("docker", tmp_path, token=TOKEN, pool_size=0, persist_sessions=False)
+    with ServerThread(settings) as first, client(first, TOKEN) as admin:
+        key = new_key(admin, "durable", max_sessions=3)
+        with client(first, key["secret"]) as c:
+            snap_sid = c.post("/sessions").json()["id"]
+            assert (
+                c.post(f"/sessions/{snap_sid}/snapshots", json={"name": "kept"}).status_code == 201
+            )
+    with ServerThread(settings) as second, client(second, TOKEN) as admin:
+        shown = admin.get(f"/keys/{key['id']}").json()
+        assert shown["quotas"]["max_sessions"] == 3
+        with client(second, key["secret"]) as c:
+            assert [s["name"] for s in c.get("/snapshots").json()["snapshots"]] == ["kept"]
+            started = c.post("/sessions", json={"snapshot": "kept"})
+            assert started.status_code == 201, started.text
+            assert started.json()["owner"] == key["id"]
+        other = new_key(admin, "newcomer")
+        with client(second, other["secret"]) as c:
+            assert c.get("/snapshots").json() == {"snapshots": []}
+    assert json.loads(json.dumps(shown))["name"] == "durable"

@@ -1,0 +1,179 @@
+"""API keys: the store (hashes only, survives reopening), the rate limiter, who a
+credential stands for, and requests ended when their key is revoked."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.types import Message, Receive, Scope, Send
+
+from kernel_gateway.errors import Conflict, InvalidRequest, KeyNotFound, RateLimited
+from kernel_gateway.http.auth import Authenticator, BearerAuth, principal_of
+from kernel_gateway.tenants.keys import KeyStore
+from kernel_gateway.tenants.principal import ADMIN, Principal, Quotas
+from kernel_gateway.tenants.rate import RateLimiter
+
+
+def written(path: Path) -> bytes:
+    """What the store's files hold: the database and its write-ahead log."""
+    return b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[KeyStore]:
+    keys = KeyStore(tmp_path / "keys.sqlite3")
+    keys.open()
+    yield keys
+    keys.close()
+
+
+async def test_a_key_is_kept_as_a_hash_and_resolves_to_its_principal(store: KeyStore) -> None:
+    key, secret = await store.create("ci-agent", Quotas(max_sessions=3))
+    assert secret.startswith("e2b_") and len(secret) == 4 + 48
+    assert int(secret[4:], 16) >= 0  # hex: the form E2B's SDKs accept
+    assert key.shown == secret[:12] and key.id.startswith("key_")
+    found = store.resolve(secret)
+    assert found == Principal(key.id, "ci-agent", Quotas(max_sessions=3))
+    assert store.resolve(secret + "x") is None and store.resolve("") is None
+    raw = await asyncio.to_thread(written, store.path)
+    assert secret.encode() not in raw and key.shown.encode() in raw  # its digest, not it
+    assert (store.path.stat().st_mode & 0o777) == 0o600
+
+
+async def test_keys_survive_reopening_and_revocation_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "keys.sqlite3"
+    first = KeyStore(path)
+    first.open()
+    kept, kept_secret = await first.create("kept", Quotas(requests_per_minute=60))
+    gone, gone_secret = await first.create("gone", Quotas())
+    await first.revoke(gone.id)
+    first.close()
+    again = KeyStore(path)
+    again.open()
+    try:
+        assert again.resolve(kept_secret) == kept.principal
+        assert again.resolve(gone_secret) is None
+        assert [k.name for k in again.keys()] == ["kept"]
+        assert [k.name for k in again.keys(revoked=True)] == ["kept", "gone"]
+        assert again.get(gone.id).revoked_at is not None
+        assert again.principal(gone.id).name == "gone"  # its usage still has a name
+    finally:
+        again.close()
+
+
+async def test_names_are_unique_among_live_keys_and_checked(store: KeyStore) -> None:
+    first, _ = await store.create("agent", Quotas())
+    with pytest.raises(Conflict, match="already named 'agent'"):
+        await store.create("agent", Quotas())
+    await store.revoke(first.id)
+    await store.create("agent", Quotas())  # a revoked key's name is free again
+    for bad in ("", "-x", "a b", "x" * 65, "admin"):
+        with pytest.raises(InvalidRequest):
+            await store.create(bad, Quotas())
+
+
+async def test_rotation_replaces_the_secret_at_once(store: KeyStore) -> None:
+    key, old = await store.create("rotating", Quotas())
+    told: list[str] = []
+    stop = store.watch(key.id, lambda: told.append("rotated"))
+    rotated, new = await store.rotate(key.id)
+    assert new != old and store.resolve(old) is None
+    assert store.resolve(new) == rotated.principal and rotated.rotated_at is not None
+    assert told == ["rotated"]
+    stop()
+    await store.revoke(key.id)
+    assert told == ["rotated"]  # no longer watched
+    with pytest.raises(KeyNotFound, match="was revoked"):
+        await store.rotate(key.id)
+    with pytest.raises(KeyNotFound):
+        store.get("key_nope")
+
+
+async def test_quotas_change_for_the_next_requests(store: KeyStore) -> None:
+    key, secret = await store.create("q", Quotas(max_sessions=1))
+    await store.set_quotas(key.id, Quotas(max_sessions=5, max_stateless=2))
+    found = store.resolve(secret)
+    assert found is not None and found.quotas == Quotas(max_sessions=5, max_stateless=2)
+
+
+async def test_a_failed_write_changes_nothing(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "keys.sqlite3", busy_timeout=0.1)
+    store.open()
+    try:
+        key, secret = await store.create("whole", Quotas())
+        other = sqlite3.connect(store.path, isolation_level=None)
+        other.execute("BEGIN EXCLUSIVE")  # another process holds the file
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            await store.revoke(key.id)
+        other.execute("ROLLBACK")
+        other.close()
+        assert store.resolve(secret) == key.principal and store.get(key.id).revoked_at is None
+    finally:
+        store.close()
+
+
+def test_a_key_may_burst_its_rate_then_waits() -> None:
+    now = [100.0]
+    limiter = RateLimiter(clock=lambda: now[0])
+    key = Principal("key_a", "a", Quotas(requests_per_minute=3))
+    other = Principal("key_b", "b", Quotas(requests_per_minute=3))
+    for _ in range(3):
+        limiter.take(key)
+    with pytest.raises(RateLimited) as limited:
+        limiter.take(key)
+    assert limited.value.retry_after == 20 and "3 requests a minute" in limited.value.message
+    limiter.take(other)  # another key's bucket is its own
+    now[0] += 20
+    limiter.take(key)
+    with pytest.raises(RateLimited):
+        limiter.take(key)
+    for _ in range(100):
+        limiter.take(ADMIN)  # the admin is not counted
+        limiter.take(Principal("key_c", "c"))  # nor a key without a rate quota
+
+
+async def test_the_token_and_keys_stand_for_their_principals(store: KeyStore) -> None:
+    key, secret = await store.create("k", Quotas())
+    closed = Authenticator("admin-token", store)
+    assert closed.principal("admin-token") is ADMIN
+    assert closed.principal(secret) == key.principal
+    assert closed.principal("wrong") is None and closed.principal("") is None
+    opened = Authenticator(None, store)
+    assert opened.principal("") is ADMIN and opened.principal("anything") is ADMIN
+    assert opened.principal(secret) == key.principal  # a key acts as itself, even here
+
+
+async def test_a_revoked_keys_open_request_hears_its_client_leave(store: KeyStore) -> None:
+    key, secret = await store.create("streaming", Quotas())
+    heard: list[Message] = []
+    started = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert principal_of(scope) == key.principal
+        started.set()
+        heard.append(await receive())  # a stream waits on this for the client to leave
+
+    never = asyncio.Event()
+
+    async def client_stays() -> Message:
+        await never.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        pass
+
+    scope: Scope = {
+        "type": "http",
+        "path": "/sessions/x/executions/1/events",
+        "headers": [(b"authorization", f"Bearer {secret}".encode())],
+    }
+    auth = BearerAuth(app, Authenticator("admin-token", store))
+    request = asyncio.create_task(auth(scope, client_stays, send))
+    await asyncio.wait_for(started.wait(), 5)
+    await store.revoke(key.id)
+    await asyncio.wait_for(request, 5)
+    assert heard == [{"type": "http.disconnect"}]
