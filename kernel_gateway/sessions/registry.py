@@ -309,7 +309,7 @@ class Registry:
             raise BadRequest(self.backend.volumes)
         ref: TemplateRef | None = None
         if template is not None:
-            pool, ref = self.template_pools.for_reference(template, language)
+            pool, ref = self.template_pools.for_reference(template, language, owner)
         else:
             pool = self.pool(language)
         network_policy.check_language(pool.language.name, allow)
@@ -469,10 +469,10 @@ class Registry:
         self._refuse_if_draining()
 
     def pool_for(
-        self, language: str | None, template: str | None
+        self, language: str | None, template: str | None, owner: Principal
     ) -> tuple[WarmPool, TemplateRef | None]:
         if template is not None:
-            return self.template_pools.for_reference(template, language)
+            return self.template_pools.for_reference(template, language, owner)
         return self.pool(language), None
 
     def ephemeral_session(

@@ -42,7 +42,7 @@ class Host(Protocol):
     def network_policy(self, asked: list[str] | str | None) -> list[str]: ...
 
     def pool_for(
-        self, language: str | None, template: str | None
+        self, language: str | None, template: str | None, owner: Principal
     ) -> tuple[WarmPool, TemplateRef | None]: ...
 
     def ephemeral_session(
@@ -88,7 +88,7 @@ class StatelessRuns:
         host = self._host
         host.refuse_if_draining()
         allow = host.network_policy(network)
-        pool, ref = host.pool_for(language, template)
+        pool, ref = host.pool_for(language, template, owner)
         network_policy.check_language(pool.language.name, allow)
         forks = self._forks if pool is host.warm and not allow else None
         # A forked request waiting for a fork server holds nothing; one that gets a

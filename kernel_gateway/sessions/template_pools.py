@@ -24,6 +24,7 @@ from kernel_gateway.settings import Settings
 from kernel_gateway.tasks import TaskSet
 from kernel_gateway.templates.model import Build, Template, TemplateRef
 from kernel_gateway.templates.service import Templates
+from kernel_gateway.tenants.principal import ADMIN, Principal
 
 logger = logging.getLogger(__name__)
 
@@ -51,16 +52,17 @@ class TemplatePools:
             templates.before_delete = self._forget
 
     def for_reference(
-        self, reference: str, language: str | None = None
+        self, reference: str, language: str | None, viewer: Principal
     ) -> tuple[WarmPool, TemplateRef]:
-        """The pool of the build `reference` means, or the error for a template that is
-        unknown, not ready, or of another language than `language`."""
+        """The pool of the build `reference` means (among the templates `viewer` may use),
+        or the error for a template that is unknown, not ready, or of another language
+        than `language`."""
         if self.templates is None:
             raise TemplateNotFound(
                 f"no template {reference!r}: this gateway's {self._warm.backend.name} backend "
                 "runs no templates (they need the docker backend)"
             )
-        template, build = self.templates.resolve(reference)
+        template, build = self.templates.resolve(reference, viewer)
         pool = self._pool(build)
         if language is not None:
             wanted = self._warm.backend.languages.get_or_raise(language).name
@@ -80,7 +82,7 @@ class TemplatePools:
         if record.template is None or self.templates is None:
             return None, None
         template_id, _, build_id = record.template.partition("/")
-        template = self.templates.find(template_id)
+        template = self.templates.find(template_id, ADMIN)  # by id, as it was recorded
         build = template.build(build_id) if template is not None else None
         if template is None or build is None or build.image is None:
             logger.warning(
@@ -97,7 +99,7 @@ class TemplatePools:
         it runs on one and `language` is its template's (or None); else None."""
         if owner.template is None or self.templates is None:
             return None
-        template = self.templates.find(owner.template.id)
+        template = self.templates.find(owner.template.id, ADMIN)  # the one it runs
         build = template.build(owner.template.build_id) if template is not None else None
         if build is None or build.image is None:
             return None

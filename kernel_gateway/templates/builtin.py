@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernel_gateway.errors import BackendUnavailable, GatewayError
 from kernel_gateway.kernels.languages import Language, family_image
+from kernel_gateway.tenants.principal import ADMIN
 
 if TYPE_CHECKING:
     from kernel_gateway.templates.model import BuildSpec
@@ -123,7 +124,7 @@ async def _build_all(templates: Templates, names: list[str]) -> None:
 async def _build_one(templates: Templates, name: str) -> None:
     body = definition(name)
     spec = spec_of(body)
-    found = templates.find(name)
+    found = templates.find(name, ADMIN)  # the operator's: shared with every key
     if found is not None and found.building is not None:
         logger.info("--builtin-templates: %s is building already", name)
         return
@@ -131,7 +132,7 @@ async def _build_one(templates: Templates, name: str) -> None:
     if ready is not None and ready.spec == spec:
         logger.info("--builtin-templates: %s is built (build %s)", name, ready.id)
         return
-    image = templates.base_image(spec.base)
+    image = templates.base_image(spec.base, ADMIN)
     assert templates.images is not None
     if await templates.images.inspect(image) is None:
         how = (
@@ -147,7 +148,7 @@ async def _build_one(templates: Templates, name: str) -> None:
             how,
         )
         return
-    template = templates.create(name, exist_ok=True)
+    template = templates.create(name, exist_ok=True, owner=ADMIN)
     build = templates.new_build(template, body.get("tags"))
     try:
         templates.start(template, build, spec)

@@ -27,6 +27,7 @@ from typing import Any
 from kernel_gateway.errors import InvalidRequest
 from kernel_gateway.shapes.responses import SessionTemplate
 from kernel_gateway.templates.steps import Step, parse_steps
+from kernel_gateway.tenants.principal import Principal
 
 NAME = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
 """A template's name: lowercase, digits, `.`, `_` and `-`, 1 to 64 characters (E2B's
@@ -174,13 +175,20 @@ class Template:
     tag_times: dict[str, float] = field(default_factory=dict)
     spawn_count: int = 0
     last_spawned_at: float | None = None
+    owner: str | None = None
+    """The id of the API key that made it; None: the admin's, which every key may use
+    (and only the admin change)."""
 
     @classmethod
-    def new(cls, name: str, template_id: str | None = None) -> Template:
+    def new(cls, name: str, template_id: str | None = None, owner: str | None = None) -> Template:
         """A template with no build; its id `template_id` (checked: `check_template_id`) or
         a new one."""
         now = time.time()
-        return cls(template_id or new_template_id(), name, now, now)
+        return cls(template_id or new_template_id(), name, now, now, owner=owner)
+
+    def usable_by(self, viewer: Principal) -> bool:
+        """Whether `viewer` may see it and start kernels on it: its own, and the admin's."""
+        return self.owner is None or viewer.sees(self.owner)
 
     def build(self, build_id: str) -> Build | None:
         return next((b for b in self.builds if b.id == build_id), None)
@@ -222,6 +230,7 @@ class Template:
             "tag_times": self.tag_times,
             "spawn_count": self.spawn_count,
             "last_spawned_at": self.last_spawned_at,
+            "owner": self.owner,
         }
 
     @classmethod
@@ -236,6 +245,7 @@ class Template:
             tag_times={str(k): float(v) for k, v in data.get("tag_times", {}).items()},
             spawn_count=int(data.get("spawn_count", 0)),
             last_spawned_at=data.get("last_spawned_at"),
+            owner=str(data["owner"]) if data.get("owner") else None,
         )
 
 

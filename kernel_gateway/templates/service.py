@@ -29,6 +29,7 @@ import zmq.asyncio
 
 from kernel_gateway.errors import (
     BackendUnavailable,
+    Forbidden,
     GatewayError,
     InvalidRequest,
     KernelUnavailable,
@@ -71,6 +72,7 @@ from kernel_gateway.templates.model import (
     split_reference,
 )
 from kernel_gateway.templates.sweep import sweep
+from kernel_gateway.tenants.principal import ADMIN, Principal, acting_for
 
 if TYPE_CHECKING:  # the proxy's module loads the Docker SDK
     from kernel_gateway.kernels.egress.proxy import EgressProxy
@@ -173,25 +175,39 @@ class Templates:
 
     # -- finding ----------------------------------------------------------------------------
 
-    def all(self) -> list[Template]:
-        return sorted(self._by_id.values(), key=lambda t: t.created_at)
+    def all(self, viewer: Principal) -> list[Template]:
+        """The templates `viewer` may use (its own and the admin's), oldest first."""
+        found = [t for t in self._by_id.values() if t.usable_by(viewer)]
+        return sorted(found, key=lambda t: t.created_at)
 
-    def find(self, name_or_id: str) -> Template | None:
+    def find(self, name_or_id: str, viewer: Principal) -> Template | None:
+        """By id, else by name: `viewer`'s own first, then the admin's (names are each
+        owner's own)."""
         found = self._by_id.get(name_or_id)
-        if found is not None:
+        if found is not None and found.usable_by(viewer):
             return found
-        return next((t for t in self._by_id.values() if t.name == name_or_id), None)
+        named = [t for t in self._by_id.values() if t.name == name_or_id and t.usable_by(viewer)]
+        return min(named, key=lambda t: (t.owner != viewer.owner, t.created_at), default=None)
 
-    def get(self, name_or_id: str) -> Template:
-        found = self.find(name_or_id)
+    def get(self, name_or_id: str, viewer: Principal) -> Template:
+        found = self.find(name_or_id, viewer)
         if found is None:
             raise TemplateNotFound(f"no template {name_or_id!r}")
         return found
 
-    def resolve(self, reference: str) -> tuple[Template, Build]:
+    def writable(self, template: Template, viewer: Principal) -> Template:
+        """`template`, if `viewer` may build, tag or delete it (its owner or the admin)."""
+        if not viewer.sees(template.owner):
+            raise Forbidden(
+                f"template {template.name!r} is the operator's, shared with every key: only "
+                "the admin token may change it"
+            )
+        return template
+
+    def resolve(self, reference: str, viewer: Principal) -> tuple[Template, Build]:
         """`name`, `name:tag` or a template id → the ready build it means."""
         name, tag = split_reference(reference)
-        template = self.get(name)
+        template = self.get(name, viewer)
         if tag is None or tag == DEFAULT_TAG and DEFAULT_TAG not in template.tags:
             build = template.ready
         else:
@@ -228,7 +244,7 @@ class Templates:
             return build.language_version
         if build.spec is not None:
             with contextlib.suppress(GatewayError):
-                return self._base_language(build.spec.base).version
+                return self._base_language(build.spec.base, ADMIN).version
         return language.version
 
     def _seed_path(self, build: Build) -> Path:
@@ -236,12 +252,21 @@ class Templates:
 
     # -- making and building ----------------------------------------------------------------
 
-    def create(self, name: str, *, exist_ok: bool, template_id: str | None = None) -> Template:
-        """A template called `name` (a new one; with `exist_ok`, the existing one). A new one
-        takes the id `template_id` if given (a router gives a template one id on every
-        node): an id another template has, as its id or name, is a conflict."""
+    def create(
+        self,
+        name: str,
+        *,
+        exist_ok: bool,
+        owner: Principal,
+        template_id: str | None = None,
+    ) -> Template:
+        """`owner`'s template called `name` (a new one; with `exist_ok`, the existing one).
+        A new one takes the id `template_id` if given (a router gives a template one id on
+        every node): an id another template has, as its id or name, is a conflict."""
         check_name(name)
-        found = self.find(name)
+        found = next(
+            (t for t in self._by_id.values() if t.name == name and t.owner == owner.owner), None
+        )
         if found is not None:
             if exist_ok:
                 return found
@@ -249,7 +274,8 @@ class Templates:
                 f"a template called {name!r} exists; build it again with "
                 f"POST /templates/{name}/builds, or delete it first"
             )
-        if template_id is not None and self.find(check_template_id(template_id)) is not None:
+        asked = check_template_id(template_id) if template_id is not None else None
+        if asked is not None and any(asked in (t.id, t.name) for t in self._by_id.values()):
             raise TemplateConflict(f"another template has the id {template_id!r}")
         if self.images is None:
             raise BackendUnavailable(f"the {self.backend.name} backend cannot build templates")
@@ -259,7 +285,7 @@ class Templates:
                 "(--max-templates); delete one first"
             )
         self._make_folders()
-        template = Template.new(name, template_id)
+        template = Template.new(name, template_id, owner.owner)
         self._by_id[template.id] = template
         self._store.save(template)
         return template
@@ -308,8 +334,9 @@ class Templates:
         """Run `build` of `spec` in the background (logs and state as it goes)."""
         if build.state is not BuildState.WAITING:
             raise TemplateConflict(f"build {build.id} was started already ({build.state})")
-        self._resolve_base(spec.base)  # an unknown base is the request's error, now
-        base_language = self._base_language(spec.base)
+        owner = acting_for(template.owner)  # a base template is one its owner may use
+        self._resolve_base(spec.base, owner)  # an unknown base is the request's error, now
+        base_language = self._base_language(spec.base, owner)
         build.language = base_language.name
         build.language_version = base_language.version or None  # the image's, once built
         build.spec = spec
@@ -323,7 +350,8 @@ class Templates:
     async def _build(self, template: Template, build: Build, spec: BuildSpec) -> None:
         images = self.images
         assert images is not None
-        base, kernel_base = self._resolve_base(spec.base)
+        owner = acting_for(template.owner)
+        base, kernel_base = self._resolve_base(spec.base, owner)
         try:
             base_info = await images.inspect(base)
             kernel_info = await images.inspect(kernel_base)
@@ -339,7 +367,7 @@ class Templates:
                 max_size=self.settings.template_max_size_bytes,
                 force=spec.force,
                 labels={LABEL_TEMPLATE: template.id},
-                pip=self._pip_through_host(base_info, self._base_language(spec.base)),
+                pip=self._pip_through_host(base_info, self._base_language(spec.base, owner)),
             )
             log = self.build_logs.logger(build.id)
             async with contextlib.AsyncExitStack() as network:
@@ -353,7 +381,7 @@ class Templates:
                             lambda line: log("warn", line, None),
                         )
                     )
-                final = await run_build(plan, images, self.files, log, self._checker(spec))
+                final = await run_build(plan, images, self.files, log, self._checker(spec, owner))
             assert build.language is not None
             version = await _version_in(images, final.id, build.language)
             build.language_version = version or build.language_version
@@ -427,8 +455,10 @@ class Templates:
         self._store.save(template)
         self._tasks.spawn(self.build_logs.persist(build.id))
 
-    def _checker(self, spec: BuildSpec) -> Callable[[str, Callable[[str], None]], Any]:
-        base_language = self._base_language(spec.base)
+    def _checker(
+        self, spec: BuildSpec, owner: Principal
+    ) -> Callable[[str, Callable[[str], None]], Any]:
+        base_language = self._base_language(spec.base, owner)
 
         async def check(image: str, log: Callable[[str], None]) -> None:
             language = dataclasses.replace(base_language, image=image)  # no commands: below
@@ -461,28 +491,28 @@ class Templates:
 
     # -- bases ------------------------------------------------------------------------------
 
-    def base_image(self, base: str) -> str:
+    def base_image(self, base: str, viewer: Principal) -> str:
         """The image a build on `base` starts from (InvalidRequest: not a base of ours)."""
-        return self._resolve_base(base)[0]
+        return self._resolve_base(base, viewer)[0]
 
-    def _resolve_base(self, base: str) -> tuple[str, str]:
+    def _resolve_base(self, base: str, viewer: Principal) -> tuple[str, str]:
         """(image to build on, image whose kernel files the result keeps); InvalidRequest
         for a base that is not the gateway's."""
         kind, _, name = base.partition(":")
         if kind == "template":
-            parent, build = self.resolve(name)
+            parent, build = self.resolve(name, viewer)
             assert build.image is not None and build.spec is not None
-            return build.image, self._resolve_base(build.spec.base)[1]
-        language = self._base_language(base)
+            return build.image, self._resolve_base(build.spec.base, ADMIN)[1]
+        language = self._base_language(base, viewer)
         image = language.image or self.settings.image
         return image, image
 
-    def _base_language(self, base: str) -> Language:
+    def _base_language(self, base: str, viewer: Principal) -> Language:
         kind, _, name = base.partition(":")
         if kind == "template":
-            _, build = self.resolve(name)
+            _, build = self.resolve(name, viewer)
             assert build.spec is not None
-            return self._base_language(build.spec.base)
+            return self._base_language(build.spec.base, ADMIN)
         image = name.removesuffix(":latest")
         languages = self.backend.languages
         if image in PYTHON_BASES:

@@ -60,3 +60,9 @@ class Principal:
 ADMIN = Principal(None, ADMIN_NAME)
 """The operator: the `--token`, anyone on a gateway without one, and the gateway itself
 (its reaper, its drain, adoption)."""
+
+
+def acting_for(owner: str | None) -> Principal:
+    """The principal the gateway acts as on behalf of a resource's owner (a template's
+    build resolving its base): what it sees is what the owner sees."""
+    return ADMIN if owner is None else Principal(owner, owner)

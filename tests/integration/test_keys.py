@@ -22,9 +22,12 @@ from tests.support.backends import require_backend, settings_for
 from tests.support.server import ServerFactory, ServerThread
 
 TOKEN = "admin-token-for-keys"
-OWNED = {"session_id", "snapshot_id", "key_id", "volume"}
-"""Path parameters naming what a key owns, walked below."""
+OWNED = {"session_id", "snapshot_id", "key_id", "volume", "name", "build_id"}
+"""Path parameters naming what a key owns (or a part of it), walked below."""
 FILLED = {"execution_id": "1", "path": "a.txt"}
+SHARED = {"hash"}
+"""Path parameters naming what is no one's: a template's COPY files, stored by their
+SHA-256 (uploading or asking after a hash says nothing of who uploaded it)."""
 
 
 def client(server: ServerThread, secret: str) -> httpx.Client:
@@ -124,12 +127,26 @@ def test_another_key_gets_404_on_every_operation_naming_what_a_key_made(
         assert ran.status_code == 200, ran.text
         snapshot = a.post(f"/sessions/{sid}/snapshots", json={"name": "base"})
         assert snapshot.status_code == 201, snapshot.text
-        ids = {"session_id": sid, "snapshot_id": snapshot.json()["id"], "key_id": alice["id"]}
+        volume = a.post("/volumes", json={"name": "alices"})
+        assert volume.status_code == 201, volume.text
+        steps = [{"type": "ENV", "args": ["OWNER", "alice"]}]
+        built = a.post("/templates", json={"name": "alices", "steps": steps})
+        assert built.status_code == 202, built.text
+        ids = {
+            "session_id": sid,
+            "snapshot_id": snapshot.json()["id"],
+            "key_id": alice["id"],
+            "volume": volume.json()["id"],
+            "name": "alices",
+            "build_id": built.json()["id"],
+        }
 
         document = admin.get("/openapi.json").json()
         walked = []
         for path, item in document["paths"].items():
             names = {p.strip("{}") for p in path.split("/") if p.startswith("{")}
+            unknown = names - OWNED - SHARED - set(FILLED)
+            assert not unknown, f"{path}: is {unknown} a key's own? classify it here"
             if not names & OWNED:
                 continue
             url = path
@@ -149,7 +166,11 @@ def test_another_key_gets_404_on_every_operation_naming_what_a_key_made(
         assert b.get("/sessions").json() == {"sessions": []}
         assert b.get("/snapshots").json() == {"snapshots": []}
         assert b.get("/api/kernels").json() == []
+        assert b.get("/volumes").json() == {"volumes": []}
+        assert "alices" not in [t["name"] for t in b.get("/templates").json()["templates"]]
         assert b.post("/sessions", json={"snapshot": "base"}).status_code == 404
+        assert b.post("/sessions", json={"volumes": {"alices": "/mnt/x"}}).status_code == 404
+        assert b.post("/sessions", json={"template": "alices"}).status_code == 404
         # Bob's own snapshot may have the same name: names are each key's own.
         bob_sid = b.post("/sessions").json()["id"]
         assert b.post(f"/sessions/{bob_sid}/snapshots", json={"name": "base"}).status_code == 201
@@ -248,3 +269,46 @@ def test_keys_and_what_they_own_survive_a_restart(tmp_path: Path) -> None:
         with client(second, other["secret"]) as c:
             assert c.get("/snapshots").json() == {"snapshots": []}
     assert json.loads(json.dumps(shown))["name"] == "durable"
+
+
+def ready(c: httpx.Client, name: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        template: dict[str, Any] = c.get(f"/templates/{name}").json()
+        if template["state"] in ("ready", "error"):
+            assert template["state"] == "ready", template
+            return template
+        time.sleep(0.5)
+    raise AssertionError(f"template {name} did not build within 300 s")
+
+
+def test_the_operators_templates_are_every_keys_but_only_the_admins_to_change(
+    server: ServerThread, admin: httpx.Client
+) -> None:
+    steps = [{"type": "ENV", "args": ["SHARED", "yes"]}]
+    assert admin.post("/templates", json={"name": "shared", "steps": steps}).status_code == 202
+    ready(admin, "shared")
+    user = new_key(admin, "user")
+    with client(server, user["secret"]) as c:
+        assert "shared" in [t["name"] for t in c.get("/templates").json()["templates"]]
+        sid = c.post("/sessions", json={"template": "shared"}).json()["id"]
+        ran = c.post(
+            f"/sessions/{sid}/execute",
+            json={"code": "import os; print(os.environ['SHARED'])"},
+            headers={"Accept": "application/json"},
+        ).json()
+        assert ran["stdout"] == "yes\n"
+        for method, path in (("DELETE", "/templates/shared"), ("POST", "/templates/shared/builds")):
+            refused = c.request(method, path, json={"steps": steps} if method == "POST" else None)
+            assert refused.status_code == 403, refused.text
+        # A template of its own by that name is its own, and its name means it from then on.
+        mine = [{"type": "ENV", "args": ["SHARED", "mine"]}]
+        assert c.post("/templates", json={"name": "shared", "steps": mine}).status_code == 202
+        ready(c, "shared")
+        assert (
+            c.get("/templates/shared").json()["id"] != admin.get("/templates/shared").json()["id"]
+        )
+        assert c.delete(f"/sessions/{sid}").status_code == 204
+        assert c.delete("/templates/shared").status_code == 204
+    assert admin.get("/templates/shared").status_code == 200  # the operator's is untouched
+    assert admin.delete("/templates/shared").status_code == 204

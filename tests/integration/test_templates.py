@@ -22,6 +22,7 @@ from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.templates.model import Build, BuildSpec, BuildState, Template
 from kernel_gateway.templates.service import Templates
 from kernel_gateway.templates.steps import parse_steps
+from kernel_gateway.tenants.principal import ADMIN
 from tests.support.backends import IMAGE, require_gvisor, settings_for
 
 
@@ -39,7 +40,7 @@ async def templates(tmp_path: Path) -> AsyncIterator[Templates]:
     try:
         yield service
     finally:
-        for template in service.all():
+        for template in service.all(ADMIN):
             if template.building is None or template.building.state is not BuildState.BUILDING:
                 await service.delete(template)
         await service.close()
@@ -64,7 +65,7 @@ def upload(service: Templates, files: dict[str, bytes]) -> str:
 async def build(
     service: Templates, steps: list[dict[str, object]], name: str | None = None
 ) -> tuple[Template, Build, list[str]]:
-    template = service.create(name or f"t-{uuid.uuid4().hex[:8]}", exist_ok=True)
+    template = service.create(name or f"t-{uuid.uuid4().hex[:8]}", exist_ok=True, owner=ADMIN)
     started = service.new_build(template)
     service.start(template, started, BuildSpec("image:e2bdev/base", tuple(parse_steps(steps))))
     lines = [f"{e.get('step', '-')} {e['message']}" async for e in service.follow(started)]
@@ -151,7 +152,7 @@ async def test_a_failed_step_is_named_with_its_output_and_leaves_no_image(
     finally:
         client.close()
     with pytest.raises(TemplateConflict, match="no ready build"):
-        templates.resolve(template.name)
+        templates.resolve(template.name, ADMIN)
 
 
 async def test_an_unknown_user_fails_in_e2bs_words(templates: Templates) -> None:
@@ -179,7 +180,7 @@ async def test_a_step_past_the_time_limit_is_killed(templates: Templates) -> Non
 
 
 async def test_bases_that_are_not_the_gateways_are_refused(templates: Templates) -> None:
-    template = templates.create(f"t-{uuid.uuid4().hex[:8]}", exist_ok=False)
+    template = templates.create(f"t-{uuid.uuid4().hex[:8]}", exist_ok=False, owner=ADMIN)
     pending = templates.new_build(template)
     with pytest.raises(InvalidRequest, match="ubuntu:22.04.*not one of this gateway's"):
         templates.start(template, pending, BuildSpec("image:ubuntu:22.04"))
@@ -210,5 +211,5 @@ async def test_delete_removes_the_image_and_refuses_a_running_build(
             client.api.inspect_image(done.image)  # type: ignore[no-untyped-call]
     finally:
         client.close()
-    assert templates.find(template.name) is None
+    assert templates.find(template.name, ADMIN) is None
     await asyncio.sleep(0)

@@ -30,6 +30,7 @@ from kernel_gateway.templates.builtin import (
 from kernel_gateway.templates.model import Build, BuildSpec, BuildState, Template
 from kernel_gateway.templates.pip import parse_pip_install
 from kernel_gateway.templates.service import Templates
+from kernel_gateway.tenants.principal import ADMIN, Principal
 
 
 def test_the_python311_image_is_named_after_the_kernel_image() -> None:
@@ -99,14 +100,16 @@ class FakeTemplates:
         self.by_name: dict[str, Template] = {}
         self.started: list[BuildSpec] = []
 
-    def find(self, name: str) -> Template | None:
+    def find(self, name: str, viewer: Principal) -> Template | None:
+        assert viewer is ADMIN  # the operator's templates: shared with every key
         return self.by_name.get(name)
 
-    def base_image(self, base: str) -> str:
-        assert base == "image:python3.11"
+    def base_image(self, base: str, viewer: Principal) -> str:
+        assert base == "image:python3.11" and viewer is ADMIN
         return "kernel-gateway-kernel-py311:latest"
 
-    def create(self, name: str, *, exist_ok: bool) -> Template:
+    def create(self, name: str, *, exist_ok: bool, owner: Principal) -> Template:
+        assert owner is ADMIN
         return self.by_name.setdefault(name, Template.new(name))
 
     def new_build(self, template: Template, tags: list[str] | None = None) -> Build:
@@ -150,10 +153,10 @@ def test_python311_is_a_base_in_our_api_and_e2bs(tmp_path: Path) -> None:
     settings = Settings(runtime_dir=tmp_path)
     service = Templates(settings, cast(Backend, FakeBackend()), RuntimeDir(tmp_path), None)  # type: ignore[arg-type]
     for base in ("image:python3.11", "image:python:3.11"):  # ours, E2B's from_python_image
-        assert service.base_image(base) == "kernel-gateway-kernel-py311:latest"
-    assert service.base_image("image:e2bdev/base") == settings.image
+        assert service.base_image(base, ADMIN) == "kernel-gateway-kernel-py311:latest"
+    assert service.base_image("image:e2bdev/base", ADMIN) == settings.image
     with pytest.raises(InvalidRequest, match="`python3.11`"):
-        service.base_image("image:python:3.12")
+        service.base_image("image:python:3.12", ADMIN)
 
 
 def test_a_templates_kernels_report_their_images_python_version(tmp_path: Path) -> None:

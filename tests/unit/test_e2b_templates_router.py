@@ -25,6 +25,7 @@ from kernel_gateway.kernels.languages import BUILTIN_PYTHON, Languages
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.settings import Settings
 from kernel_gateway.templates.service import Templates
+from kernel_gateway.tenants.principal import ADMIN
 
 TEMPLATE_ID = "a1b2c3d4e5f6a7b8c9d0"
 BUILD_ID = "0f8fad5b-d9cb-469f-a165-70867728950e"
@@ -106,27 +107,29 @@ def service(tmp_path: Path) -> Templates:
 
 async def test_a_node_gives_a_template_and_a_build_the_ids_asked_for(tmp_path: Path) -> None:
     templates = service(tmp_path)
-    template = templates.create("routed", exist_ok=True, template_id=TEMPLATE_ID)
-    assert template.id == TEMPLATE_ID and templates.find(TEMPLATE_ID) is template
+    template = templates.create("routed", exist_ok=True, template_id=TEMPLATE_ID, owner=ADMIN)
+    assert template.id == TEMPLATE_ID and templates.find(TEMPLATE_ID, ADMIN) is template
     build = templates.new_build(template, ["v1"], build_id=BUILD_ID)
     assert build.id == BUILD_ID and template.build(BUILD_ID) is build
     # The same name again (a node that had it): its own id stays.
-    assert templates.create("routed", exist_ok=True, template_id="z" * 20) is template
+    assert templates.create("routed", exist_ok=True, template_id="z" * 20, owner=ADMIN) is template
     with pytest.raises(TemplateConflict, match="id"):
-        templates.create("other", exist_ok=True, template_id=TEMPLATE_ID)
+        templates.create("other", exist_ok=True, template_id=TEMPLATE_ID, owner=ADMIN)
     with pytest.raises(TemplateConflict, match="build"):
-        templates.new_build(templates.create("third", exist_ok=True), None, build_id=BUILD_ID)
+        templates.new_build(
+            templates.create("third", exist_ok=True, owner=ADMIN), None, build_id=BUILD_ID
+        )
 
 
 @pytest.mark.parametrize("template_id", ["short", "A1B2C3D4E5F6A7B8C9D0", "a1b2c3d4e5f6a7b8c9d0x"])
 async def test_a_template_id_asked_for_is_checked(tmp_path: Path, template_id: str) -> None:
     with pytest.raises(InvalidRequest, match="20 lowercase"):
-        service(tmp_path).create("x", exist_ok=True, template_id=template_id)
+        service(tmp_path).create("x", exist_ok=True, template_id=template_id, owner=ADMIN)
 
 
 @pytest.mark.parametrize("build_id", ["nope", BUILD_ID.upper(), BUILD_ID.replace("-", "")])
 async def test_a_build_id_asked_for_is_checked(tmp_path: Path, build_id: str) -> None:
     templates = service(tmp_path)
-    template = templates.create("x", exist_ok=True)
+    template = templates.create("x", exist_ok=True, owner=ADMIN)
     with pytest.raises(InvalidRequest, match="UUID"):
         templates.new_build(template, None, build_id=build_id)

@@ -31,11 +31,13 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.bodies import check_declared_length
 from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.template_views import plain_name, template_named, templates_of
 from kernel_gateway.templates.files import CopyError
 from kernel_gateway.templates.steps import FILES_HASH
+from kernel_gateway.tenants.principal import ADMIN
 
 if TYPE_CHECKING:
     from kernel_gateway.protocols.e2b.app import E2BService
@@ -87,7 +89,9 @@ def _files_hash(request: Request) -> str:
 async def files_status(request: Request, service: E2BService) -> Response:
     """`GET /templates/{id}/files/{hash}`: 201 `{present, url}` (E2B answers 201). The URL
     comes even when the files are there: `force_upload` uploads them again."""
-    template = template_named(service, request.path_params["id"])
+    template = template_named(
+        service, request.path_params["id"], principal_of(request), changing=True
+    )
     files_hash = _files_hash(request)
     present = templates_of(service).files.has(files_hash)
     root = request.scope.get("root_path", "")
@@ -106,11 +110,12 @@ async def upload(request: Request, service: E2BService) -> Response:
     # Signed for the template's id; the path may name it (a router's URL does when the
     # nodes gave the template different ids). Found quietly: a bad token is a 403 alone.
     templates = service.registry.templates
-    found = templates.find(plain_name(reference)) if templates is not None else None
+    # Found as the admin: the signed token is the credential, for this template's id.
+    found = templates.find(plain_name(reference), ADMIN) if templates is not None else None
     template_id = found.id if found is not None else reference
     if not service.uploads.accepts(template_id, files_hash, request.query_params.get("token")):
         raise SandboxError(403, "this upload URL is not valid (expired or not signed here)")
-    template = template_named(service, reference)
+    template = template_named(service, reference, ADMIN)
     files = templates_of(service).files
     limit = service.settings.template_upload_max_bytes
     check_declared_length(request, limit)

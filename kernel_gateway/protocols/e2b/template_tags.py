@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.replies import json_body
 from kernel_gateway.protocols.e2b.template_views import (
@@ -62,7 +63,9 @@ async def assign(request: Request, service: E2BService) -> Response:
     if tag is not None:
         clean_tags([tag])  # `name:` is a 400, not the default tag
     templates = templates_of(service)
-    template, build = templates.resolve(target)
+    viewer = principal_of(request)
+    template, build = templates.resolve(target, viewer)
+    templates.writable(template, viewer)
     template.assign(tags, build.id)
     templates.save(template)
     return JSONResponse({"tags": tags, "buildID": build.id}, status_code=201)
@@ -76,7 +79,7 @@ async def remove(request: Request, service: E2BService) -> Response:
     tags = _tags(body)
     if DEFAULT_TAG in tags:
         raise SandboxError(400, f"the '{DEFAULT_TAG}' tag cannot be deleted")
-    template = template_named(service, name)
+    template = template_named(service, name, principal_of(request), changing=True)
     _unassign(template, tags)
     templates_of(service).save(template)
     return Response(status_code=204)
@@ -90,7 +93,7 @@ def _unassign(template: Template, tags: list[str]) -> None:
 
 
 async def listed(request: Request, service: E2BService) -> Response:
-    template = template_named(service, request.path_params["id"])
+    template = template_named(service, request.path_params["id"], principal_of(request))
     return JSONResponse(
         [
             {

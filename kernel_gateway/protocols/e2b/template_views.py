@@ -35,6 +35,7 @@ from kernel_gateway.templates.build_logs import MAX_ENTRIES as MAX_LOG_ENTRIES
 from kernel_gateway.templates.build_logs import LogEntry
 from kernel_gateway.templates.model import Build, Template, check_tag, split_reference
 from kernel_gateway.templates.service import Templates
+from kernel_gateway.tenants.principal import Principal
 
 if TYPE_CHECKING:
     from kernel_gateway.protocols.e2b.app import E2BService
@@ -68,12 +69,17 @@ def plain_name(reference: str) -> str:
     return split_reference(reference.strip().lower())[0]
 
 
-def template_named(service: E2BService, reference: str) -> Template:
-    """The template `reference` (an id, a name, `name:tag`) means, or E2B's 404."""
-    found = templates_of(service).find(plain_name(reference))
+def template_named(
+    service: E2BService, reference: str, viewer: Principal, *, changing: bool = False
+) -> Template:
+    """The template `reference` (an id, a name, `name:tag`) means among those `viewer` may
+    use, or E2B's 404; `changing` (a build, a tag, a deletion): one `viewer` may change
+    (its own; the operator's are shared but only the admin's to change: a 403)."""
+    templates = templates_of(service)
+    found = templates.find(plain_name(reference), viewer)
     if found is None:
         raise SandboxError(404, f"template {reference!r} not found")
-    return found
+    return templates.writable(found, viewer) if changing else found
 
 
 def build_of(template: Template, build_id: str) -> Build:

@@ -126,7 +126,9 @@ async def create(request: Request, service: E2BService) -> Response:
     cpus, memory = _size(body, "cpuCount"), _size(body, "memoryMB")
     template_id, build_id = _id(body, "templateID"), _id(body, "buildID")
     templates = templates_of(service)
-    template = templates.create(name, exist_ok=True, template_id=template_id)
+    template = templates.create(
+        name, exist_ok=True, owner=principal_of(request), template_id=template_id
+    )
     build = templates.new_build(
         template, tags or None, cpu_count=cpus, memory_mb=memory, build_id=build_id
     )
@@ -163,7 +165,9 @@ def _size(body: dict[str, Any], name: str) -> int | None:
 
 async def start_build(request: Request, service: E2BService) -> Response:
     """`POST /v2/templates/{id}/builds/{build}`: the base and steps; the build runs on."""
-    template = template_named(service, request.path_params["id"])
+    template = template_named(
+        service, request.path_params["id"], principal_of(request), changing=True
+    )
     build = build_of(template, request.path_params["build"])
     templates = templates_of(service)
     spec = build_spec(await json_body(request), templates.files)
@@ -234,7 +238,7 @@ def _check_uploaded(steps: list[Step], files: FileStore) -> None:
 async def build_status(request: Request, service: E2BService) -> Response:
     """E2B's `TemplateBuildInfo`: the state, and log entries from `logsOffset` (at most
     `limit`, 100), of `level` or above; a failed build's reason and step."""
-    template = template_named(service, request.path_params["id"])
+    template = template_named(service, request.path_params["id"], principal_of(request))
     build = build_of(template, request.path_params["build"])
     query = request.query_params
     offset = query_int(query, "logsOffset", 0)
@@ -256,7 +260,7 @@ async def build_status(request: Request, service: E2BService) -> Response:
 async def build_logs(request: Request, service: E2BService) -> Response:
     """`{logs}`: entries by time, from `cursor` (ms since the epoch) `forward` (oldest
     first) or `backward` (newest first, up to the cursor), at most `limit` (100)."""
-    template = template_named(service, request.path_params["id"])
+    template = template_named(service, request.path_params["id"], principal_of(request))
     build = build_of(template, request.path_params["build"])
     query = request.query_params
     cursor = query_int(query, "cursor", -1)
@@ -282,10 +286,12 @@ async def alias(request: Request, service: E2BService) -> Response:
     if is_builtin(name):
         return JSONResponse({"templateID": plain_name(name), "public": True})
     templates = service.registry.templates
-    found = templates.find(plain_name(name)) if templates is not None else None
+    viewer = principal_of(request)
+    found = templates.find(plain_name(name), viewer) if templates is not None else None
     if found is None:
         raise SandboxError(404, f"template {name!r} not found")
-    return JSONResponse({"templateID": found.id, "public": False})
+    # The operator's templates are every key's: public, as E2B says of shared ones.
+    return JSONResponse({"templateID": found.id, "public": found.owner != viewer.owner})
 
 
 async def list_templates(request: Request, service: E2BService) -> Response:
@@ -294,7 +300,8 @@ async def list_templates(request: Request, service: E2BService) -> Response:
     templates = service.registry.templates
     if templates is None:
         return JSONResponse([])
-    shown, following = page(templates.all(), lambda t: t.id, request.query_params)
+    found = templates.all(principal_of(request))
+    shown, following = page(found, lambda t: t.id, request.query_params)
     answer = [template_json(templates, t, service.settings) for t in shown]
     headers = {"X-Next-Token": following} if following is not None else {}
     return JSONResponse(answer, headers=headers)
@@ -302,7 +309,7 @@ async def list_templates(request: Request, service: E2BService) -> Response:
 
 async def get_template(request: Request, service: E2BService) -> Response:
     """E2B's `TemplateWithBuilds`: the template, and its builds newest first, paged."""
-    template = template_named(service, request.path_params["id"])
+    template = template_named(service, request.path_params["id"], principal_of(request))
     builds = list(reversed(template.builds))
     shown, following = page(builds, lambda b: b.id, request.query_params)
     answer = {
@@ -323,6 +330,6 @@ async def delete_template(request: Request, service: E2BService) -> Response:
     if found:
         await snapshots.delete(found[0].id, viewer)
         return Response(status_code=204)
-    template = template_named(service, request.path_params["id"])
+    template = template_named(service, request.path_params["id"], viewer, changing=True)
     await templates_of(service).delete(template)
     return Response(status_code=204)

@@ -138,13 +138,13 @@ class McpService:
             tools += file_tools(self.settings.max_upload_bytes, templates)
         return tools
 
-    def _template_names(self) -> list[str]:
-        """The templates a sandbox can start on now, as the tools name them."""
+    def _template_names(self, viewer: Principal) -> list[str]:
+        """The templates a sandbox of `viewer`'s can start on now, as the tools name them."""
         templates = self.registry.templates
         if templates is None:
             return []
         names = []
-        for template in templates.all():
+        for template in templates.all(viewer):
             ready = template.ready
             if ready is not None:
                 tags = sorted(t for t in template.tags if t != DEFAULT_TAG)
@@ -192,7 +192,8 @@ class McpService:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         if self.templates:  # they name the templates there are now
-            return types.ListToolsResult(tools=self._make_tools(self._template_names()))
+            names = self._template_names(_principal(ctx))
+            return types.ListToolsResult(tools=self._make_tools(names))
         return types.ListToolsResult(tools=list(self._tools))
 
     async def _call_tool(
@@ -423,7 +424,7 @@ class McpService:
                     "`session` to get a sandbox with the domains you ask for"
                 )
             if template is not None:
-                self._check_template(handle, session, template)
+                self._check_template(handle, session, template, principal)
             return session, ""
         name = None  # a template's sandbox runs the template's language unless one is named
         if language is not None or template is None:
@@ -462,11 +463,13 @@ class McpService:
             self._bound[key] = session.id
             return session, note
 
-    def _check_template(self, handle: str, session: Session, reference: str) -> None:
+    def _check_template(
+        self, handle: str, session: Session, reference: str, viewer: Principal
+    ) -> None:
         """A named sandbox asked for on a template must run on it (on any of its builds)."""
         templates = self.registry.templates
         assert templates is not None  # `template` is refused before, where there are none
-        wanted = templates.get(reference.partition(":")[0])
+        wanted = templates.get(reference.partition(":")[0], viewer)
         has = session.template
         if has is None or has.id != wanted.id:
             runs = f"template {has.name!r}" if has is not None else "no template"

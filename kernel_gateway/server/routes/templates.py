@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kernel_gateway.errors import BadRequest, InvalidRequest, NotFound, TemplateNotFound
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.bodies import read_model, wants_json
 from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
@@ -56,7 +57,7 @@ def _template(request: Request) -> Template:
     name = request.path_params["name"]
     if templates is None:
         raise TemplateNotFound(f"no template {name!r}: this gateway has none (no docker backend)")
-    return templates.get(name)
+    return templates.get(name, principal_of(request))
 
 
 def _build(request: Request) -> tuple[Template, Build]:
@@ -144,7 +145,7 @@ async def create(request: Request) -> JSONResponse[responses.TemplateBuild]:
     settings = templates.settings
     limit = settings.max_body_bytes + settings.template_upload_max_bytes * 4 // 3
     body = await read_model(request, NewTemplate, limit, settings)
-    template = templates.create(body.name, exist_ok=False)
+    template = templates.create(body.name, exist_ok=False, owner=principal_of(request))
     try:
         return await _start(templates, template, body)
     except BaseException:
@@ -156,7 +157,7 @@ async def rebuild(request: Request) -> JSONResponse[responses.TemplateBuild]:
     templates = _templates(request)
     settings = templates.settings
     limit = settings.max_body_bytes + settings.template_upload_max_bytes * 4 // 3
-    template = _template(request)
+    template = templates.writable(_template(request), principal_of(request))
     body = await read_model(request, TemplateBuildRequest, limit, settings)
     return await _start(templates, template, body)
 
@@ -165,7 +166,8 @@ async def list_all(request: Request) -> JSONResponse[responses.TemplateList]:
     templates: Templates | None = request.state.templates
     if templates is None:
         return JSONResponse({"templates": []})
-    return JSONResponse({"templates": [template_json(templates, t) for t in templates.all()]})
+    found = templates.all(principal_of(request))
+    return JSONResponse({"templates": [template_json(templates, t) for t in found]})
 
 
 async def get(request: Request) -> JSONResponse[responses.TemplateInfo]:
@@ -173,7 +175,8 @@ async def get(request: Request) -> JSONResponse[responses.TemplateInfo]:
 
 
 async def delete(request: Request) -> Response:
-    await _templates(request).delete(_template(request))
+    templates = _templates(request)
+    await templates.delete(templates.writable(_template(request), principal_of(request)))
     return Response(status_code=204)
 
 
