@@ -2,9 +2,10 @@
 
 `--log-format json` writes every record (the gateway's and uvicorn's) as one
 JSON object on one line: `time`, `level`, `logger`, `message`, the
-`request_id`, `session_id` and `execution_id` the line is about (when there is
-one), any structured fields of the line (the access log's `method`, `route`,
-`status`, `duration_ms`), and `exception` with the traceback.
+`request_id`, `session_id`, `execution_id` and `key` (the API key's name, `admin` for
+the token) the line is about (when there is one), any structured fields of the line
+(the access log's `method`, `route`, `status`, `duration_ms`), and `exception` with the
+traceback.
 
 The ids travel in a `ContextVar`: the request middleware binds the request id
 and the ids in the path, routes bind the execution they start, and each

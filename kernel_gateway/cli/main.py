@@ -118,6 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_volume_arguments(volume_parser)
 
+    from kernel_gateway.cli.keys import add_arguments as add_key_arguments
+
+    keys_parser = commands.add_parser(
+        "keys",
+        help="API keys of a running gateway: create, list, quotas, rotate, revoke",
+        description="API keys through a gateway's API, with its admin token (--token or "
+        "KG_TOKEN); prints JSON. Exit status 2 when the gateway refuses.",
+    )
+    add_key_arguments(keys_parser)
+
     mcp_parser = commands.add_parser(
         "mcp",
         help="an MCP server over stdio (for desktop clients), relaying to a gateway",
@@ -258,6 +268,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kernel_gateway.cli.volumes import volume_from_cli
 
         return volume_from_cli(args)
+    if args.command == "keys":
+        from kernel_gateway.cli.keys import keys_from_cli
+
+        return keys_from_cli(args)
     if args.command == "mcp":
         from kernel_gateway.cli.mcp_stdio import main as mcp_main
 

@@ -355,6 +355,31 @@ class BaseClient:
         return Call("POST", "/volumes", json_object, json=body)
 
     @staticmethod
+    def _create_key(name: str, quotas: dict[str, int | None]) -> Call[dict[str, Any]]:
+        return Call("POST", "/keys", json_object, json={"name": name, "quotas": quotas})
+
+    @staticmethod
+    def _keys(revoked: bool) -> Call[list[dict[str, Any]]]:
+        return Call("GET", f"/keys?revoked={'true' if revoked else 'false'}", _field("keys"))
+
+    @staticmethod
+    def _key(key_id: str) -> Call[dict[str, Any]]:
+        return Call("GET", f"/keys/{quote(key_id, safe='')}", json_object)
+
+    @staticmethod
+    def _change_key(key_id: str, quotas: dict[str, int | None]) -> Call[dict[str, Any]]:
+        path = f"/keys/{quote(key_id, safe='')}"
+        return Call("PATCH", path, json_object, json={"quotas": quotas})
+
+    @staticmethod
+    def _rotate_key(key_id: str) -> Call[dict[str, Any]]:
+        return Call("POST", f"/keys/{quote(key_id, safe='')}/rotate", json_object)
+
+    @staticmethod
+    def _revoke_key(key_id: str) -> Call[None]:
+        return Call("DELETE", f"/keys/{quote(key_id, safe='')}", _nothing)
+
+    @staticmethod
     def _volumes() -> Call[list[dict[str, Any]]]:
         return Call("GET", "/volumes", _field("volumes"))
 

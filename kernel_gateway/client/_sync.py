@@ -182,6 +182,32 @@ class Client(BaseClient):
     def delete_snapshot(self, reference: str) -> None:
         self._send(self._delete_snapshot(reference))
 
+    # -- API keys (the admin token's; a key sees and rotates itself) ------------------------
+
+    def create_key(self, name: str, **quotas: int | None) -> dict[str, Any]:
+        """A new API key with its quotas (`max_sessions`, `max_stateless`,
+        `requests_per_minute`); its `secret` is in this answer only."""
+        return self._send(self._create_key(name, quotas))
+
+    def keys(self, revoked: bool = False) -> list[dict[str, Any]]:
+        """The live keys, oldest first (and revoked ones when asked)."""
+        return self._send(self._keys(revoked))
+
+    def key(self, key_id: str) -> dict[str, Any]:
+        return self._send(self._key(key_id))
+
+    def change_key(self, key_id: str, **quotas: int | None) -> dict[str, Any]:
+        """Replace a key's quotas (those not given: none of its own)."""
+        return self._send(self._change_key(key_id, quotas))
+
+    def rotate_key(self, key_id: str) -> dict[str, Any]:
+        """A new secret for the key (in the answer); the old one stops working at once."""
+        return self._send(self._rotate_key(key_id))
+
+    def revoke_key(self, key_id: str) -> None:
+        """Revoke a key: its requests are refused and its open streams end at once."""
+        self._send(self._revoke_key(key_id))
+
     def create_volume(self, name: str, size: int | str | None = None) -> dict[str, Any]:
         """A new volume (a disk that outlives sessions); `size` in bytes or `2g` (default
         the gateway's `--volume-size`). Mount it with `session(volumes={name: "/mnt/x"})`."""

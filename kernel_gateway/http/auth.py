@@ -38,6 +38,7 @@ from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kernel_gateway import logs
 from kernel_gateway.errors import BadRequest, Forbidden, GatewayError, Unauthorized
 from kernel_gateway.http.responses import error_response
 from kernel_gateway.tenants.principal import ADMIN, Principal
@@ -71,6 +72,8 @@ class Keys(Protocol):
     def watch(self, key_id: str, revoked: Callable[[], None]) -> Callable[[], None]: ...
 
     def live(self, key_id: str | None) -> bool: ...
+
+    def name_of(self, key_id: str) -> str: ...
 
 
 class Authenticator:
@@ -118,8 +121,10 @@ def principal_of(connection: HTTPConnection | Scope) -> Principal:
 
 
 def act_as(scope: Scope, principal: Principal) -> None:
-    """Give a request its principal (a surface that authenticates by itself: E2B's)."""
+    """Give a request its principal (a surface that authenticates by itself: E2B's); its
+    log lines name the key (`key`: its name, never its secret)."""
     scope[PRINCIPAL] = principal
+    logs.bind(key=principal.name)
 
 
 class BearerAuth:
@@ -144,7 +149,7 @@ class BearerAuth:
         except GatewayError as exc:
             await refuse(scope, receive, send, exc)
             return
-        scope[PRINCIPAL] = principal
+        act_as(scope, principal)
         if principal.key_id is None or self.auth.keys is None:
             await self.app(scope, receive, send)
             return

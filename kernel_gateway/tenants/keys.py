@@ -181,6 +181,10 @@ class KeyStore:
         key = self._by_id.get(key_id)
         return key.principal if key is not None else Principal(key_id, key_id)
 
+    def name_of(self, key_id: str) -> str:
+        """A key's name (its id, for one never known): what logs and metrics call it."""
+        return self.principal(key_id).name
+
     def keys(self, revoked: bool = False) -> list[Key]:
         """Live keys (and revoked ones when asked), oldest first."""
         found = [k for k in self._by_id.values() if revoked or k.revoked_at is None]

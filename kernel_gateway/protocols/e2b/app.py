@@ -161,10 +161,13 @@ class E2BService:
             return
         state["e2b_sandbox"] = sandbox
         owner = self.sandboxes.owner(sandbox)
-        if owner is None or self.auth.keys is None:
+        keys = self.auth.keys
+        if owner is None or keys is None:
+            logs.bind(key=ADMIN.name)
             await router(scope, receive, send)
             return
-        await until_revoked(router, self.auth.keys, owner, scope, receive, send)
+        logs.bind(key=keys.name_of(owner))
+        await until_revoked(router, keys, owner, scope, receive, send)
 
     # -- authentication -----------------------------------------------------------------
 
