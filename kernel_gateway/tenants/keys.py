@@ -32,6 +32,7 @@ from kernel_gateway.errors import Conflict, InvalidRequest, KeyNotFound
 from kernel_gateway.tenants.principal import ADMIN_NAME, Principal, Quotas
 
 SECRET_PREFIX = "e2b_"
+SECRET_LENGTH = len(SECRET_PREFIX) + 48
 KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SHOWN = 12
 """Characters of a secret kept to tell keys apart (`e2b_` and 8 hex digits)."""
@@ -263,6 +264,28 @@ class KeyStore:
         self._tell(key_id)
         return key, secret
 
+    async def rename(self, key_id: str, name: str) -> Key:
+        """A new name for a live key (unique among live keys): its metrics and log lines
+        use it from now on."""
+        check_name(name)
+        key = replace(self._live(key_id), name=name)
+
+        def update(db: sqlite3.Connection) -> None:
+            db.execute("UPDATE keys SET name = ? WHERE id = ?", (name, key_id))
+
+        try:
+            await self._write(update)
+        except sqlite3.IntegrityError:
+            raise Conflict(f"a live key is already named {name!r}") from None
+        self._replace(key)
+        return key
+
+    def _replace(self, key: Key) -> None:
+        self._by_id[key.id] = key
+        for found, held in list(self._by_digest.items()):
+            if held.id == key.id:
+                self._by_digest[found] = key
+
     async def set_quotas(self, key_id: str, quotas: Quotas) -> Key:
         key = replace(self._live(key_id), quotas=quotas)
 
@@ -272,10 +295,7 @@ class KeyStore:
             )
 
         await self._write(update)
-        self._by_id[key_id] = key
-        for found, held in list(self._by_digest.items()):
-            if held.id == key_id:
-                self._by_digest[found] = key
+        self._replace(key)
         return key
 
     async def revoke(self, key_id: str) -> Key:

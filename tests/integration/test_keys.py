@@ -9,6 +9,9 @@ answer 404, so an operation added later without the check fails here.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -312,3 +315,68 @@ def test_the_operators_templates_are_every_keys_but_only_the_admins_to_change(
         assert c.delete("/templates/shared").status_code == 204
     assert admin.get("/templates/shared").status_code == 200  # the operator's is untouched
     assert admin.delete("/templates/shared").status_code == 204
+
+
+def test_e2b_sdk_with_a_key_sees_only_its_own_sandboxes(
+    server: ServerThread, admin: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from e2b import SandboxException
+    from e2b_code_interpreter import Sandbox
+
+    for variable in ("E2B_API_URL", "E2B_SANDBOX_URL"):
+        monkeypatch.setenv(variable, server.url + "/e2b")
+    alice, bob = new_key(admin, "e2b-alice"), new_key(admin, "e2b-bob")
+    sandbox = Sandbox.create(api_key=alice["secret"])
+    assert sandbox.run_code("6 * 7").text == "42"
+    assert Sandbox.list(api_key=bob["secret"]).next_items() == []
+    mine = [s.sandbox_id for s in Sandbox.list(api_key=alice["secret"]).next_items()]
+    assert mine == [sandbox.sandbox_id]
+    everyone = [s.sandbox_id for s in Sandbox.list(api_key=TOKEN).next_items()]
+    assert sandbox.sandbox_id in everyone
+    with pytest.raises(SandboxException):  # not found, for bob
+        Sandbox.connect(sandbox.sandbox_id, api_key=bob["secret"])
+    assert Sandbox.kill(sandbox.sandbox_id, api_key=bob["secret"]) is False
+    assert sandbox.run_code("6 * 7").text == "42"  # untouched
+
+    # E2B's /api-keys are the same keys; revoking alice's stops her sandbox too.
+    e2b = {"X-API-KEY": TOKEN}
+    listed = httpx.get(f"{server.url}/e2b/api-keys", headers=e2b).json()
+    assert {alice["id"], bob["id"]} <= {k["id"] for k in listed}
+    own = httpx.get(f"{server.url}/e2b/api-keys", headers={"X-API-KEY": bob["secret"]}).json()
+    assert [k["id"] for k in own] == [bob["id"]]
+    made = httpx.post(f"{server.url}/e2b/api-keys", json={"name": "from-e2b"}, headers=e2b)
+    assert made.status_code == 201 and made.json()["key"].startswith("e2b_")
+    assert admin.get(f"/keys/{made.json()['id']}").json()["name"] == "from-e2b"
+    gone = httpx.delete(f"{server.url}/e2b/api-keys/{alice['id']}", headers=e2b)
+    assert gone.status_code == 204
+    with pytest.raises(Exception, match="401|revoked|nauthori"):
+        sandbox.run_code("1")
+    assert Sandbox.list(api_key=alice["secret"]) is not None
+    with pytest.raises(Exception, match="401|nauthori|API key"):
+        Sandbox.list(api_key=alice["secret"]).next_items()
+    assert Sandbox.kill(sandbox.sandbox_id, api_key=TOKEN) is True
+
+
+def test_the_keys_command_manages_keys_with_the_admin_token(server: ServerThread) -> None:
+    def keys(*args: str, token: str = TOKEN) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "KG_URL": server.url, "KG_TOKEN": token}
+        command = [sys.executable, "-m", "kernel_gateway", "keys", *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+    made = keys("create", "from-cli", "--max-sessions", "2")
+    assert made.returncode == 0, made.stderr
+    key = json.loads(made.stdout)
+    assert key["quotas"]["max_sessions"] == 2 and key["secret"].startswith("e2b_")
+    listed = [json.loads(line) for line in keys("list").stdout.splitlines()]
+    assert key["id"] in [k["id"] for k in listed]
+    changed = json.loads(keys("quotas", key["id"], "--max-stateless", "3").stdout)
+    wanted = {"max_sessions": None, "max_stateless": 3, "requests_per_minute": None}
+    assert changed["quotas"] == wanted
+    refused = keys("create", "sneaky", token=key["secret"])
+    assert refused.returncode == 2 and "admin token" in refused.stderr
+    rotated = json.loads(keys("rotate", key["id"]).stdout)
+    assert rotated["secret"] != key["secret"]
+    assert keys("revoke", key["id"]).returncode == 0
+    assert keys("show", key["id"], token=rotated["secret"]).returncode == 2
+    shown = json.loads(keys("show", key["id"]).stdout)
+    assert shown["revoked_at"] is not None

@@ -36,9 +36,10 @@ from starlette.routing import Match, Route, Router
 from starlette.types import Receive, Scope, Send
 
 from kernel_gateway import logs
-from kernel_gateway.http.auth import Authenticator, until_revoked
+from kernel_gateway.http.auth import Authenticator, credential, until_revoked
 from kernel_gateway.kernels.volumes import Volumes
 from kernel_gateway.logs import ROUTE_TEMPLATE
+from kernel_gateway.protocols.e2b.api_keys_api import api_key_routes
 from kernel_gateway.protocols.e2b.envd import Envd
 from kernel_gateway.protocols.e2b.envd_api import envd_routes
 from kernel_gateway.protocols.e2b.errors import SandboxError
@@ -94,6 +95,7 @@ class E2BService:
         """Signs the URLs templates' COPY files are uploaded to (template_files.py)."""
         self._control = Router(
             routes=[
+                *api_key_routes(self),
                 *snapshot_routes(self),
                 *template_routes(self),
                 *volume_routes(self),
@@ -172,10 +174,11 @@ class E2BService:
     # -- authentication -----------------------------------------------------------------
 
     def api_principal(self, request: Request) -> Principal | None:
-        """Who `X-API-KEY` stands for: the admin token or an API key (on a gateway without a
-        token, any key but one: the SDKs always send it, and a web page cannot without the
-        browser asking first, so a page cannot create or drive sandboxes there)."""
-        key = request.headers.get("x-api-key")
+        """Who `X-API-KEY` (else `Authorization: Bearer`, as E2B's access tokens come) stands
+        for: the admin token or an API key (on a gateway without a token, any key but one:
+        the SDKs always send it, and a web page cannot without the browser asking first, so
+        a page cannot create or drive sandboxes there)."""
+        key = request.headers.get("x-api-key") or credential(request.headers) or None
         if key is None:
             return None
         return self.auth.principal(key)
