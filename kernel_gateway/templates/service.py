@@ -39,7 +39,7 @@ from kernel_gateway.errors import (
 )
 from kernel_gateway.kernels.backends.base import Backend
 from kernel_gateway.kernels.images import ImageBuilder, ImageInfo, StepFailed
-from kernel_gateway.kernels.languages import KERNELSPECS, PYTHON, Language
+from kernel_gateway.kernels.languages import PYTHON, Language
 from kernel_gateway.kernels.pools.start_commands import run_start_commands
 from kernel_gateway.kernels.pools.warm import WarmPool
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
@@ -59,6 +59,7 @@ from kernel_gateway.templates.build_logs import BuildLogs, Level, LogEntry
 from kernel_gateway.templates.build_network import build_egress
 from kernel_gateway.templates.builtin import PYTHON311_BASES, python311
 from kernel_gateway.templates.files import FileStore
+from kernel_gateway.templates.image_ops import remove_image, version_in
 from kernel_gateway.templates.model import (
     DEFAULT_TAG,
     Build,
@@ -86,9 +87,6 @@ PYTHON_BASES = frozenset(
 )  # fmt: skip
 """Names that mean the gateway's Python image (E2B's `from_base_image()` is
 `e2bdev/base`; its `base` and `code-interpreter-v1` templates)."""
-REMOVE_TRIES = 20
-VERSION_BYTES = 256
-"""Most of a kernelspec's `version` file read (the first line is the version)."""
 SAVE_DELAY = 5.0
 """Seconds a template's use counts may wait before they are written."""
 
@@ -383,7 +381,7 @@ class Templates:
                     )
                 final = await run_build(plan, images, self.files, log, self._checker(spec, owner))
             assert build.language is not None
-            version = await _version_in(images, final.id, build.language)
+            version = await version_in(images, final.id, build.language)
             build.language_version = version or build.language_version
             ref = f"{REPOSITORY}:{template.id}-{build.id[:8]}"
             try:
@@ -548,7 +546,7 @@ class Templates:
         images = self.images
         for build in template.builds:
             if build.image and images is not None:
-                await _remove_image(images, build.image)
+                await remove_image(images, build.image)
             self.build_logs.forget(build.id)
             self._seed_path(build).unlink(missing_ok=True)
         if not self._by_id:
@@ -591,31 +589,6 @@ class Templates:
     def follow(self, build: Build, offset: int = 0) -> AsyncIterator[LogEntry]:
         """Each log entry from `offset` on, as it comes, until the build finished."""
         return self.build_logs.follow(build.id, lambda: build.state.finished, offset)
-
-
-async def _version_in(images: ImageBuilder, image: str, language: str) -> str | None:
-    """The version of `language` that `image` declares beside its kernelspec
-    (`/opt/kernel/kernelspecs/<language>/version`, see kernels/languages.py), if any."""
-    try:
-        data = await images.read_file(image, f"{KERNELSPECS}/{language}/version", VERSION_BYTES)
-    except StepFailed:
-        return None
-    return (data or b"").decode("utf-8", "replace").strip()[:64] or None
-
-
-async def _remove_image(images: ImageBuilder, ref: str) -> None:
-    """Remove a deleted template's image; a kernel of it that is still being removed (a
-    stateless one, a pool's last) holds it a moment: try again for a few seconds."""
-    for _ in range(REMOVE_TRIES):
-        if await images.remove(ref):
-            return
-        with contextlib.suppress(StepFailed):
-            if await images.inspect(ref) is None:
-                return
-        await asyncio.sleep(0.5)
-    logger.warning(
-        "the image %s of a deleted template is still in use; the next start removes it", ref
-    )
 
 
 async def _nothing(template: Template) -> None:

@@ -19,7 +19,8 @@ from kernel_gateway.protocols.e2b import contexts as contexts_module
 from kernel_gateway.protocols.e2b import sandboxes as sandboxes_module
 from kernel_gateway.protocols.e2b.app import E2BService
 from kernel_gateway.protocols.e2b.errors import SandboxError
-from kernel_gateway.protocols.e2b.sandboxes import Sandbox, Sandboxes
+from kernel_gateway.protocols.e2b.sandbox import Sandbox
+from kernel_gateway.protocols.e2b.sandboxes import Sandboxes
 from kernel_gateway.records import RecordStore
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.snapshots import SavedSessions, SnapshotStore

@@ -77,3 +77,21 @@ def test_no_module_of_sessions_is_over_the_limit() -> None:
         if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, f"modules of sessions/ over {MAX_LINES} lines (split them by idea): {long}"
+
+
+ONE_IDEA = {
+    "settings/gateway.py": "one declaration per setting of `serve`, in the order its --help "
+    "lists them: a table, however long",
+}
+"""Modules allowed past the limit, each with the reason it is one idea."""
+
+
+def test_no_module_of_the_package_is_over_the_limit_but_those_said() -> None:
+    long = {
+        str(path.relative_to(PACKAGE)): lines
+        for path in PACKAGE.rglob("*.py")
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    unexplained = {name: lines for name, lines in long.items() if name not in ONE_IDEA}
+    assert not unexplained, f"modules over {MAX_LINES} lines (split them by idea): {unexplained}"
+    assert set(ONE_IDEA) <= set(long), "a module under the limit needs no exception"

@@ -11,7 +11,7 @@ import pytest
 
 from kernel_gateway.kernels.backends.base import Usage
 from kernel_gateway.protocols.e2b.errors import SandboxError
-from kernel_gateway.protocols.e2b.sandboxes import Sandbox
+from kernel_gateway.protocols.e2b.sandbox import Sandbox
 from kernel_gateway.protocols.e2b.sandboxes_api import network_update
 from kernel_gateway.protocols.e2b.signed_files import signature, signed_sandbox
 from kernel_gateway.sessions import usage as usage_module

@@ -47,7 +47,8 @@ from kernel_gateway.protocols.e2b.interpreter import interpreter_routes
 from kernel_gateway.protocols.e2b.paths import is_control
 from kernel_gateway.protocols.e2b.process import Processes
 from kernel_gateway.protocols.e2b.replies import e2b_error, gone
-from kernel_gateway.protocols.e2b.sandboxes import Sandbox, Sandboxes
+from kernel_gateway.protocols.e2b.sandbox import Sandbox
+from kernel_gateway.protocols.e2b.sandboxes import Sandboxes
 from kernel_gateway.protocols.e2b.sandboxes_api import control_routes
 from kernel_gateway.protocols.e2b.snapshots_api import snapshot_routes
 from kernel_gateway.protocols.e2b.template_files import Uploads

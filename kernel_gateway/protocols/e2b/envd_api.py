@@ -14,7 +14,7 @@ from starlette.routing import Route
 from kernel_gateway.protocols.e2b.connect import ConnectError
 from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.replies import ALL_METHODS, Handler, e2b_error, gone
-from kernel_gateway.protocols.e2b.sandboxes import Sandbox
+from kernel_gateway.protocols.e2b.sandbox import Sandbox
 from kernel_gateway.sessions.session import Session
 
 if TYPE_CHECKING:

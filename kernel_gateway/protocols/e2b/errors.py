@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kernel_gateway.errors import GatewayError
+
 
 class SandboxError(Exception):
     """A control-plane failure, answered as E2B's `{"code": status, "message"}`; `kind`: the
@@ -16,3 +18,10 @@ class SandboxError(Exception):
 
 def not_found(sandbox_id: str) -> SandboxError:
     return SandboxError(404, f"sandbox {sandbox_id!r} not found")
+
+
+def status_for(exc: GatewayError) -> int:
+    """The gateway's refusal as a status E2B's SDKs map well (429 and 503 are retried)."""
+    if exc.status_code == 422:  # the gateway's invalid_request: E2B's SDKs know 400
+        return 400
+    return exc.status_code if exc.status_code in (400, 403, 404, 409, 413, 429, 503) else 500

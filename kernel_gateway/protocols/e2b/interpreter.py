@@ -22,7 +22,8 @@ from kernel_gateway.kernels.languages import ENV_LANGUAGES, PYTHON, env_code
 from kernel_gateway.protocols.e2b import ndjson
 from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.replies import Handler, json_body
-from kernel_gateway.protocols.e2b.sandboxes import Sandbox, check_env
+from kernel_gateway.protocols.e2b.sandbox import Sandbox
+from kernel_gateway.protocols.e2b.sandboxes import check_env
 from kernel_gateway.sessions.follow import Disconnect, Following, follow
 from kernel_gateway.types import Record
 

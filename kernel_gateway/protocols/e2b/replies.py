@@ -17,9 +17,8 @@ from starlette.responses import JSONResponse, Response
 from kernel_gateway.errors import GatewayError, InvalidRequest
 from kernel_gateway.http.auth import act_as
 from kernel_gateway.http.bodies import read_json
-from kernel_gateway.protocols.e2b.errors import SandboxError
+from kernel_gateway.protocols.e2b.errors import SandboxError, status_for
 from kernel_gateway.protocols.e2b.paths import ERROR_TYPE_HEADER
-from kernel_gateway.protocols.e2b.sandboxes import status_for
 
 if TYPE_CHECKING:
     from kernel_gateway.protocols.e2b.app import E2BService

@@ -15,7 +15,7 @@ from kernel_gateway.errors import GatewayError
 from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.bodies import query_seconds
 from kernel_gateway.kernels.volumes import VolumeMount
-from kernel_gateway.protocols.e2b.errors import SandboxError
+from kernel_gateway.protocols.e2b.errors import SandboxError, status_for
 from kernel_gateway.protocols.e2b.replies import (
     ALL_METHODS,
     ControlHandler,
@@ -24,7 +24,8 @@ from kernel_gateway.protocols.e2b.replies import (
     guarded,
     json_body,
 )
-from kernel_gateway.protocols.e2b.sandboxes import ENVD_VERSION, Sandbox, status_for
+from kernel_gateway.protocols.e2b.sandbox import Sandbox
+from kernel_gateway.protocols.e2b.sandboxes import ENVD_VERSION
 from kernel_gateway.sessions import network_policy
 from kernel_gateway.sessions.usage import Sample
 from kernel_gateway.settings import Settings

@@ -28,7 +28,7 @@ from starlette.routing import Route
 from kernel_gateway.protocols.e2b.envd_api import SANDBOX_USER
 from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.replies import e2b_error, gone
-from kernel_gateway.protocols.e2b.sandboxes import Sandbox
+from kernel_gateway.protocols.e2b.sandbox import Sandbox
 
 if TYPE_CHECKING:
     from kernel_gateway.protocols.e2b.app import E2BService

@@ -25,9 +25,10 @@ from starlette.routing import Route
 
 from kernel_gateway.errors import GatewayError
 from kernel_gateway.http.auth import principal_of
-from kernel_gateway.protocols.e2b.errors import SandboxError
+from kernel_gateway.protocols.e2b.errors import SandboxError, status_for
 from kernel_gateway.protocols.e2b.replies import ControlHandler, Handler, guarded, json_body
-from kernel_gateway.protocols.e2b.sandboxes import Sandbox, status_for, timeout_seconds
+from kernel_gateway.protocols.e2b.sandbox import Sandbox
+from kernel_gateway.protocols.e2b.sandboxes import timeout_seconds
 from kernel_gateway.protocols.e2b.sandboxes_api import integer, sandbox_json
 from kernel_gateway.sessions.snapshots import MAX_FORKS, Snapshot
 from kernel_gateway.tenants.principal import Principal

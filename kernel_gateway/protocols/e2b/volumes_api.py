@@ -41,7 +41,7 @@ from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.responses import file_chunks
 from kernel_gateway.kernels.volumes import Volume, Volumes
 from kernel_gateway.kernels.workspace import Entry, Workspace, write_stream
-from kernel_gateway.protocols.e2b.errors import SandboxError
+from kernel_gateway.protocols.e2b.errors import SandboxError, status_for
 from kernel_gateway.protocols.e2b.replies import (
     ControlHandler,
     Handler,
@@ -50,7 +50,6 @@ from kernel_gateway.protocols.e2b.replies import (
     guarded,
     json_body,
 )
-from kernel_gateway.protocols.e2b.sandboxes import status_for
 from kernel_gateway.tenants.principal import ADMIN, Principal
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.server.routes.fragments import JSON_BODY, LOCATION
 from kernel_gateway.settings import Settings
-from kernel_gateway.shapes import requests, responses
+from kernel_gateway.shapes import key_requests, responses
 from kernel_gateway.tenants.keys import Key, KeyStore
 from kernel_gateway.tenants.principal import Quotas
 
@@ -52,7 +52,7 @@ def _visible(request: Request) -> Key:
     return _keys(request).get(key_id)
 
 
-def quotas(asked: requests.Quotas) -> Quotas:
+def quotas(asked: key_requests.Quotas) -> Quotas:
     return Quotas(asked.max_sessions, asked.max_stateless, asked.requests_per_minute)
 
 
@@ -79,7 +79,7 @@ def with_secret(key: Key, secret: str) -> responses.KeySecret:
 async def create(request: Request) -> JSONResponse[responses.KeySecret]:
     _admin(request, "make keys")
     settings = _settings(request)
-    body = await read_model(request, requests.NewKey, settings.max_body_bytes, settings)
+    body = await read_model(request, key_requests.NewKey, settings.max_body_bytes, settings)
     key, secret = await _keys(request).create(body.name, quotas(body.quotas))
     return JSONResponse(
         with_secret(key, secret),
@@ -105,7 +105,7 @@ async def change(request: Request) -> JSONResponse[responses.KeyInfo]:
     key = _visible(request)
     _admin(request, "change a key's quotas")
     settings = _settings(request)
-    body = await read_model(request, requests.KeyChange, settings.max_body_bytes, settings)
+    body = await read_model(request, key_requests.KeyChange, settings.max_body_bytes, settings)
     return JSONResponse(key_json(await _keys(request).set_quotas(key.id, quotas(body.quotas))))
 
 
@@ -131,7 +131,7 @@ OPERATIONS = (
         description="Admin token only (403 for a key). A key acts as itself on every "
         "surface: it sees and touches only what it made, within its quotas.",
         tags=("keys",),
-        body=Body(requests.NewKey),
+        body=Body(key_requests.NewKey),
         replies=(Reply(201, "The key, with its secret.", responses.KeySecret, headers=LOCATION),),
         errors=(*JSON_BODY, 403, 409),
     ),
@@ -171,7 +171,7 @@ OPERATIONS = (
         summary="Replace a key's quotas (admin token only).",
         description="They apply to its next requests; what it holds already is kept.",
         tags=("keys",),
-        body=Body(requests.KeyChange),
+        body=Body(key_requests.KeyChange),
         replies=(Reply(200, "The key.", responses.KeyInfo),),
         errors=(*JSON_BODY, 403, 404),
     ),

@@ -1,0 +1,62 @@
+"""The request bodies of API keys (`/keys`): a key's name and quotas, validated as every
+request is (`requests.RequestModel`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from kernel_gateway.shapes.requests import RequestModel
+
+
+class Quotas(RequestModel):
+    """What one API key may hold and ask; an absent or null field has no quota of its own
+    (only the gateway's limits apply)."""
+
+    max_sessions: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            description="Sessions held at once (E2B sandboxes and their contexts, Jupyter "
+            "kernels and MCP sessions count); past it, 429 `quota_exceeded`.",
+        ),
+    ] = None
+    max_stateless: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            description="Stateless requests (`POST /execute`) running or waiting at once; "
+            "past it, 429 `quota_exceeded`.",
+        ),
+    ] = None
+    requests_per_minute: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="Requests of any kind a minute (a burst of this many, then evenly); "
+            "past it, 429 `rate_limited` with `Retry-After`.",
+        ),
+    ] = None
+
+
+class NewKey(RequestModel):
+    """A new API key."""
+
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=64,
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+            description="Its name, unique among live keys: it labels the key's metrics and "
+            "log lines (`admin` is the admin token's).",
+        ),
+    ]
+    quotas: Quotas = Quotas()
+
+
+class KeyChange(RequestModel):
+    """A key's new quotas (they replace the ones it had)."""
+
+    quotas: Quotas
