@@ -66,6 +66,13 @@ def example(schema: dict[str, Any], document: dict[str, Any]) -> Any:
     for key in ("anyOf", "oneOf"):
         if key in schema:
             return example(schema[key][0], document)
+    if "allOf" in schema:
+        merged: dict[str, Any] = {}
+        for part in schema["allOf"]:
+            value = example(part, document)
+            if isinstance(value, dict):
+                merged.update(value)
+        return merged
     kind = schema.get("type")
     kind = kind[0] if isinstance(kind, list) else kind
     if "const" in schema:
@@ -380,3 +387,135 @@ def test_the_keys_command_manages_keys_with_the_admin_token(server: ServerThread
     assert keys("show", key["id"], token=rotated["secret"]).returncode == 2
     shown = json.loads(keys("show", key["id"]).stdout)
     assert shown["revoked_at"] is not None
+
+
+E2B_SPEC = Path(__file__).parents[1] / "e2b_suite" / "spec" / "openapi.yml"
+
+
+def resolved(node: Any, document: dict[str, Any]) -> Any:
+    """`node`, its `$ref` followed (anywhere in the document)."""
+    while isinstance(node, dict) and "$ref" in node:
+        target: Any = document
+        for part in node["$ref"].lstrip("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+def test_another_key_gets_404_on_every_e2b_route_naming_what_a_key_made(
+    server: ServerThread, admin: httpx.Client
+) -> None:
+    import yaml
+
+    alice, bob = new_key(admin, "e2b-walk-alice"), new_key(admin, "e2b-walk-bob")
+    base = server.url + "/e2b"
+    with httpx.Client(base_url=base, headers={"X-API-KEY": alice["secret"]}, timeout=120) as a:
+        sandbox = a.post("/sandboxes", json={"templateID": "base"})
+        assert sandbox.status_code == 201, sandbox.text
+        sid = sandbox.json()["sandboxID"]
+        snapshot = a.post(f"/sandboxes/{sid}/snapshots", json={"name": "walk-snap"})
+        assert snapshot.status_code == 201, snapshot.text
+        volume = a.post("/volumes", json={"name": "walk-vol"})
+        assert volume.status_code == 201, volume.text
+        template = a.post("/v3/templates", json={"name": "walk-tpl"})
+        assert template.status_code == 202, template.text
+    ids = {
+        "sandboxID": sid,
+        "snapshotID": snapshot.json()["snapshotID"],
+        "volumeID": volume.json()["volumeID"],
+        "templateID": template.json()["templateID"],
+        "buildID": template.json()["buildID"],
+        "alias": "walk-tpl",
+        "apiKeyID": alice["id"],
+    }
+    others = {"hash": "0" * 64}  # COPY files are no one's
+    document = yaml.safe_load(E2B_SPEC.read_text())
+    walked: list[str] = []
+    with httpx.Client(base_url=base, headers={"X-API-KEY": bob["secret"]}, timeout=120) as b:
+        for path, item in document["paths"].items():
+            names = {p.strip("{}") for p in path.split("/") if p.startswith("{")}
+            url = path
+            for name in names:
+                url = url.replace("{" + name + "}", ids.get(name) or others.get(name) or "x-1")
+            for method, operation in item.items():
+                if method not in ("get", "post", "put", "patch", "delete"):
+                    continue
+                if not names & set(ids):
+                    if method == "get":  # a listing: none of alice's
+                        listed = b.get(url)
+                        assert not any(i in listed.text for i in ids.values()), (url, listed.text)
+                    continue
+                kwargs: dict[str, Any] = {}
+                body = resolved(operation.get("requestBody"), document)
+                if body is not None:
+                    schema = resolved(body["content"]["application/json"]["schema"], document)
+                    kwargs["json"] = example(schema, document)
+                answer = b.request(method.upper(), url, **kwargs)
+                assert answer.status_code in (404, 501), (method, url, answer.text)
+                if answer.status_code == 404:
+                    walked.append(f"{method} {path}")
+    assert len(walked) >= 20, walked
+    # What bob was refused is still alice's and untouched.
+    with httpx.Client(base_url=base, headers={"X-API-KEY": alice["secret"]}, timeout=60) as a:
+        assert a.get(f"/sandboxes/{sid}").json()["state"] == "running"
+        assert a.delete(f"/sandboxes/{sid}").status_code == 204
+
+
+async def test_mcp_tools_and_jupyter_routes_of_another_key_find_nothing(
+    server: ServerThread, admin: httpx.Client
+) -> None:
+    import httpx2
+    import websockets
+    from mcp import Client as McpClient
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.support.mcp import handle_of, text_of
+
+    alice, bob = new_key(admin, "mcp-alice"), new_key(admin, "mcp-bob")
+
+    def mcp(secret: str) -> tuple[Any, McpClient]:
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {secret}"}, timeout=60)
+        return http, McpClient(streamable_http_client(f"{server.url}/mcp", http_client=http))
+
+    http_a, client_a = mcp(alice["secret"])
+    http_b, client_b = mcp(bob["secret"])
+    async with http_a, client_a, http_b, client_b:
+        made = await client_a.call_tool("run_python", {"code": "secret = 'alice'"})
+        assert not made.is_error, text_of(made)
+        handle = handle_of(made)
+        tools = [t.name for t in (await client_b.list_tools()).tools]
+        arguments = {"session": handle, "code": "print(secret)", "path": "a.txt", "content": "x"}
+        for tool in tools:
+            schema = next(t for t in (await client_b.list_tools()).tools if t.name == tool)
+            asked = {k: v for k, v in arguments.items() if k in schema.input_schema["properties"]}
+            if "session" not in asked:
+                continue
+            answer = await client_b.call_tool(tool, asked)
+            assert answer.is_error and "alice" not in text_of(answer), (tool, text_of(answer))
+            assert "there is no sandbox" in text_of(answer), (tool, text_of(answer))
+        again = await client_a.call_tool("run_python", {"code": "print(secret)", "session": handle})
+        assert text_of(again).startswith("alice\n")
+
+    # Jupyter's API: a kernel of alice's is no kernel for bob, nor its channels.
+    with client(server, alice["secret"]) as a, client(server, bob["secret"]) as b:
+        kernel = a.post("/api/kernels", json={"name": "python3"}).json()["id"]
+        for method, path in (
+            ("GET", f"/api/kernels/{kernel}"),
+            ("POST", f"/api/kernels/{kernel}/interrupt"),
+            ("POST", f"/api/kernels/{kernel}/restart"),
+            ("DELETE", f"/api/kernels/{kernel}"),
+        ):
+            assert b.request(method, path).status_code == 404, (method, path)
+        assert kernel not in [k["id"] for k in b.get("/api/kernels").json()]
+        url = server.url.replace("http", "ws") + f"/api/kernels/{kernel}/channels"
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(
+                url, additional_headers={"Authorization": f"Bearer {bob['secret']}"}
+            ):
+                pass
+        assert refused.value.response.status_code == 404
+        async with websockets.connect(
+            url, additional_headers={"Authorization": f"Bearer {alice['secret']}"}
+        ):
+            pass
+        assert a.delete(f"/api/kernels/{kernel}").status_code == 204

@@ -543,3 +543,37 @@ def test_a_session_on_a_template_survives_a_restart_and_relaunches_from_it(gw: G
     assert stdout(events).strip() == "kept", events
     assert httpx.delete(f"{gw.url}/sessions/{sid}").status_code == 204
     assert httpx.delete(gw.url + "/templates/durable", timeout=60).status_code == 204
+
+
+def test_keys_and_what_each_owns_survive_a_sigkill(gw: Gateway) -> None:
+    """On a gateway without a token a live key still acts as itself (docs/keys.md): its
+    session stays its own, and refused to another key, across a SIGKILL."""
+    gw.start()
+    keys = {
+        name: httpx.post(f"{gw.url}/keys", json={"name": name}, timeout=30).json()
+        for name in ("alice", "bob")
+    }
+    alice = {"Authorization": f"Bearer {keys['alice']['secret']}"}
+    bob = {"Authorization": f"Bearer {keys['bob']['secret']}"}
+    sid = httpx.post(gw.url + "/sessions", headers=alice, timeout=60).json()["id"]
+    ran = httpx.post(
+        f"{gw.url}/sessions/{sid}/execute",
+        json={"code": "x = 'kept'"},
+        headers={**alice, "Accept": "application/json"},
+        timeout=60,
+    )
+    assert ran.status_code == 200, ran.text
+    gw.stop(signal.SIGKILL)
+    gw.start()
+    assert httpx.get(f"{gw.url}/sessions/{sid}", headers=bob, timeout=30).status_code == 404
+    assert httpx.get(f"{gw.url}/sessions", headers=bob, timeout=30).json() == {"sessions": []}
+    mine = httpx.get(f"{gw.url}/sessions/{sid}", headers=alice, timeout=30).json()
+    assert mine["owner"] == keys["alice"]["id"]
+    again = httpx.post(
+        f"{gw.url}/sessions/{sid}/execute",
+        json={"code": "print(x)"},
+        headers={**alice, "Accept": "application/json"},
+        timeout=60,
+    ).json()
+    assert again["stdout"] == "kept\n"
+    assert httpx.delete(f"{gw.url}/sessions/{sid}", headers=alice, timeout=60).status_code == 204
