@@ -5,7 +5,8 @@ as an API key, so any key works as `E2B_API_KEY`. It is shown once, when it is m
 rotated; the file keeps its SHA-256 digest (a random secret of that size needs no slow
 hash) and its first characters, to tell keys apart in a list.
 
-The file (`keys.sqlite3` in the runtime folder) is written by one thread in transactions,
+The file (`keys.sqlite3` in the runtime folder, made with the first key: a gateway that
+never made one leaves nothing behind) is written by one thread in transactions,
 so a crash keeps each change whole or not at all; every live key is also held in memory,
 so a request's key is found without touching the disk. A revoked key's row stays (its
 usage is still asked for), its secret no longer resolves, and whoever is waiting on it
@@ -117,6 +118,11 @@ class KeyStore:
         self._writer.submit(self._open).result()
 
     def _open(self) -> None:
+        if self.path.exists():
+            self._connect()
+            self._load()
+
+    def _connect(self) -> None:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         db = sqlite3.connect(
             self.path,
@@ -129,7 +135,6 @@ class KeyStore:
         db.execute("PRAGMA synchronous=FULL")
         db.executescript(SCHEMA)
         self._db = db
-        self._load()
 
     def reload(self) -> None:
         """Read the file again (another process may have changed it: `kernel-gateway keys`
@@ -137,6 +142,10 @@ class KeyStore:
         self._writer.submit(self._load).result()
 
     def _load(self) -> None:
+        if self._db is None:
+            if not self.path.exists():
+                return
+            self._connect()
         assert self._db is not None
         rows = self._db.execute(
             "SELECT id, name, shown, created_at, rotated_at, revoked_at, quotas, digest FROM keys"
@@ -326,7 +335,9 @@ class KeyStore:
 
     async def _write(self, change: Callable[[sqlite3.Connection], T]) -> T:
         def run() -> T:
-            assert self._db is not None, "the key store is not open"
+            if self._db is None:
+                self._connect()  # the first key: the file is made now
+            assert self._db is not None
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 result = change(self._db)

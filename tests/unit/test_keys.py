@@ -44,6 +44,16 @@ async def test_a_key_is_kept_as_a_hash_and_resolves_to_its_principal(store: KeyS
     assert (store.path.stat().st_mode & 0o777) == 0o600
 
 
+async def test_no_file_is_made_until_the_first_key(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "rt" / "keys.sqlite3")
+    store.open()
+    assert store.keys() == [] and not (tmp_path / "rt").exists()
+    await store.create("first", Quotas())
+    assert store.path.exists()
+    store.close()
+    assert sorted(p.name for p in store.path.parent.iterdir()) == ["keys.sqlite3"]
+
+
 async def test_keys_survive_reopening_and_revocation_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "keys.sqlite3"
     first = KeyStore(path)
