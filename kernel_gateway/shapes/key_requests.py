@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
-from kernel_gateway.shapes.requests import RequestModel
+from kernel_gateway.shapes.requests import RequestModel, whole
 
 
 class Quotas(RequestModel):
@@ -21,6 +21,7 @@ class Quotas(RequestModel):
             description="Sessions held at once (E2B sandboxes and their contexts, Jupyter "
             "kernels and MCP sessions count); past it, 429 `quota_exceeded`.",
         ),
+        BeforeValidator(whole),
     ] = None
     max_stateless: Annotated[
         int | None,
@@ -29,6 +30,7 @@ class Quotas(RequestModel):
             description="Stateless requests (`POST /execute`) running or waiting at once; "
             "past it, 429 `quota_exceeded`.",
         ),
+        BeforeValidator(whole),
     ] = None
     requests_per_minute: Annotated[
         int | None,
@@ -37,6 +39,7 @@ class Quotas(RequestModel):
             description="Requests of any kind a minute (a burst of this many, then evenly); "
             "past it, 429 `rate_limited` with `Retry-After`.",
         ),
+        BeforeValidator(whole),
     ] = None
 
 

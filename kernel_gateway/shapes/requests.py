@@ -337,7 +337,7 @@ class NewSnapshot(RequestModel):
     ] = None
 
 
-def _whole(value: object) -> object:
+def whole(value: object) -> object:
     """A JSON number with no fraction (`93.0`) is an integer, as JSON Schema says."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
@@ -350,7 +350,7 @@ class ForkRequest(RequestModel):
     count: Annotated[
         int,
         Field(ge=1, le=100, description="How many copies (1 to 100)."),
-        BeforeValidator(_whole),
+        BeforeValidator(whole),
     ] = 1
 
 
