@@ -160,7 +160,9 @@ async def until_revoked(
     app: ASGIApp, keys: Keys, key_id: str, scope: Scope, receive: Receive, send: Send
 ) -> None:
     """Run the request; if its key is revoked or rotated meanwhile, its `receive` says the
-    client left, which ends any stream or WebSocket that listens for that."""
+    client left, which ends any stream or WebSocket that listens for that. A response the
+    app then leaves unfinished is ended here (a stream's last chunk; a 401 if none began),
+    so the client sees a closed response rather than a broken connection."""
     revoked = asyncio.Event()
     stop = keys.watch(key_id, revoked.set)
     gone: Message = (
@@ -184,10 +186,29 @@ async def until_revoked(
                     await reading
         return reading.result() if reading.done() and not reading.cancelled() else gone
 
+    started = ended = False
+
+    async def sending(message: Message) -> None:
+        nonlocal started, ended
+        if message["type"] in ("http.response.start", "websocket.accept"):
+            started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body"):
+            ended = True
+        elif message["type"] == "websocket.close":
+            ended = True
+        await send(message)
+
     try:
-        await app(scope, watched, send)
+        await app(scope, watched, sending)
     finally:
         stop()
+    if not revoked.is_set() or ended or scope["type"] != "http":
+        return
+    with contextlib.suppress(OSError, RuntimeError):  # the client may be gone meanwhile
+        if started:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            await error_response(Unauthorized("the API key was revoked"))(scope, receive, send)
 
 
 async def refuse(scope: Scope, receive: Receive, send: Send, exc: GatewayError) -> None:

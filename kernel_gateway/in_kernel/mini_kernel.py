@@ -281,6 +281,8 @@ class _Output:
         self.reading = threading.Lock()
         self.pending: list[tuple[str, str]] = []
         self.size = 0
+        self.partial: dict[int, str] = {}
+        """A forked process's last line not ended yet, per fd."""
         os.register_at_fork(after_in_child=self._forked)
         self.pipes: dict[int, tuple[str, Any]] = {}
         for fd, name in ((1, "stdout"), (2, "stderr")):
@@ -303,15 +305,25 @@ class _Output:
         self.lock = threading.Lock()
         self.reading = threading.Lock()
         self.pending, self.size = [], 0
+        self.partial = {}
+
+    def _write_fd(self, fd: int, text: str) -> None:
+        data = text.encode("utf-8", "replace")
+        while data:
+            data = data[os.write(fd, data) :]
 
     def add(self, name: str, text: str) -> None:
         if not text:
             return
         if os.getpid() != self.pid:  # a forked process: its fds lead to the kernel's pipes
-            data = text.encode("utf-8", "replace")
+            # Whole lines at a time (`print` writes its text and its newline apart): a line
+            # is one write, never cut by the kernel's own output read in between.
             fd = 1 if name == "stdout" else 2
-            while data:
-                data = data[os.write(fd, data) :]
+            text = self.partial.get(fd, "") + text
+            cut = text.rfind("\n") + 1 if len(text) < FLUSH_CHARS else len(text)
+            if cut:
+                self._write_fd(fd, text[:cut])
+            self.partial[fd] = text[cut:]
             return
         with self.lock:
             self.pending.append((name, text))
@@ -320,6 +332,12 @@ class _Output:
                 self._send_locked()
 
     def send_pending(self) -> None:
+        if os.getpid() != self.pid:  # `flush()` in a forked process: its partial lines
+            partial, self.partial = self.partial, {}
+            for fd, text in partial.items():
+                if text:
+                    self._write_fd(fd, text)
+            return
         with self.lock:
             self._send_locked()
 

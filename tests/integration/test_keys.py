@@ -79,7 +79,7 @@ def example(schema: dict[str, Any], document: dict[str, Any]) -> Any:
         return schema["const"]
     if "enum" in schema:
         return schema["enum"][0]
-    if kind == "object":
+    if kind == "object" or "properties" in schema:
         props = schema.get("properties", {})
         return {k: example(props[k], document) for k in schema.get("required", [])}
     if kind == "array":
