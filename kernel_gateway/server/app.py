@@ -39,6 +39,7 @@ from kernel_gateway.settings import Settings
 from kernel_gateway.templates.builtin import start_builtin
 from kernel_gateway.templates.service import Templates
 from kernel_gateway.tenants.keys import KeyStore
+from kernel_gateway.tenants.usage import UsageCollector
 from kernel_gateway.types import JSON
 
 if TYPE_CHECKING:  # its module loads the Docker SDK: imported when egress is on
@@ -96,6 +97,7 @@ def create_app(settings: Settings) -> Starlette:
     metrics = Metrics()
     keys = KeyStore(settings.runtime_dir / "keys.sqlite3")
     auth = Authenticator(settings.token, keys)
+    metrics.register(UsageCollector(keys.usage_by_name))  # each key's, read at scrape time
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
@@ -144,6 +146,7 @@ def create_app(settings: Settings) -> Starlette:
                 egress,
                 templates,
                 principals=keys.principal,
+                usage=keys,
             )
             volumes = Volumes(
                 runtime.root / "volumes",
@@ -167,7 +170,7 @@ def create_app(settings: Settings) -> Starlette:
             languages = registry.languages
             snapshots = SavedSessions(registry, SnapshotStore(runtime.root / "snapshots"))
             await asyncio.to_thread(snapshots.store.open)
-            usage = UsageSampler(settings, registry.sessions)
+            usage = UsageSampler(settings, registry.sessions, sink=keys)
             usage.start()
             async with protocol_state(
                 settings, registry, snapshots, usage, volumes, auth, records
@@ -200,6 +203,10 @@ def create_app(settings: Settings) -> Starlette:
                 await (backend.detach() if left else backend.close())
             context.destroy(linger=0)
             runtime.close(keep=left > 0)
+            try:
+                await keys.save_usage()
+            except Exception:
+                logger.exception("writing the API keys' usage failed")
             await asyncio.to_thread(keys.close)
             durable.log_stopped(left)
 

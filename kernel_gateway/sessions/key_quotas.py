@@ -1,4 +1,5 @@
-"""What each API key holds, counted against its quotas before any kernel is taken.
+"""What each API key holds, counted against its quotas before any kernel is taken; and
+what it made, added to its usage (`tenants/usage.py`).
 
 Sessions held are counted from the registry's sessions as they are (`held`: a key's
 sessions, hibernated ones too, and their companions); stateless executions are counted
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kernel_gateway.errors import QuotaExceeded
+from kernel_gateway.sessions.usage import UsageSink
 from kernel_gateway.tenants.principal import ADMIN, Principal
 
 
@@ -20,12 +22,14 @@ class KeyQuotas:
         self,
         held: Callable[[str], int],
         principals: Callable[[str], Principal] | None = None,
+        usage: UsageSink | None = None,
     ) -> None:
         """`held`: the kernels a key id holds now; `principals`: a key's principal by its
         id, as it is now (its quotas), for calls made for a resource's owner by someone
         else (an E2B sandbox's own token)."""
         self._held = held
         self._principals = principals
+        self._usage = usage
         self._stateless: dict[str, int] = {}
         """Stateless executions let in and not yet released, per key id."""
 
@@ -44,6 +48,11 @@ class KeyQuotas:
                 "delete one first"
             )
 
+    def created(self, key_id: str | None) -> None:
+        """A session of `key_id`'s was made: counted in its usage."""
+        if self._usage is not None:
+            self._usage.count(key_id, sessions=1)
+
     def take_stateless(self, owner: Principal) -> None:
         """Count one more stateless execution of `owner`'s, or refuse it past its
         `max_stateless`; `give_back` it when its session is released."""
@@ -57,6 +66,8 @@ class KeyQuotas:
                 retry_after=1,
             )
         self._stateless[key] = self._stateless.get(key, 0) + 1
+        if self._usage is not None:
+            self._usage.count(key, stateless=1)
 
     def give_back(self, key_id: str | None) -> None:
         if key_id is None:

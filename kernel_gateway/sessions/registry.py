@@ -15,11 +15,9 @@ the drain, the suspension, the adoption) is `DurableSessions`' (sessions/durable
 the registry offers it a few named steps, and answers 410 `session_lost` for the
 sessions it could not adopt.
 
-Every session belongs to the principal that made it (`tenants/principal.py`): an API key,
-or the admin. `get`, `visible` and `delete_session` take the principal asking, and a
-session of another key is answered as missing (404), never as forbidden; a key's quotas
-(sessions held, stateless requests at once) are counted here, per key, before any kernel
-is taken, so a key past its quota never takes capacity from another.
+Every session belongs to the principal that made it (an API key, or the admin): lookups
+take the principal asking, and another key's session is missing (404), never forbidden; a
+key's quotas are checked before any kernel is taken (`key_quotas.py`).
 
 Beside it: which domains a session may reach (`network_policy.py`), and the reaping of
 idle sessions (`reaper.py`).
@@ -64,6 +62,7 @@ from kernel_gateway.sessions.restart_policy import RestartPolicy
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.sessions.stateless import StatelessRuns
 from kernel_gateway.sessions.template_pools import TemplatePools
+from kernel_gateway.sessions.usage import UsageSink
 from kernel_gateway.settings import Settings
 from kernel_gateway.shapes.responses import PoolStats
 from kernel_gateway.tasks import TaskSet
@@ -90,11 +89,11 @@ class Registry:
         egress: EgressProxy | None = None,
         templates: Templates | None = None,
         principals: Callable[[str], Principal] | None = None,
+        usage: UsageSink | None = None,
     ) -> None:
-        """`principals`: a key's principal by its id, as it is now (`KeyQuotas`)."""
+        """`principals`, `usage`: a key's principal by id, where its use is counted."""
         self.settings = settings
-        self.quotas = KeyQuotas(self.held_by, principals)
-        """What each API key holds, against its quotas."""
+        self.quotas = KeyQuotas(self.held_by, principals, usage)  # each API key's holdings
         self.template_pools = TemplatePools(templates, warm, settings, self.sessions)
         """Kernels of templates' builds (see template_pools.py)."""
         self.warm = warm
@@ -339,6 +338,7 @@ class Registry:
                 await self._close(session)
                 raise
         self._sessions[session.id] = session
+        self.quotas.created(owner.key_id)
         if self.store is not None:
             session.persist()
             await self.store.flush()  # on disk before the client hears of it
@@ -427,6 +427,7 @@ class Registry:
             owner=owner.owner,
         )
         self._companions.setdefault(owner_id, []).append(session)
+        self.quotas.created(owner.owner)
         return session
 
     def _held(self) -> int:

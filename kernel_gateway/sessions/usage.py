@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
@@ -35,6 +36,23 @@ EVERY = 5.0
 KEEP = 3600.0
 FIRST_SPAN = 0.25
 """Seconds between a new kernel's two first readings."""
+
+
+class UsageSink(Protocol):
+    """Where each API key's use is added up (`tenants.keys.KeyStore`)."""
+
+    def count(
+        self,
+        key_id: str | None,
+        *,
+        sessions: int = 0,
+        stateless: int = 0,
+        kernel_seconds: float = 0.0,
+        cpu_seconds: float = 0.0,
+        memory_bytes: int = 0,
+    ) -> None: ...
+
+    async def save_usage(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -75,10 +93,17 @@ class UsageSampler:
     """Every running session's metrics, sampled in the background."""
 
     def __init__(
-        self, settings: Settings, sessions: Callable[[], list[Session]], every: float = EVERY
+        self,
+        settings: Settings,
+        sessions: Callable[[], list[Session]],
+        every: float = EVERY,
+        sink: UsageSink | None = None,
     ) -> None:
+        """`sink`: where each sample's kernel time, CPU and memory are added to its
+        session's API key (saved there every tick)."""
         self.settings = settings
         self._sessions = sessions
+        self._sink = sink
         self._every = every
         self._series: dict[str, _Series] = {}
         self._task: asyncio.Task[None] | None = None
@@ -121,6 +146,11 @@ class UsageSampler:
                     await self._sample(session)
                 except Exception:  # noqa: BLE001 - one session's failure stops no one's
                     logger.exception("sampling session %s's usage failed", session.id)
+            if self._sink is not None:
+                try:
+                    await self._sink.save_usage()
+                except Exception:  # noqa: BLE001 - kept in memory, written next time
+                    logger.exception("writing the API keys' usage failed")
             await asyncio.sleep(max(0.5, self._every - (time.monotonic() - began)))
 
     async def _sample(self, session: Session) -> None:
@@ -149,6 +179,13 @@ class UsageSampler:
         seconds = max(now - series.taken, 1e-3)
         used = max(usage.cpu_seconds - series.cpu_seconds, 0.0)
         series.cpu_seconds, series.taken = usage.cpu_seconds, now
+        if self._sink is not None:
+            self._sink.count(
+                session.owner,
+                kernel_seconds=seconds,
+                cpu_seconds=used,
+                memory_bytes=max(usage.memory_bytes, 0),
+            )
         total, free = await asyncio.to_thread(_disk, session.slot.storage.files)
         disk_total = min(total, self.settings.workspace_size_bytes) or total
         at = int(time.time() // EVERY * EVERY)

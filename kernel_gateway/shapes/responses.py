@@ -276,6 +276,26 @@ class KeySecret(KeyInfo):
 
 
 @closed
+class KeyUsage(TypedDict):
+    """What a key used since it was made (the admin token's own use is not counted)."""
+
+    sessions_created: Annotated[
+        Count, field(description="Sessions it made: sandboxes, contexts, kernels count.")
+    ]
+    stateless_requests: Annotated[Count, field(description="Stateless executions it ran.")]
+    kernel_seconds: Annotated[
+        float, field(ge=0, description="Seconds its sessions' kernels ran (5 s samples).")
+    ]
+    cpu_seconds: Annotated[
+        float,
+        field(ge=0, description="CPU seconds they used (0 where the backend cannot tell)."),
+    ]
+    peak_memory_bytes: Annotated[
+        Count, field(description="The most memory one of its kernels held at a sample.")
+    ]
+
+
+@closed
 class KeyList(TypedDict):
     keys: list[KeyInfo]
 

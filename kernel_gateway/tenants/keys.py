@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from kernel_gateway.errors import Conflict, InvalidRequest, KeyNotFound
 from kernel_gateway.tenants.principal import ADMIN_NAME, Principal, Quotas
+from kernel_gateway.tenants.usage import COLUMNS, USAGE_SCHEMA, Usage
 
 SECRET_PREFIX = "e2b_"
 SECRET_LENGTH = len(SECRET_PREFIX) + 48
@@ -111,6 +112,8 @@ class KeyStore:
         self._by_digest: dict[bytes, Key] = {}
         self._by_id: dict[str, Key] = {}
         self._watchers: dict[str, list[Callable[[], None]]] = {}
+        self._usage: dict[str, Usage] = {}
+        self._unsaved: set[str] = set()
 
     # -- opening and closing -------------------------------------------------------------
 
@@ -133,7 +136,7 @@ class KeyStore:
         self.path.chmod(0o600)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
-        db.executescript(SCHEMA)
+        db.executescript(SCHEMA + USAGE_SCHEMA)
         self._db = db
 
     def reload(self) -> None:
@@ -163,6 +166,10 @@ class KeyStore:
             if k.revoked_at is None and (k.id not in by_id or by_id[k.id].revoked_at is not None)
         ]
         self._by_id, self._by_digest = by_id, by_digest
+        columns = ", ".join(COLUMNS)
+        for key_id, *values in self._db.execute(f"SELECT key_id, {columns} FROM usage"):
+            if key_id not in self._unsaved:
+                self._usage[key_id] = Usage(*values)
         for key in gone:
             self._tell(key.id)
 
@@ -190,6 +197,58 @@ class KeyStore:
         known: no quotas)."""
         key = self._by_id.get(key_id)
         return key.principal if key is not None else Principal(key_id, key_id)
+
+    # -- usage (tenants/usage.py) ----------------------------------------------------------
+
+    def count(
+        self,
+        key_id: str | None,
+        *,
+        sessions: int = 0,
+        stateless: int = 0,
+        kernel_seconds: float = 0.0,
+        cpu_seconds: float = 0.0,
+        memory_bytes: int = 0,
+    ) -> None:
+        """Add to a key's usage (in memory; `save_usage` writes it). The admin's (None) and
+        unknown keys' are not counted."""
+        if key_id is None or key_id not in self._by_id:
+            return
+        used = self._usage.setdefault(key_id, Usage())
+        used.sessions_created += sessions
+        used.stateless_requests += stateless
+        used.kernel_seconds += kernel_seconds
+        used.cpu_seconds += cpu_seconds
+        used.peak_memory_bytes = max(used.peak_memory_bytes, memory_bytes)
+        self._unsaved.add(key_id)
+
+    def usage(self, key_id: str) -> Usage:
+        self.get(key_id)
+        return self._usage.get(key_id) or Usage()
+
+    def usage_by_name(self) -> list[tuple[str, Usage]]:
+        """Every key's usage, by its name (a revoked key's too), for the metrics."""
+        return [(self._by_id[k].name, u) for k, u in self._usage.items() if k in self._by_id]
+
+    async def save_usage(self) -> None:
+        """Write what was counted since the last save, in one transaction."""
+        if not self._unsaved:
+            return
+        saving, self._unsaved = self._unsaved, set()
+        rows = [(k, *self._usage[k].row()) for k in saving]
+        marks = ", ".join("?" for _ in range(len(COLUMNS) + 1))
+
+        def upsert(db: sqlite3.Connection) -> None:
+            columns = ", ".join(COLUMNS)
+            db.executemany(
+                f"INSERT OR REPLACE INTO usage (key_id, {columns}) VALUES ({marks})", rows
+            )
+
+        try:
+            await self._write(upsert)
+        except sqlite3.Error:
+            self._unsaved |= saving  # written with the next save
+            raise
 
     def name_of(self, key_id: str) -> str:
         """A key's name (its id, for one never known): what logs and metrics call it."""

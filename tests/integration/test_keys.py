@@ -519,3 +519,27 @@ async def test_mcp_tools_and_jupyter_routes_of_another_key_find_nothing(
         ):
             pass
         assert a.delete(f"/api/kernels/{kernel}").status_code == 204
+
+
+def test_a_keys_usage_is_counted_and_shown(server: ServerThread, admin: httpx.Client) -> None:
+    key = new_key(admin, "metered")
+    with client(server, key["secret"]) as c:
+        sid = c.post("/sessions").json()["id"]
+        ran = c.post(
+            f"/sessions/{sid}/execute",
+            json={"code": "x = bytearray(50_000_000); sum(range(3_000_000))"},
+            headers={"Accept": "application/json"},
+        )
+        assert ran.status_code == 200, ran.text
+        assert c.get(f"/sessions/{sid}/metrics").status_code == 200  # a sample, now
+        stateless = c.post("/execute", json={"code": "1"}, headers={"Accept": "application/json"})
+        assert stateless.status_code == 200, stateless.text
+        used = c.get(f"/keys/{key['id']}/usage").json()
+        assert used["sessions_created"] == 1 and used["stateless_requests"] == 1, used
+        assert used["kernel_seconds"] > 0 and used["peak_memory_bytes"] > 50_000_000, used
+        other = new_key(admin, "unmetered")
+        with client(server, other["secret"]) as o:
+            assert o.get(f"/keys/{key['id']}/usage").status_code == 404
+        exposition = admin.get("/metrics").text
+        assert 'kernel_gateway_key_sessions_created_total{key="metered"} 1.0' in exposition
+        assert c.delete(f"/sessions/{sid}").status_code == 204

@@ -187,3 +187,39 @@ async def test_a_revoked_keys_open_request_hears_its_client_leave(store: KeyStor
     await store.revoke(key.id)
     await asyncio.wait_for(request, 5)
     assert heard == [{"type": "http.disconnect"}]
+
+
+async def test_usage_is_counted_per_key_kept_and_shown_as_metrics(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kernel_gateway.tenants.usage import UsageCollector
+
+    path = tmp_path / "keys.sqlite3"
+    store = KeyStore(path)
+    store.open()
+    key, _ = await store.create("busy", Quotas())
+    store.count(key.id, sessions=1)
+    store.count(key.id, stateless=2, kernel_seconds=5.0, cpu_seconds=1.5, memory_bytes=100)
+    store.count(key.id, kernel_seconds=5.0, memory_bytes=40)  # the peak stays
+    store.count(None, sessions=7)  # the admin's: not counted
+    store.count("key_unknown", sessions=7)
+    used = store.usage(key.id)
+    assert (used.sessions_created, used.stateless_requests) == (1, 2)
+    assert (used.kernel_seconds, used.cpu_seconds, used.peak_memory_bytes) == (10.0, 1.5, 100)
+    registry = CollectorRegistry()
+    registry.register(UsageCollector(store.usage_by_name))
+    exposition = generate_latest(registry).decode()
+    assert 'kernel_gateway_key_sessions_created_total{key="busy"} 1.0' in exposition
+    assert 'kernel_gateway_key_peak_memory_bytes{key="busy"} 100.0' in exposition
+    await store.save_usage()
+    store.count(key.id, sessions=1)  # not saved: lost with a crash, as the docs say
+    store.close()
+    again = KeyStore(path)
+    again.open()
+    try:
+        kept = again.usage(key.id)
+        assert (kept.sessions_created, kept.kernel_seconds) == (1, 10.0)
+        with pytest.raises(KeyNotFound):
+            again.usage("key_nope")
+    finally:
+        again.close()

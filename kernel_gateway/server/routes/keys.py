@@ -8,6 +8,7 @@
     POST   /keys/{key_id}/rotate  a new secret; the old one stops at once (admin or itself)
     DELETE /keys/{key_id}         revoked: refused from now on, its open streams ended
                                   (admin or itself)
+    GET    /keys/{key_id}/usage   what it used (tenants/usage.py; admin or itself)
 
 Another key's id is answered 404, as a missing one: a key cannot learn which ids exist.
 """
@@ -114,6 +115,19 @@ async def rotate(request: Request) -> JSONResponse[responses.KeySecret]:
     return JSONResponse(with_secret(key, secret), headers={"Cache-Control": "no-store"})
 
 
+async def usage(request: Request) -> JSONResponse[responses.KeyUsage]:
+    used = _keys(request).usage(_visible(request).id)
+    return JSONResponse(
+        {
+            "sessions_created": used.sessions_created,
+            "stateless_requests": used.stateless_requests,
+            "kernel_seconds": round(used.kernel_seconds, 3),
+            "cpu_seconds": round(used.cpu_seconds, 3),
+            "peak_memory_bytes": used.peak_memory_bytes,
+        }
+    )
+
+
 async def revoke(request: Request) -> Response:
     await _keys(request).revoke(_visible(request).id)
     return Response(status_code=204)
@@ -183,6 +197,18 @@ OPERATIONS = (
         summary="A new secret for a key; the old one is refused at once, its open streams end.",
         tags=("keys",),
         replies=(Reply(200, "The key, with its new secret.", responses.KeySecret),),
+        errors=(404,),
+    ),
+    Operation(
+        "get",
+        KEY_PATH + "/usage",
+        usage,
+        "keyUsage",
+        summary="What a key used since it was made (the admin's, or the key's own).",
+        description="Kept across restarts (written every few seconds); also on `/metrics` "
+        "as `kernel_gateway_key_*` with a `key` label (its name).",
+        tags=("keys",),
+        replies=(Reply(200, "Its usage.", responses.KeyUsage),),
         errors=(404,),
     ),
     Operation(
