@@ -189,3 +189,14 @@ def test_bench_snapshots_measures_forks_and_sessions_from_snapshots(tmp_path: Pa
             assert figures[kind][key]["n"] > 0, (kind, key)
     assert figures["dataframe"]["snapshot_bytes"] > 100_000_000
     assert "| 100 MB DataFrame |" in result.stdout
+
+
+def test_bench_keys_measures_a_canary_beside_another_keys_flood(tmp_path: Path) -> None:
+    require_docker()
+    out = tmp_path / "keys.json"
+    result = run_bench("bench.keys", out)
+    figures = json.loads(out.read_text())
+    for phase in ("canary_alone", "canary_beside_flood"):
+        assert figures[phase]["n"] > 0 and figures[phase]["p99_ms"] > 0, figures
+    assert figures["flood"]["completed_per_s"] > 0 and figures["p99_ratio"] > 0
+    assert "| canary `1+1` (ms) | alone | beside the flood |" in result.stdout
