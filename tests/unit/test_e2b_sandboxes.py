@@ -38,6 +38,18 @@ def _volumes(registry: Registry) -> Volumes:
     return Volumes(root, capped=False, owner=None, max_volumes=registry.settings.max_volumes)
 
 
+def _service(registry: Registry) -> E2BService:
+    """The /e2b app over `registry`, authenticating with its settings' token."""
+    return E2BService(
+        registry,
+        registry.settings,
+        _saved(registry),
+        _usage(registry),
+        _volumes(registry),
+        Authenticator(registry.settings.token),
+    )
+
+
 def _saved(registry: Registry) -> SavedSessions:
     return SavedSessions(registry, SnapshotStore(registry.settings.runtime_dir / "snapshots"))
 
@@ -154,14 +166,7 @@ async def _lists_and_starts(registry: Registry) -> None:
 
 
 async def test_the_control_plane_answers_in_e2bs_shapes(registry: Registry) -> None:
-    service = E2BService(
-        registry,
-        registry.settings,
-        _saved(registry),
-        _usage(registry),
-        _volumes(registry),
-        Authenticator(registry.settings.token),
-    )
+    service = _service(registry)
     transport = httpx.ASGITransport(app=_with_state(service))
     async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
         refused = await http.post("/v2/sandboxes", json={}, headers={"X-API-KEY": "wrong"})
@@ -219,14 +224,7 @@ def _with_state(service: E2BService):  # type: ignore[no-untyped-def]
 
 
 async def test_list_pages_by_next_token(registry: Registry) -> None:
-    service = E2BService(
-        registry,
-        registry.settings,
-        _saved(registry),
-        _usage(registry),
-        _volumes(registry),
-        Authenticator(registry.settings.token),
-    )
+    service = _service(registry)
     made = [
         await service.sandboxes.create("base", 60, {"n": str(i)}, {}, owner=ADMIN) for i in range(3)
     ]
@@ -250,14 +248,7 @@ async def test_list_pages_by_next_token(registry: Registry) -> None:
 async def test_each_call_names_its_route_and_sandbox_for_logs_and_metrics(
     registry: Registry,
 ) -> None:
-    service = E2BService(
-        registry,
-        registry.settings,
-        _saved(registry),
-        _usage(registry),
-        _volumes(registry),
-        Authenticator(registry.settings.token),
-    )
+    service = _service(registry)
     seen: list[tuple[str, str | None]] = []
 
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
@@ -324,14 +315,7 @@ async def test_sandboxes_are_kept_for_the_next_gateway(registry: Registry, tmp_p
 
 
 async def test_what_a_sandbox_cannot_have_is_refused_not_ignored(registry: Registry) -> None:
-    service = E2BService(
-        registry,
-        registry.settings,
-        _saved(registry),
-        _usage(registry),
-        _volumes(registry),
-        Authenticator(registry.settings.token),
-    )
+    service = _service(registry)
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
     async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
@@ -398,14 +382,7 @@ async def test_auto_pause_at_the_end_and_auto_resume_on_a_call(
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sandboxes_module, "REAP_EVERY", 0.05)
-    service = E2BService(
-        registry,
-        registry.settings,
-        _saved(registry),
-        _usage(registry),
-        _volumes(registry),
-        Authenticator(registry.settings.token),
-    )
+    service = _service(registry)
     service.start()
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
@@ -438,14 +415,7 @@ async def test_auto_pause_at_the_end_and_auto_resume_on_a_call(
 async def test_without_a_token_a_key_is_still_required(tmp_path: Path) -> None:
     """A web page cannot send X-API-KEY without the browser asking the gateway first."""
     async with fake_registry(tmp_path, max_sessions=2) as (registry, _):
-        service = E2BService(
-            registry,
-            registry.settings,
-            _saved(registry),
-            _usage(registry),
-            _volumes(registry),
-            Authenticator(registry.settings.token),
-        )
+        service = _service(registry)
         transport = httpx.ASGITransport(app=_with_state(service))
         async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
             assert (await http.post("/sandboxes")).status_code == 401
@@ -455,14 +425,7 @@ async def test_without_a_token_a_key_is_still_required(tmp_path: Path) -> None:
 
 
 async def test_bad_data_plane_input_is_a_clear_error_never_a_500(registry: Registry) -> None:
-    service = E2BService(
-        registry,
-        registry.settings,
-        _saved(registry),
-        _usage(registry),
-        _volumes(registry),
-        Authenticator(registry.settings.token),
-    )
+    service = _service(registry)
     transport = httpx.ASGITransport(app=_with_state(service))
     key = {"X-API-KEY": "tok"}
     async with httpx.AsyncClient(transport=transport, base_url="http://gw/e2b") as http:
