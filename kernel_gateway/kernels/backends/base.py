@@ -175,7 +175,8 @@ class Command(abc.ABC):
     @abc.abstractmethod
     async def kill(self, signum: int = 9) -> None:
         """Send `signum` (SIGKILL by default, or SIGTERM) to the process and everything it
-        started (its process group), from inside the sandbox (whatever its runtime)."""
+        started (its process group), from inside the sandbox (whatever its runtime).
+        SIGKILL returns once the process is gone (reaped, not a zombie), as envd's does."""
 
 
 @dataclass

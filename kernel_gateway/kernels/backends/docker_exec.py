@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import struct
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -32,6 +34,7 @@ KILL_GROUP = ["/bin/sh", "-c", 'kill -s "$1" -- "-$2" 2>/dev/null || kill -s "$1
 FRAME = struct.Struct(">BxxxI")
 READ_CHUNK = 64 * 1024
 MAX_PID_LINE = 32
+REAP_WAIT = 5.0  # seconds SIGKILL waits for the process to be gone
 
 
 class DockerCommand(Command):
@@ -219,6 +222,18 @@ class DockerCommand(Command):
                 self._container, [*KILL_GROUP, str(signum), str(pid)], user=self._user
             )
             self._client.api.exec_start(created["Id"])
+            if signum == signal.SIGKILL:
+                self._until_reaped()
+
+    def _until_reaped(self) -> None:
+        """Return once the exec no longer runs (or after REAP_WAIT): a process killed is a
+        zombie until its parent (the runtime's shim) reaps it, and `kill -0` finds a zombie,
+        so a caller that kills and then looks must not find it still there."""
+        deadline = time.monotonic() + REAP_WAIT
+        while time.monotonic() < deadline:
+            if not self._client.api.exec_inspect(self._exec_id).get("Running"):
+                return
+            time.sleep(0.02)
 
 
 def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
