@@ -9,7 +9,7 @@ from typing import TypedDict
 import httpx
 from starlette.applications import Starlette
 
-from kernel_gateway.cluster import e2b_templates, snapshots, templates, volumes
+from kernel_gateway.cluster import e2b_templates, keys, snapshots, templates, volumes
 from kernel_gateway.cluster.directory import NodeDirectory
 from kernel_gateway.cluster.metrics import RouterMetrics
 from kernel_gateway.cluster.proxy import Proxy
@@ -25,10 +25,17 @@ class RouterState(TypedDict):
     directory: NodeDirectory
     proxy: Proxy
     metrics: RouterMetrics
+    keys: keys.KeyReplica
 
 
 def create_router_app(settings: RouterSettings) -> Starlette:
     metrics = RouterMetrics()
+    replica: list[keys.KeyReplica] = []  # made with the lifespan's HTTP client
+
+    async def look_further(secret: str) -> bool:
+        return bool(replica) and await replica[0].resolve(secret)
+
+    auth = Authenticator(settings.token, look_further=look_further)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[RouterState]:
@@ -43,15 +50,24 @@ def create_router_app(settings: RouterSettings) -> Starlette:
             directory = NodeDirectory(settings, http)
             directory.start()
             metrics.watch(directory)
+            key_replica = keys.KeyReplica(directory, http, settings.token)
+            auth.keys = key_replica.store
+            replica.append(key_replica)
             try:
+                await key_replica.start()
                 await directory.first_poll(settings.connect_timeout + 2)
+                await key_replica.sync()
                 yield {
                     "settings": settings,
                     "directory": directory,
                     "proxy": Proxy(http, settings.token),
                     "metrics": metrics,
+                    "keys": key_replica,
                 }
             finally:
+                replica.clear()
+                auth.keys = None
+                await key_replica.close()
                 metrics.watch(None)
                 await directory.close()
 
@@ -64,8 +80,9 @@ def create_router_app(settings: RouterSettings) -> Starlette:
             *snapshots.ROUTES,
             *volumes.ROUTES,
             *templates.routes,
+            *keys.routes,
         ],
-        middleware=front_middleware(metrics, Authenticator(settings.token), settings.host),
+        middleware=front_middleware(metrics, auth, settings.host),
         exception_handlers=exception_handlers(),
         lifespan=lifespan,
     )

@@ -3,7 +3,8 @@
 The router never parses what a node says beyond its status: bodies, event streams
 (SSE, with their ids and pings), `Execution-Id`, `Content-Location` and `Location`
 (node gateways send paths, which mean the same through the router) pass through as
-they come. The client's token stays at the router; nodes get the cluster's token.
+they come. The client's token stays at the router; nodes get the cluster's token, and for a client
+that is an API key, the key's id (`ACTING_FOR`: the node acts as that key).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from starlette.types import Receive, Scope, Send
 from kernel_gateway import logs
 from kernel_gateway.cluster.directory import Node
 from kernel_gateway.errors import BadGateway
-from kernel_gateway.http.auth import PUBLIC_PATHS, PUBLIC_PREFIXES
+from kernel_gateway.http.auth import ACTING_FOR, PRINCIPAL, PUBLIC_PATHS, PUBLIC_PREFIXES
+from kernel_gateway.tenants.principal import Principal
 
 logger = logging.getLogger("kernel_gateway.cluster")
 
@@ -38,6 +40,7 @@ DROPPED_REQUEST = frozenset(
         "host",
         "authorization",
         "x-request-id",
+        ACTING_FOR,  # only the router says whom a request acts for
         # httpx sets these for the body it sends (a GET's stray body is not forwarded)
         "content-length",
         "expect",
@@ -105,6 +108,11 @@ class Proxy:
                 headers.append(("content-length", declared))
         if self._token and not public:
             headers.append(("authorization", f"Bearer {self._token}"))
+        principal = request.scope.get(PRINCIPAL)
+        acting = isinstance(principal, Principal) and principal.key_id is not None
+        if acting and not public:
+            assert isinstance(principal, Principal) and principal.key_id is not None
+            headers.append((ACTING_FOR, principal.key_id))
         if rid := logs.current().get("request_id"):
             headers.append(("x-request-id", rid))
         if query is None:
@@ -135,7 +143,8 @@ class Proxy:
                 f"node {node.name} did not answer the request ({type(exc).__name__}: {exc}); "
                 "it may or may not have been carried out"
             ) from exc
-        if response.status_code in (401, 403) and self._token and not _public(path):
+        # A key's 401 (revoked meanwhile) or 403 (an admin's route) is the key's own answer.
+        if response.status_code in (401, 403) and self._token and not public and not acting:
             await response.aclose()
             logger.error(
                 "node %s refused the cluster's token (%d)", node.name, response.status_code

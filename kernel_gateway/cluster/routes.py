@@ -31,10 +31,12 @@ from kernel_gateway.errors import (
     TooManySessions,
     Unauthorized,
 )
+from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.bodies import check_declared_length, read_body
 from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.protocols.e2b.paths import ERROR_TYPE_HEADER, is_control
 from kernel_gateway.settings import NODE_NAME
+from kernel_gateway.tenants.principal import ADMIN
 
 # Bodies up to this size are kept, so that a request can be sent again when its node
 # could not be reached; larger ones (file uploads) stream through once.
@@ -152,7 +154,8 @@ async def create_session(request: Request) -> Response:
                 f"the node {home} of the snapshot or volumes does not answer now; retry shortly",
                 retry_after=RETRY_AFTER,
             )
-    offered = await _offer(request, "session", "/sessions", nodes, CREATE_ANSWER_SECONDS, body)
+    async with request.state.keys.session_for(principal_of(request)):
+        offered = await _offer(request, "session", "/sessions", nodes, CREATE_ANSWER_SECONDS, body)
     if isinstance(offered, tuple):
         return Relayed(offered[1])
     if offered is not None and offered.status_code != 429:
@@ -430,7 +433,12 @@ async def _e2b(request: Request) -> Response:
     if E2B_COLLECTION.match(path) and request.method == "POST":
         directory = request.state.directory
         nodes = placement.for_session(directory.up())
-        offered = await _offer(request, "session", _raw_path(request), nodes, CREATE_ANSWER_SECONDS)
+        # E2B's API is authenticated by the node; a key this router knows is counted here.
+        key = request.state.keys.store.resolve(request.headers.get("x-api-key", ""))
+        async with request.state.keys.session_for(key or ADMIN):
+            offered = await _offer(
+                request, "session", _raw_path(request), nodes, CREATE_ANSWER_SECONDS
+            )
         if isinstance(offered, tuple):
             return Relayed(offered[1])
         if offered is not None:

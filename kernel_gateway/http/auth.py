@@ -9,6 +9,11 @@ key (its quotas and ownership apply). A key's requests are counted against its r
 limit here, and a key revoked or rotated while its request is open (an event stream, a
 WebSocket) ends that request at once: its `receive` reports the client gone.
 
+In a cluster the routers authenticate clients and pass their requests on with the
+cluster's (admin) token and `Kernel-Gateway-Key: <key id>` (`ACTING_FOR`): a request with
+the admin token and that header acts as that key, which the node knows as every node
+does (`cluster/keys.py`); the router counted it against the key's rate limit already.
+
 Tokens are compared as SHA-256 digests with `hmac.compare_digest`, so neither
 the time taken nor the answer says how much of a guess was right, and a
 missing token gets exactly the same reply as a wrong one. Both
@@ -31,7 +36,7 @@ import hashlib
 import hmac
 import ipaddress
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from starlette.datastructures import Headers
@@ -39,7 +44,13 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel_gateway import logs
-from kernel_gateway.errors import BadRequest, Forbidden, GatewayError, Unauthorized
+from kernel_gateway.errors import (
+    BadRequest,
+    Forbidden,
+    GatewayError,
+    NodeUnavailable,
+    Unauthorized,
+)
 from kernel_gateway.http.responses import error_response
 from kernel_gateway.tenants.principal import ADMIN, Principal
 from kernel_gateway.tenants.rate import RateLimiter
@@ -56,6 +67,9 @@ is it (protocols/e2b/signed_files.py)."""
 _HOST = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[^\[\]:@]+))(?::[0-9]{0,5})?")
 
 
+ACTING_FOR = "kernel-gateway-key"
+"""With the admin token: the id of the key a request acts for (a cluster's routers send it;
+clients' own are dropped by the router)."""
 PRINCIPAL = "kernel_gateway.principal"
 """The scope key a request's principal is kept under."""
 
@@ -75,13 +89,25 @@ class Keys(Protocol):
 
     def name_of(self, key_id: str) -> str: ...
 
+    def known(self, key_id: str) -> bool: ...
+
+    def principal(self, key_id: str) -> Principal: ...
+
 
 class Authenticator:
     """Who a credential stands for: the admin token, a live API key, or nobody."""
 
-    def __init__(self, token: str | None, keys: Keys | None = None) -> None:
+    def __init__(
+        self,
+        token: str | None,
+        keys: Keys | None = None,
+        look_further: Callable[[str], Awaitable[bool]] | None = None,
+    ) -> None:
+        """`look_further`: asked about a credential no key holds; True if it found the key
+        since (a router reading its cluster's keys)."""
         self._digest = _digest(token) if token else None
         self.keys = keys
+        self.look_further = look_further
         self.limiter = RateLimiter()
 
     @property
@@ -98,6 +124,18 @@ class Authenticator:
         if found is not None:
             return found
         return ADMIN if self._digest is None else None
+
+    def acting_for(self, key_id: str) -> Principal:
+        """The principal of a request the admin sends for key `key_id` (a router's)."""
+        if self.keys is None or not self.keys.known(key_id):
+            # Made through a router a moment ago, and not yet here (a node that was away):
+            # the routers bring it within a poll.
+            raise NodeUnavailable(
+                f"API key {key_id!r} is not known on this node yet; retry", retry_after=1.0
+            )
+        if not self.keys.live(key_id):
+            raise Unauthorized("the API key was revoked")
+        return self.keys.principal(key_id)
 
     def admits(self, credential: str) -> bool:
         """Whether `credential` is the admin token (an open gateway admits anything)."""
@@ -140,12 +178,19 @@ class BearerAuth:
         ):
             await self.app(scope, receive, send)
             return
-        principal = self.auth.principal(credential(Headers(scope=scope)))
+        headers = Headers(scope=scope)
+        given = credential(headers)
+        principal = self.auth.principal(given)
+        if principal is None and self.auth.look_further and await self.auth.look_further(given):
+            principal = self.auth.principal(given)
         if principal is None:
             await refuse(scope, receive, send, Unauthorized("missing or invalid token"))
             return
         try:
-            self.auth.limiter.take(principal)
+            if principal.admin and (key_id := headers.get(ACTING_FOR)):
+                principal = self.auth.acting_for(key_id)  # a router's: it counted the rate
+            else:
+                self.auth.limiter.take(principal)
         except GatewayError as exc:
             await refuse(scope, receive, send, exc)
             return

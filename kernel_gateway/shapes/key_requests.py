@@ -63,3 +63,31 @@ class KeyChange(RequestModel):
     """A key's new quotas (they replace the ones it had)."""
 
     quotas: Quotas
+
+
+KEY_ID = r"^key_[0-9a-f]{16}$"
+TIMESTAMP = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z$"
+Stamp = Annotated[str, Field(pattern=TIMESTAMP, max_length=40)]
+
+
+class MergedKey(RequestModel):
+    """A key as a cluster's gateways pass it to each other (`PUT /cluster/keys`): all but
+    its secret, with the secret's SHA-256 digest and when it last changed."""
+
+    id: Annotated[str, Field(pattern=KEY_ID)]
+    name: Annotated[
+        str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._~-]*$")
+    ]
+    prefix: Annotated[str, Field(pattern=r"^e2b_[0-9a-f]{8}$")]
+    created_at: Stamp
+    rotated_at: Stamp | None = None
+    revoked_at: Stamp | None = None
+    changed_at: Stamp
+    quotas: Quotas = Quotas()
+    digest: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of its secret.")]
+
+
+class KeyMerge(RequestModel):
+    """Keys to merge into this gateway's (each kept if newer than the one held)."""
+
+    keys: Annotated[list[MergedKey], Field(max_length=100_000)]

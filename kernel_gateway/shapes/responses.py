@@ -293,11 +293,34 @@ class KeyUsage(TypedDict):
     peak_memory_bytes: Annotated[
         Count, field(description="The most memory one of its kernels held at a sample.")
     ]
+    sessions_held: Annotated[
+        Count,
+        field(description="Sessions (and their contexts) it holds now, against `max_sessions`."),
+    ]
+    unavailable_nodes: NotRequired[
+        Annotated[list[str], field(description="Through a router: nodes not counted now.")]
+    ]
 
 
 @closed
 class KeyList(TypedDict):
     keys: list[KeyInfo]
+
+
+@closed
+class KeyRecord(KeyInfo):
+    """A key as a cluster's gateways pass it to each other."""
+
+    changed_at: Annotated[Timestamp, field(description="Its last change: the latest wins.")]
+    digest: Annotated[str, field(description="The SHA-256 of its secret, in hex.")]
+
+
+@closed
+class KeyRecords(TypedDict):
+    version: Annotated[
+        str, field(description="A digest of every key's last change (`/health`'s `keys`).")
+    ]
+    keys: list[KeyRecord]
 
 
 @closed
@@ -503,6 +526,9 @@ class Health(TypedDict):
     """How stateless requests get a kernel (`--stateless-mode`)."""
     fork_servers: NotRequired[ForkServerStats]
     """Fork-server containers (only with `stateless_mode` fork)."""
+    keys: str
+    """The version of the API keys held (`GET /cluster/keys`): a cluster's routers compare
+    it between nodes to keep their keys in step."""
 
 
 @closed

@@ -11,6 +11,13 @@ so a crash keeps each change whole or not at all; every live key is also held in
 so a request's key is found without touching the disk. A revoked key's row stays (its
 usage is still asked for), its secret no longer resolves, and whoever is waiting on it
 (an open stream) is told at once.
+
+In a cluster every node gateway holds every key, and the routers keep them in step
+(`cluster/keys.py`): a node's `records()` (each key with its secret's digest and when it
+last changed) are read and `merge`d into the others. Merging keeps, for each key, its
+latest change, and a revocation over any change (it is final); two keys made at once
+under one name keep it for the older and give the newer `<name>~<6 of its id>`, the same
+on every node. A router holds a copy in memory (`KeyStore(None)`), to know its callers.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import re
 import secrets
 import sqlite3
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -48,7 +55,8 @@ CREATE TABLE IF NOT EXISTS keys (
     created_at TEXT NOT NULL,
     rotated_at TEXT,
     revoked_at TEXT,
-    quotas TEXT NOT NULL
+    quotas TEXT NOT NULL,
+    changed_at TEXT
 );
 CREATE UNIQUE INDEX IF NOT EXISTS live_names ON keys (name) WHERE revoked_at IS NULL;
 """
@@ -75,17 +83,85 @@ class Key:
     rotated_at: str | None
     revoked_at: str | None
     quotas: Quotas
+    changed_at: str = ""
+    """Its last change (made, renamed, new quotas or secret, revoked): a replica keeps the
+    latest."""
 
     @property
     def principal(self) -> Principal:
         return Principal(self.id, self.name, self.quotas)
 
+    def to_json(self) -> dict[str, Any]:
+        """As the API shows it (`KeyInfo`): `prefix` is its secret's first characters."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "prefix": self.shown,
+            "created_at": self.created_at,
+            "rotated_at": self.rotated_at,
+            "revoked_at": self.revoked_at,
+            "quotas": {
+                "max_sessions": self.quotas.max_sessions,
+                "max_stateless": self.quotas.max_stateless,
+                "requests_per_minute": self.quotas.requests_per_minute,
+            },
+        }
+
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> Key:
-        key_id, name, shown, created, rotated, revoked, quotas = row
-        return cls(
-            key_id, name, shown, created, rotated, revoked, Quotas.from_json(json.loads(quotas))
-        )
+        key_id, name, shown, created, rotated, revoked, quotas, changed = row
+        quota = Quotas.from_json(json.loads(quotas))
+        last = changed or revoked or max(created, rotated or "")
+        return cls(key_id, name, shown, created, rotated, revoked, quota, last)
+
+
+@dataclass(frozen=True)
+class Record:
+    """A key as gateways of a cluster pass it to each other: with its secret's digest."""
+
+    key: Key
+    digest: bytes
+
+    def newer_than(self, other: Record) -> bool:
+        """Whether this word on the key replaces `other`: a revocation is final (the first
+        one stands), else the latest change wins (the digest breaks a tie)."""
+        mine, theirs = self.key, other.key
+        if (mine.revoked_at is None) != (theirs.revoked_at is None):
+            return mine.revoked_at is not None
+        if mine.revoked_at is not None:
+            return False
+        return (mine.changed_at, self.digest) > (theirs.changed_at, other.digest)
+
+    def to_json(self) -> dict[str, Any]:
+        """As gateways pass it (`KeyRecord`)."""
+        return {
+            **self.key.to_json(),
+            "changed_at": self.key.changed_at,
+            "digest": self.digest.hex(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Record:
+        """A record as `to_json` wrote it (checked by the API's model on a node; a router
+        reads a node's answer through this alone). ValueError if it is not one."""
+        if not isinstance(data, dict):
+            raise ValueError("a key record is an object")
+        try:
+            quotas = data["quotas"]
+            texts = [data[f] for f in ("id", "name", "prefix", "created_at", "changed_at")]
+            rotated, revoked = data.get("rotated_at"), data.get("revoked_at")
+            found = bytes.fromhex(data["digest"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"a key record lacks {exc}") from None
+        if not all(isinstance(t, str) for t in texts) or not all(
+            t is None or isinstance(t, str) for t in (rotated, revoked)
+        ):
+            raise ValueError("a key record's fields are strings")
+        if not isinstance(quotas, dict) or len(found) != 32:
+            raise ValueError("a key record has quotas and a 32-byte digest")
+        key_id, name, shown, created, changed = texts
+        quota = Quotas.from_json(quotas)
+        return cls(Key(key_id, name, shown, created, rotated, revoked, quota, changed), found)
 
 
 def check_name(name: str) -> str:
@@ -102,8 +178,9 @@ def check_name(name: str) -> str:
 class KeyStore:
     """The keys in `path`, opened by `open()` (blocking: call it in a thread)."""
 
-    def __init__(self, path: Path, busy_timeout: float = 5.0) -> None:
-        """`busy_timeout`: how long a change waits for another process holding the file
+    def __init__(self, path: Path | None, busy_timeout: float = 5.0) -> None:
+        """`path` None: kept in memory only (a router's copy of its cluster's keys).
+        `busy_timeout`: how long a change waits for another process holding the file
         (`kernel-gateway keys` beside a running gateway) before it fails."""
         self.path = path
         self._busy_timeout = busy_timeout
@@ -111,6 +188,8 @@ class KeyStore:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="key-store")
         self._by_digest: dict[bytes, Key] = {}
         self._by_id: dict[str, Key] = {}
+        self._digests: dict[str, bytes] = {}  # every key's, revoked ones' too
+        self._version: str | None = None
         self._watchers: dict[str, list[Callable[[], None]]] = {}
         self._usage: dict[str, Usage] = {}
         self._unsaved: set[str] = set()
@@ -121,22 +200,28 @@ class KeyStore:
         self._writer.submit(self._open).result()
 
     def _open(self) -> None:
-        if self.path.exists():
+        if self.path is None or self.path.exists():
             self._connect()
             self._load()
 
     def _connect(self) -> None:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        db = sqlite3.connect(
-            self.path,
-            isolation_level=None,
-            check_same_thread=False,
-            timeout=self._busy_timeout,
-        )
-        self.path.chmod(0o600)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
+        if self.path is None:
+            db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        else:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            db = sqlite3.connect(
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self._busy_timeout,
+            )
+            self.path.chmod(0o600)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
         db.executescript(SCHEMA + USAGE_SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(keys)")}
+        if "changed_at" not in columns:  # a file from before clusters shared keys
+            db.execute("ALTER TABLE keys ADD COLUMN changed_at TEXT")
         self._db = db
 
     def reload(self) -> None:
@@ -146,26 +231,30 @@ class KeyStore:
 
     def _load(self) -> None:
         if self._db is None:
-            if not self.path.exists():
+            if self.path is not None and not self.path.exists():
                 return
             self._connect()
         assert self._db is not None
         rows = self._db.execute(
-            "SELECT id, name, shown, created_at, rotated_at, revoked_at, quotas, digest FROM keys"
+            "SELECT id, name, shown, created_at, rotated_at, revoked_at, quotas, changed_at, "
+            "digest FROM keys"
         ).fetchall()
         by_id: dict[str, Key] = {}
         by_digest: dict[bytes, Key] = {}
+        digests: dict[str, bytes] = {}
         for row in rows:
-            key = Key.from_row(row[:7])
+            key = Key.from_row(row[:8])
             by_id[key.id] = key
+            digests[key.id] = bytes(row[8])
             if key.revoked_at is None:
-                by_digest[bytes(row[7])] = key
+                by_digest[bytes(row[8])] = key
         gone = [
             k
             for k in self._by_id.values()
             if k.revoked_at is None and (k.id not in by_id or by_id[k.id].revoked_at is not None)
         ]
-        self._by_id, self._by_digest = by_id, by_digest
+        self._by_id, self._by_digest, self._digests = by_id, by_digest, digests
+        self._version = None
         columns = ", ".join(COLUMNS)
         for key_id, *values in self._db.execute(f"SELECT key_id, {columns} FROM usage"):
             if key_id not in self._unsaved:
@@ -264,6 +353,10 @@ class KeyStore:
             (k for k in self._by_id.values() if k.name == name and k.revoked_at is None), None
         )
 
+    def known(self, key_id: str) -> bool:
+        """Whether `key_id` is a key held here (live or revoked)."""
+        return key_id in self._by_id
+
     def live(self, key_id: str | None) -> bool:
         """Whether `key_id` is still a live key (the admin always is)."""
         if key_id is None:
@@ -289,46 +382,37 @@ class KeyStore:
     async def create(self, name: str, quotas: Quotas) -> tuple[Key, str]:
         check_name(name)
         secret = SECRET_PREFIX + secrets.token_hex(24)
-        key = Key(f"key_{uuid.uuid4().hex[:16]}", name, secret[:SHOWN], now(), None, None, quotas)
+        made = now()
+        key_id = f"key_{uuid.uuid4().hex[:16]}"
+        key = Key(key_id, name, secret[:SHOWN], made, None, None, quotas, made)
+        record = Record(key, digest(secret))
 
         def insert(db: sqlite3.Connection) -> None:
-            db.execute(
-                "INSERT INTO keys (id, name, digest, shown, created_at, quotas) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    key.id,
-                    name,
-                    digest(secret),
-                    key.shown,
-                    key.created_at,
-                    json.dumps(quotas.to_json()),
-                ),
-            )
+            _insert(db, record)
 
         try:
             await self._write(insert)
         except sqlite3.IntegrityError:
             raise Conflict(f"a live key is already named {name!r}") from None
-        self._by_id[key.id] = key
-        self._by_digest[digest(secret)] = key
+        self._hold(record)
         return key, secret
 
     async def rotate(self, key_id: str) -> tuple[Key, str]:
         """A new secret for the key; the old one stops working at once (open streams end)."""
         old = self._live(key_id)
         secret = SECRET_PREFIX + secrets.token_hex(24)
-        key = replace(old, shown=secret[:SHOWN], rotated_at=now())
+        at = now()
+        key = replace(old, shown=secret[:SHOWN], rotated_at=at, changed_at=at)
 
         def update(db: sqlite3.Connection) -> None:
             db.execute(
-                "UPDATE keys SET digest = ?, shown = ?, rotated_at = ? WHERE id = ?",
-                (digest(secret), key.shown, key.rotated_at, key_id),
+                "UPDATE keys SET digest = ?, shown = ?, rotated_at = ?, changed_at = ? "
+                "WHERE id = ?",
+                (digest(secret), key.shown, at, at, key_id),
             )
 
         await self._write(update)
-        self._forget_secret(key_id)
-        self._by_id[key_id] = key
-        self._by_digest[digest(secret)] = key
+        self._hold(Record(key, digest(secret)))
         self._tell(key_id)
         return key, secret
 
@@ -336,10 +420,13 @@ class KeyStore:
         """A new name for a live key (unique among live keys): its metrics and log lines
         use it from now on."""
         check_name(name)
-        key = replace(self._live(key_id), name=name)
+        key = replace(self._live(key_id), name=name, changed_at=now())
 
         def update(db: sqlite3.Connection) -> None:
-            db.execute("UPDATE keys SET name = ? WHERE id = ?", (name, key_id))
+            db.execute(
+                "UPDATE keys SET name = ?, changed_at = ? WHERE id = ?",
+                (name, key.changed_at, key_id),
+            )
 
         try:
             await self._write(update)
@@ -349,17 +436,15 @@ class KeyStore:
         return key
 
     def _replace(self, key: Key) -> None:
-        self._by_id[key.id] = key
-        for found, held in list(self._by_digest.items()):
-            if held.id == key.id:
-                self._by_digest[found] = key
+        self._hold(Record(key, self._digests[key.id]))
 
     async def set_quotas(self, key_id: str, quotas: Quotas) -> Key:
-        key = replace(self._live(key_id), quotas=quotas)
+        key = replace(self._live(key_id), quotas=quotas, changed_at=now())
 
         def update(db: sqlite3.Connection) -> None:
             db.execute(
-                "UPDATE keys SET quotas = ? WHERE id = ?", (json.dumps(quotas.to_json()), key_id)
+                "UPDATE keys SET quotas = ?, changed_at = ? WHERE id = ?",
+                (json.dumps(quotas.to_json()), key.changed_at, key_id),
             )
 
         await self._write(update)
@@ -367,16 +452,101 @@ class KeyStore:
         return key
 
     async def revoke(self, key_id: str) -> Key:
-        key = replace(self._live(key_id), revoked_at=now())
+        at = now()
+        key = replace(self._live(key_id), revoked_at=at, changed_at=at)
 
         def update(db: sqlite3.Connection) -> None:
-            db.execute("UPDATE keys SET revoked_at = ? WHERE id = ?", (key.revoked_at, key_id))
+            db.execute(
+                "UPDATE keys SET revoked_at = ?, changed_at = ? WHERE id = ?", (at, at, key_id)
+            )
 
         await self._write(update)
-        self._forget_secret(key_id)
-        self._by_id[key_id] = key
+        self._hold(Record(key, self._digests[key_id]))
         self._tell(key_id)
         return key
+
+    # -- a cluster's copies ----------------------------------------------------------------
+
+    def records(self) -> list[Record]:
+        """Every key (revoked ones too) with its secret's digest, for another replica."""
+        return [Record(k, self._digests[k.id]) for k in self.keys(revoked=True)]
+
+    @property
+    def version(self) -> str:
+        """A short digest of every key's last change: two replicas with the same version
+        hold the same keys (a router compares them to know which node needs what)."""
+        if self._version is None:
+            lines = sorted(
+                f"{k.id} {k.name} {k.changed_at} {k.revoked_at}" for k in self._by_id.values()
+            )
+            self._version = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+        return self._version
+
+    async def merge(self, records: Iterable[Record]) -> int:
+        """Take each record newer than what is held (`Record.newer_than`); returns how many
+        were taken. A key revoked or given a new secret by it stops working here at once."""
+        taken: dict[str, Record] = {}
+        for record in records:
+            held = self._record(record.key.id)
+            theirs = self._holder(record.digest)
+            if theirs is not None and theirs != record.key.id:
+                continue  # another key's digest: never (a 192-bit secret), but never merge it
+            if held is None or record.newer_than(held):
+                taken[record.key.id] = record
+        if not taken:
+            return 0
+        taken.update(self._renamed(taken))
+
+        def upsert(db: sqlite3.Connection) -> None:
+            marks = ", ".join("?" for _ in taken)
+            db.execute(f"DELETE FROM keys WHERE id IN ({marks})", list(taken))
+            for record in taken.values():
+                _insert(db, record)
+
+        await self._write(upsert)
+        for record in taken.values():
+            before = self._by_id.get(record.key.id)
+            was_live = before is not None and before.revoked_at is None
+            changed = self._digests.get(record.key.id) != record.digest
+            ended = record.key.revoked_at is not None or changed
+            self._hold(record)
+            if was_live and ended:
+                self._tell(record.key.id)
+        return len(taken)
+
+    def _record(self, key_id: str) -> Record | None:
+        key = self._by_id.get(key_id)
+        return None if key is None else Record(key, self._digests[key_id])
+
+    def _holder(self, found: bytes) -> str | None:
+        return next((k for k, d in self._digests.items() if d == found), None)
+
+    def _renamed(self, taken: dict[str, Record]) -> dict[str, Record]:
+        """The live keys that must change name for live names to stay unique once `taken`
+        is held: of two with one name, the later made (then the greater id)."""
+        after = {k.id: k for k in self._by_id.values()} | {i: r.key for i, r in taken.items()}
+        named: dict[str, list[Key]] = {}
+        for key in after.values():
+            if key.revoked_at is None:
+                named.setdefault(key.name, []).append(key)
+        renamed: dict[str, Record] = {}
+        for name, keys in named.items():
+            for key in sorted(keys, key=lambda k: (k.created_at, k.id))[1:]:
+                new = replace(key, name=f"{name[:57]}~{key.id[-6:]}")
+                found = taken.get(key.id) or self._record(key.id)
+                assert found is not None
+                renamed[key.id] = Record(new, found.digest)
+        return renamed
+
+    def _hold(self, record: Record) -> None:
+        """Hold `record` in memory (once written): its key by id, its digest if it is live."""
+        key = record.key
+        self._forget_secret(key.id)
+        self._by_id[key.id] = key
+        self._digests[key.id] = record.digest
+        if key.revoked_at is None:
+            self._by_digest[record.digest] = key
+        self._version = None
 
     def _live(self, key_id: str) -> Key:
         key = self.get(key_id)
@@ -408,3 +578,22 @@ class KeyStore:
 
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._writer, run)
+
+
+def _insert(db: sqlite3.Connection, record: Record) -> None:
+    key = record.key
+    db.execute(
+        "INSERT INTO keys (id, name, digest, shown, created_at, rotated_at, revoked_at, "
+        "quotas, changed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            key.id,
+            key.name,
+            record.digest,
+            key.shown,
+            key.created_at,
+            key.rotated_at,
+            key.revoked_at,
+            json.dumps(key.quotas.to_json()),
+            key.changed_at,
+        ),
+    )

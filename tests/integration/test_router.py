@@ -11,7 +11,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -191,6 +191,67 @@ def test_state_and_streams_through_alternating_routers(tmp_path: Path) -> None:
             assert c1.get("/sessions/a.b.c" + "d" * 300).status_code == 404
             assert c1.get("/sessions/a.b.c" + "d" * 300).status_code == 404
             assert c1.get("/sessions", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def _until(check: Callable[[], bool], what: str, seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_keys_made_anywhere_reach_every_node_and_router(tmp_path: Path) -> None:
+    """cluster/keys.py on one machine: a key made through one router is on every node when
+    the answer comes and works through the other router at once; its session quota holds
+    across nodes; a key made on one node alone (as E2B's `/api-keys` there does) reaches the
+    other node and every router within polls; a revocation through one router is refused
+    through the other; usage adds up the nodes'."""
+    with nodes(tmp_path, "n1", "n2") as gws:
+        addresses = [g.url.removeprefix("http://") for g in gws]
+        with (
+            router(tmp_path, addresses, *FAST, token=TOKEN, name="r1") as r1,
+            router(tmp_path, addresses, *FAST, token=TOKEN, name="r2") as r2,
+            r1.client() as admin,
+        ):
+            _wait_up(r1, 2)
+            _wait_up(r2, 2)
+            made = admin.post("/keys", json={"name": "agent", "quotas": {"max_sessions": 1}})
+            assert made.status_code == 201, made.text
+            key = made.json()
+            for gw in gws:
+                with gw.client() as direct:
+                    assert direct.get(f"/keys/{key['id']}").status_code == 200
+            bearer = {"Authorization": f"Bearer {key['secret']}"}
+            with httpx.Client(base_url=r2.url, headers=bearer, timeout=60) as c:
+                created = c.post("/sessions")
+                assert created.status_code == 201, created.text
+                sid = created.json()["id"]
+                assert created.json()["owner"] == key["id"]
+                refused = c.post("/sessions")  # the other node has room, the key has not
+                assert refused.status_code == 429, refused.text
+                assert refused.json()["error"]["type"] == "quota_exceeded"
+                assert execute(c, sid, "print(6 * 7)").stdout == "42\n"
+                assert c.post("/keys", json={"name": "x"}).status_code == 403
+            with gws[0].client() as direct:
+                alone = direct.post("/keys", json={"name": "made-on-n1"}).json()
+            with gws[1].client() as direct:
+                _until(
+                    lambda: direct.get(f"/keys/{alone['id']}").status_code == 200,
+                    "the key made on n1 reached n2",
+                )
+            with httpx.Client(
+                base_url=r1.url, headers={"Authorization": f"Bearer {alone['secret']}"}
+            ) as c:
+                assert c.get("/sessions").json()["sessions"] == []  # none of the other key's
+                assert c.get(f"/sessions/{sid}").status_code == 404
+            with r2.client() as admin2:
+                assert admin2.delete(f"/keys/{key['id']}").status_code == 204
+            with httpx.Client(base_url=r1.url, headers=bearer, timeout=60) as c:
+                assert c.get(f"/sessions/{sid}").status_code == 401
+            used = admin.get(f"/keys/{key['id']}/usage").json()
+            assert (used["sessions_created"], used["sessions_held"]) == (1, 1), used
+            versions = {httpx.get(g.url + "/health").json()["keys"] for g in gws}
+            assert len(versions) == 1
 
 
 def test_a_dead_node_loses_only_its_sessions(tmp_path: Path) -> None:

@@ -23,6 +23,11 @@ def written(path: Path) -> bytes:
     return b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
 
 
+def file_of(store: KeyStore) -> Path:
+    assert store.path is not None
+    return store.path
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[KeyStore]:
     keys = KeyStore(tmp_path / "keys.sqlite3")
@@ -39,9 +44,9 @@ async def test_a_key_is_kept_as_a_hash_and_resolves_to_its_principal(store: KeyS
     found = store.resolve(secret)
     assert found == Principal(key.id, "ci-agent", Quotas(max_sessions=3))
     assert store.resolve(secret + "x") is None and store.resolve("") is None
-    raw = await asyncio.to_thread(written, store.path)
+    raw = await asyncio.to_thread(written, file_of(store))
     assert secret.encode() not in raw and key.shown.encode() in raw  # its digest, not it
-    assert (store.path.stat().st_mode & 0o777) == 0o600
+    assert (file_of(store).stat().st_mode & 0o777) == 0o600
 
 
 async def test_no_file_is_made_until_the_first_key(tmp_path: Path) -> None:
@@ -49,9 +54,9 @@ async def test_no_file_is_made_until_the_first_key(tmp_path: Path) -> None:
     store.open()
     assert store.keys() == [] and not (tmp_path / "rt").exists()
     await store.create("first", Quotas())
-    assert store.path.exists()
+    assert file_of(store).exists()
     store.close()
-    assert sorted(p.name for p in store.path.parent.iterdir()) == ["keys.sqlite3"]
+    assert sorted(p.name for p in file_of(store).parent.iterdir()) == ["keys.sqlite3"]
 
 
 async def test_keys_survive_reopening_and_revocation_is_kept(tmp_path: Path) -> None:
@@ -115,7 +120,7 @@ async def test_a_failed_write_changes_nothing(tmp_path: Path) -> None:
     store.open()
     try:
         key, secret = await store.create("whole", Quotas())
-        other = sqlite3.connect(store.path, isolation_level=None)
+        other = sqlite3.connect(file_of(store), isolation_level=None)
         other.execute("BEGIN EXCLUSIVE")  # another process holds the file
         with pytest.raises(sqlite3.OperationalError, match="locked"):
             await store.revoke(key.id)
@@ -223,3 +228,144 @@ async def test_usage_is_counted_per_key_kept_and_shown_as_metrics(tmp_path: Path
             again.usage("key_nope")
     finally:
         again.close()
+
+
+# -- a cluster's copies (merged as its routers do: cluster/keys.py) ---------------------------
+
+
+async def exchange(*stores: KeyStore) -> None:
+    """Every store's records merged into every other, as a router's rounds do."""
+    everything = [r for s in stores for r in s.records()]
+    for store in stores:
+        await store.merge(everything)
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[KeyStore, KeyStore]]:
+    node, router = KeyStore(tmp_path / "keys.sqlite3"), KeyStore(None)
+    node.open()
+    router.open()
+    yield node, router
+    node.close()
+    router.close()
+
+
+async def test_a_key_made_on_one_copy_works_on_another_and_survives_there(
+    tmp_path: Path, pair: tuple[KeyStore, KeyStore]
+) -> None:
+    node, router = pair
+    key, secret = await router.create("agent", Quotas(max_sessions=2))
+    assert node.resolve(secret) is None and node.version != router.version
+    assert await node.merge(router.records()) == 1
+    assert node.resolve(secret) == router.resolve(secret) == key.principal
+    assert node.version == router.version
+    assert await node.merge(router.records()) == 0  # nothing newer: nothing written
+    node.close()
+    again = KeyStore(tmp_path / "keys.sqlite3")
+    again.open()
+    assert again.resolve(secret) == key.principal and again.version == router.version
+    again.close()
+
+
+async def test_a_revocation_is_final_and_ends_what_waits_on_the_key(
+    pair: tuple[KeyStore, KeyStore],
+) -> None:
+    node, router = pair
+    key, secret = await router.create("agent", Quotas())
+    await exchange(node, router)
+    told: list[str] = []
+    node.watch(key.id, lambda: told.append("revoked"))
+    await router.revoke(key.id)
+    later = await node.set_quotas(key.id, Quotas(max_sessions=9))  # after the revocation
+    assert later.changed_at >= str(router.get(key.id).revoked_at)
+    await exchange(node, router)
+    assert told == ["revoked"]
+    assert node.resolve(secret) is None and router.resolve(secret) is None
+    assert node.get(key.id).revoked_at == router.get(key.id).revoked_at is not None
+    assert node.version == router.version
+
+
+async def test_the_latest_change_wins_everywhere(pair: tuple[KeyStore, KeyStore]) -> None:
+    node, router = pair
+    key, _ = await node.create("agent", Quotas())
+    await exchange(node, router)
+    _, old_secret = await router.rotate(key.id)
+    await asyncio.sleep(0.002)  # changes are stamped to the millisecond
+    _, new_secret = await node.rotate(key.id)
+    await exchange(node, router)
+    for store in (node, router):
+        assert store.resolve(new_secret) is not None and store.resolve(old_secret) is None
+    assert node.version == router.version
+
+
+async def test_two_keys_made_at_once_under_one_name_are_told_apart_alike(
+    pair: tuple[KeyStore, KeyStore],
+) -> None:
+    node, router = pair
+    first, _ = await node.create("agent", Quotas())
+    await asyncio.sleep(0.002)
+    second, second_secret = await router.create("agent", Quotas())
+    await exchange(node, router)
+    for store in (node, router):
+        assert store.get(first.id).name == "agent"
+        assert store.get(second.id).name == f"agent~{second.id[-6:]}"
+        assert store.resolve(second_secret) is not None
+    assert node.version == router.version
+
+
+async def test_a_file_from_before_clusters_is_read_and_merged(tmp_path: Path) -> None:
+    path = tmp_path / "keys.sqlite3"
+    store = KeyStore(path)
+    store.open()
+    key, secret = await store.create("old", Quotas())
+    store.close()
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("ALTER TABLE keys DROP COLUMN changed_at")  # as the last release wrote it
+    db.close()
+    again = KeyStore(path)
+    again.open()
+    assert again.resolve(secret) == key.principal
+    assert again.get(key.id).changed_at == key.created_at
+    copy = KeyStore(None)
+    copy.open()
+    await copy.merge(again.records())
+    assert copy.resolve(secret) == key.principal and copy.version == again.version
+    again.close()
+    copy.close()
+
+
+async def test_the_admin_token_acts_for_a_key_a_router_names_and_nobody_else_can(
+    store: KeyStore,
+) -> None:
+    key, secret = await store.create("agent", Quotas(requests_per_minute=1))
+    seen: list[Principal] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(principal_of(scope))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def ask(credential: str, acting: str | None) -> int:
+        headers = [(b"authorization", f"Bearer {credential}".encode())]
+        if acting is not None:
+            headers.append((b"kernel-gateway-key", acting.encode()))
+        sent: list[Message] = []
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b""}
+
+        scope: Scope = {"type": "http", "path": "/sessions", "headers": headers}
+        await BearerAuth(app, Authenticator("admin-token", store))(scope, receive, send)
+        return int(sent[0]["status"])
+
+    # The router counted the key's rate: the node does not count it again.
+    assert [await ask("admin-token", key.id) for _ in range(3)] == [204, 204, 204]
+    assert seen == [key.principal] * 3
+    assert await ask(secret, "key_0000000000000000") == 204  # a key cannot act for another
+    assert seen[-1] == key.principal
+    assert await ask("admin-token", "key_0000000000000000") == 503  # not here yet: retry
+    await store.revoke(key.id)
+    assert await ask("admin-token", key.id) == 401

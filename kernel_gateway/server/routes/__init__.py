@@ -14,6 +14,7 @@ from kernel_gateway.protocols.e2b import routes as e2b
 from kernel_gateway.protocols.jupyter import routes as jupyter
 from kernel_gateway.protocols.mcp import routes as mcp
 from kernel_gateway.server.routes import (
+    cluster_keys,
     files,
     health,
     keys,
@@ -41,6 +42,7 @@ OPERATIONS: tuple[Operation, ...] = (
     *files.OPERATIONS,
     *templates.OPERATIONS,
     *keys.OPERATIONS,
+    *cluster_keys.OPERATIONS,
 )
 SURFACES: tuple[Surface, ...] = (
     web.SURFACE,

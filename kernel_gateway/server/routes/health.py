@@ -22,6 +22,7 @@ async def health(request: Request) -> JSONResponse[responses.Health]:
         "languages": list(registry.languages),
         "pool": registry.stats(),
         "stateless_mode": stateless["stateless_mode"],
+        "keys": request.state.keys.version,
     }
     if node := registry.settings.node_name:
         body["node"] = node

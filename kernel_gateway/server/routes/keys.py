@@ -24,13 +24,15 @@ from kernel_gateway.http.bodies import read_model
 from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.server.routes.fragments import JSON_BODY, LOCATION
+from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
 from kernel_gateway.shapes import key_requests, responses
+from kernel_gateway.tenants.key_json import key_json
 from kernel_gateway.tenants.keys import Key, KeyStore
 from kernel_gateway.tenants.principal import Quotas
 
 
-def _keys(request: Request) -> KeyStore:
+def key_store(request: Request) -> KeyStore:
     keys: KeyStore = request.state.keys
     return keys
 
@@ -40,7 +42,7 @@ def _settings(request: Request) -> Settings:
     return settings
 
 
-def _admin(request: Request, what: str) -> None:
+def admin_only(request: Request, what: str) -> None:
     if not principal_of(request).admin:
         raise Forbidden(f"only the admin token may {what}")
 
@@ -50,27 +52,11 @@ def _visible(request: Request) -> Key:
     key_id = request.path_params["key_id"]
     if not principal_of(request).sees(key_id):
         raise KeyNotFound(f"no key with id {key_id!r}")
-    return _keys(request).get(key_id)
+    return key_store(request).get(key_id)
 
 
 def quotas(asked: key_requests.Quotas) -> Quotas:
     return Quotas(asked.max_sessions, asked.max_stateless, asked.requests_per_minute)
-
-
-def key_json(key: Key) -> responses.KeyInfo:
-    return {
-        "id": key.id,
-        "name": key.name,
-        "prefix": key.shown,
-        "created_at": key.created_at,
-        "rotated_at": key.rotated_at,
-        "revoked_at": key.revoked_at,
-        "quotas": {
-            "max_sessions": key.quotas.max_sessions,
-            "max_stateless": key.quotas.max_stateless,
-            "requests_per_minute": key.quotas.requests_per_minute,
-        },
-    }
 
 
 def with_secret(key: Key, secret: str) -> responses.KeySecret:
@@ -78,10 +64,10 @@ def with_secret(key: Key, secret: str) -> responses.KeySecret:
 
 
 async def create(request: Request) -> JSONResponse[responses.KeySecret]:
-    _admin(request, "make keys")
+    admin_only(request, "make keys")
     settings = _settings(request)
     body = await read_model(request, key_requests.NewKey, settings.max_body_bytes, settings)
-    key, secret = await _keys(request).create(body.name, quotas(body.quotas))
+    key, secret = await key_store(request).create(body.name, quotas(body.quotas))
     return JSONResponse(
         with_secret(key, secret),
         status_code=201,
@@ -94,7 +80,7 @@ async def list_all(request: Request) -> JSONResponse[responses.KeyList]:
     if revoked not in ("true", "false"):
         raise BadRequest("revoked must be true or false")
     principal = principal_of(request)
-    found = _keys(request).keys(revoked=revoked == "true")
+    found = key_store(request).keys(revoked=revoked == "true")
     return JSONResponse({"keys": [key_json(k) for k in found if principal.sees(k.id)]})
 
 
@@ -104,19 +90,21 @@ async def get(request: Request) -> JSONResponse[responses.KeyInfo]:
 
 async def change(request: Request) -> JSONResponse[responses.KeyInfo]:
     key = _visible(request)
-    _admin(request, "change a key's quotas")
+    admin_only(request, "change a key's quotas")
     settings = _settings(request)
     body = await read_model(request, key_requests.KeyChange, settings.max_body_bytes, settings)
-    return JSONResponse(key_json(await _keys(request).set_quotas(key.id, quotas(body.quotas))))
+    return JSONResponse(key_json(await key_store(request).set_quotas(key.id, quotas(body.quotas))))
 
 
 async def rotate(request: Request) -> JSONResponse[responses.KeySecret]:
-    key, secret = await _keys(request).rotate(_visible(request).id)
+    key, secret = await key_store(request).rotate(_visible(request).id)
     return JSONResponse(with_secret(key, secret), headers={"Cache-Control": "no-store"})
 
 
 async def usage(request: Request) -> JSONResponse[responses.KeyUsage]:
-    used = _keys(request).usage(_visible(request).id)
+    key = _visible(request)
+    used = key_store(request).usage(key.id)
+    registry: Registry = request.state.registry
     return JSONResponse(
         {
             "sessions_created": used.sessions_created,
@@ -124,12 +112,13 @@ async def usage(request: Request) -> JSONResponse[responses.KeyUsage]:
             "kernel_seconds": round(used.kernel_seconds, 3),
             "cpu_seconds": round(used.cpu_seconds, 3),
             "peak_memory_bytes": used.peak_memory_bytes,
+            "sessions_held": registry.held_by(key.id),
         }
     )
 
 
 async def revoke(request: Request) -> Response:
-    await _keys(request).revoke(_visible(request).id)
+    await key_store(request).revoke(_visible(request).id)
     return Response(status_code=204)
 
 

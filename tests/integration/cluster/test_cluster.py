@@ -313,6 +313,84 @@ def test_stateless_requests_spread_over_nodes(cluster: Deployment) -> None:
     assert len(placed) >= 2, placed
 
 
+def _as_key(cluster: Deployment, router: Any, secret: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=cluster.url(router), headers={"Authorization": f"Bearer {secret}"}, timeout=60
+    )
+
+
+def test_a_key_made_through_one_router_works_through_every_other(cluster: Deployment) -> None:
+    """Made through one router, the key works through the others at once (no poll waited
+    for): it owns what it makes, sees nothing of another key's, its session quota holds
+    across the nodes, E2B's API takes it on any node, its usage adds up every node's, and
+    revoked through one router it is refused through all."""
+    routers = cluster.swarm.nodes
+    with cluster.client(routers[0]) as admin:
+        made = admin.post("/keys", json={"name": "team-a", "quotas": {"max_sessions": 2}})
+        assert made.status_code == 201, made.text
+        key = made.json()
+        other = admin.post("/keys", json={"name": "team-b"}).json()
+    mine: list[str] = []
+    sandbox = None
+    try:
+        for step, router in enumerate(routers):
+            with _as_key(cluster, router, key["secret"]) as c:
+                assert [k["id"] for k in c.get("/keys").json()["keys"]] == [key["id"]]
+                created = c.post("/sessions")
+                if step < 2:
+                    assert created.status_code == 201, created.text
+                    assert created.json()["owner"] == key["id"]
+                    mine.append(created.json()["id"])
+                else:  # its quota of 2, held on two nodes: counted across the cluster
+                    assert created.status_code == 429, created.text
+                    assert created.json()["error"]["type"] == "quota_exceeded"
+                listed = c.get("/sessions").json()["sessions"]
+                assert sorted(s["id"] for s in listed) == sorted(mine)
+                for sid in mine:
+                    assert _run(c, sid, "print(6 * 7)")["stdout"] == "42\n"
+        assert len({sid.partition(".")[0] for sid in mine}) == 2  # on two nodes
+        with _as_key(cluster, routers[1], other["secret"]) as c:
+            assert c.get("/sessions").json()["sessions"] == []
+            for sid in mine:
+                assert c.get(f"/sessions/{sid}").status_code == 404
+                assert c.post(f"/sessions/{sid}/execute", json={"code": "1"}).status_code == 404
+            assert c.get(f"/keys/{key['id']}").status_code == 404
+            assert c.post("/keys", json={"name": "mine-now"}).status_code == 403
+        # E2B's API: the node authenticates the key itself (it holds every key).
+        e2b = httpx.post(
+            cluster.url(routers[2]) + "/e2b/sandboxes",
+            json={"templateID": "code-interpreter-v1", "timeout": 60},
+            headers={"X-API-KEY": other["secret"]},
+            timeout=60,
+        )
+        assert e2b.status_code == 201, e2b.text
+        sandbox = e2b.json()["sandboxID"]
+        listed_e2b = httpx.get(
+            cluster.url(routers[0]) + "/e2b/v2/sandboxes",
+            headers={"X-API-KEY": key["secret"]},
+            timeout=60,
+        )
+        assert listed_e2b.status_code == 200 and sandbox not in listed_e2b.text
+        with cluster.client(routers[2]) as admin:
+            used = admin.get(f"/keys/{key['id']}/usage").json()
+            assert (used["sessions_created"], used["sessions_held"]) == (2, 2), used
+            assert admin.delete(f"/keys/{key['id']}").status_code == 204
+        for router in routers:  # at once, whichever router made the change
+            with _as_key(cluster, router, key["secret"]) as c:
+                assert c.get(f"/sessions/{mine[0]}").status_code == 401
+    finally:
+        with cluster.client(routers[0]) as admin:
+            for sid in mine:
+                admin.delete(f"/sessions/{sid}")
+            if sandbox is not None:
+                httpx.delete(
+                    cluster.url(routers[0]) + f"/e2b/sandboxes/{sandbox}",
+                    headers={"X-API-KEY": cluster.token},
+                    timeout=60,
+                )
+            admin.delete(f"/keys/{other['id']}")
+
+
 def test_streams_through_the_router_stay_live(
     cluster: Deployment, sessions: dict[str, str]
 ) -> None:
