@@ -21,10 +21,11 @@ never the raw path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -51,6 +52,43 @@ def bind(**ids: str | None) -> None:
         _context.set(MappingProxyType({**_context.get(), **update}))
 
 
+@contextlib.contextmanager
+def bound(**ids: str | None) -> Iterator[None]:
+    """`bind` for the block only: a background task's work on one session after another
+    (the reaper, the usage sampler) names each one in its lines."""
+    token = _context.set(_context.get())
+    bind(**ids)
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+KeyNamer = Callable[[str], str | None]
+"""A session id's owner's key name (`admin` for the admin's), or None if unknown."""
+_namers: list[KeyNamer] = []
+
+
+def name_keys(namer: KeyNamer) -> Callable[[], None]:
+    """Let lines about a session that name no key name its owner's (a gateway's registry
+    registers this while it runs); returns the call that stops it."""
+    _namers.append(namer)
+
+    def stop() -> None:
+        if namer in _namers:
+            _namers.remove(namer)
+
+    return stop
+
+
+def _key_of(session_id: str) -> str | None:
+    for namer in list(_namers):
+        name = namer(session_id)
+        if name is not None:
+            return name
+    return None
+
+
 def current() -> Mapping[str, str]:
     """The ids bound in the current context."""
     return _context.get()
@@ -65,6 +103,9 @@ class JSONFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         document.update(_context.get())
+        if "key" not in document and isinstance(sid := document.get("session_id"), str):
+            if (name := _key_of(sid)) is not None:
+                document["key"] = name  # a background line about a session: its owner's
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             document.update(fields)

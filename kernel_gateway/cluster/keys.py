@@ -40,7 +40,8 @@ from kernel_gateway.cluster.proxy import NodeUnreachable, Proxy
 from kernel_gateway.errors import GatewayError, NodeUnavailable, QuotaExceeded
 from kernel_gateway.http.bodies import read_body
 from kernel_gateway.http.responses import JSONResponse
-from kernel_gateway.tenants.keys import SECRET_LENGTH, SECRET_PREFIX, KeyStore, Record
+from kernel_gateway.tenants.key_records import Record
+from kernel_gateway.tenants.keys import SECRET_LENGTH, SECRET_PREFIX, KeyStore
 from kernel_gateway.tenants.principal import Principal
 
 logger = logging.getLogger("kernel_gateway.cluster")
@@ -243,6 +244,7 @@ USAGE_SUMMED = (
     "stateless_requests",
     "kernel_seconds",
     "cpu_seconds",
+    "egress_bytes",
     "sessions_held",
 )
 
@@ -285,7 +287,7 @@ async def usage(request: Request) -> Response:
     total: dict[str, Any] = {
         name: round(sum(float(a.get(name, 0)) for a in found), 3) for name in USAGE_SUMMED
     }
-    for name in ("sessions_created", "stateless_requests", "sessions_held"):
+    for name in ("sessions_created", "stateless_requests", "egress_bytes", "sessions_held"):
         total[name] = int(total[name])
     total["peak_memory_bytes"] = max(int(a.get("peak_memory_bytes", 0)) for a in found)
     missing = sorted(n.name for n, a in zip(up, answers, strict=True) if a is None)

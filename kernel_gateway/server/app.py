@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TypedDict
 import zmq.asyncio
 from starlette.applications import Starlette
 
+from kernel_gateway import logs
 from kernel_gateway.errors import BackendUnavailable
 from kernel_gateway.http.auth import Authenticator
 from kernel_gateway.http.errors import exception_handlers
@@ -39,6 +40,7 @@ from kernel_gateway.settings import Settings
 from kernel_gateway.templates.builtin import start_builtin
 from kernel_gateway.templates.service import Templates
 from kernel_gateway.tenants.keys import KeyStore
+from kernel_gateway.tenants.principal import ADMIN
 from kernel_gateway.tenants.usage import UsageCollector
 from kernel_gateway.types import JSON
 
@@ -109,6 +111,7 @@ def create_app(settings: Settings) -> Starlette:
         gauges: RegistryGauges | None = None
         templates: Templates | None = None
         usage: UsageSampler | None = None
+        unname: Callable[[], None] | None = None
         try:
             await asyncio.to_thread(keys.open)
             backend = await select_backend(settings, runtime)
@@ -156,6 +159,7 @@ def create_app(settings: Settings) -> Starlette:
                 node=settings.node_name or None,
             )
             await volumes.open()  # before adoption: adopted sessions' volumes are mounted
+            unname = logs.name_keys(functools.partial(owner_name, registry, keys))
             await durable.start(backend, runtime, registry)
             registry.start()
             gauges = RegistryGauges(registry)
@@ -192,6 +196,8 @@ def create_app(settings: Settings) -> Starlette:
         finally:
             if usage is not None:
                 await usage.close()
+            if unname is not None:
+                unname()
             if gauges is not None:
                 metrics.unregister(gauges)
             left = await durable.stop()  # kernels left running for the next gateway
@@ -218,3 +224,11 @@ def create_app(settings: Settings) -> Starlette:
     )
     app.state.lifecycle = durable  # its stop_requested is the server's on_stop (cli/main.py)
     return app
+
+
+def owner_name(registry: Registry, keys: KeyStore, session_id: str) -> str | None:
+    """The name of the key that owns session `session_id` (`admin`), for log lines about it."""
+    session = next((s for s in registry.sessions() if s.id == session_id), None)
+    if session is None:
+        return None
+    return ADMIN.name if session.owner is None else keys.name_of(session.owner)

@@ -46,6 +46,7 @@ import asyncio
 import logging
 import time
 
+from kernel_gateway import logs
 from kernel_gateway.kernels.backends.base import Backend, KernelProcess, SessionStorage
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
@@ -157,6 +158,7 @@ class DurableSessions:
         self, registry: Registry, record: SessionRecord, process: KernelProcess | None
     ) -> bool:
         assert self.store is not None
+        logs.bind(session_id=record.id, key=registry.quotas.principal(record.owner).name)
         warm = registry.pools.get(record.language)
         storage = SessionStorage(registry.warm.workspaces / record.storage, record.volume_mounts)
         kernel: Kernel | None = None

@@ -72,6 +72,13 @@ class SessionNetwork:
         self._metrics = metrics
         self._secret = secrets.token_urlsafe(24)
         self._relay: Relay | None = None
+        self._before = 0
+        """Bytes its closed relays passed (its earlier kernels')."""
+
+    @property
+    def transferred(self) -> int:
+        """Bytes its kernels sent and received through the proxy since it was opened."""
+        return self._before + (self._relay.transferred if self._relay is not None else 0)
 
     def to_json(self) -> dict[str, Any]:
         return {"allow": self.allow}
@@ -113,6 +120,7 @@ class SessionNetwork:
     async def _close_relay(self) -> None:
         relay, self._relay = self._relay, None
         if relay is not None:
+            self._before += relay.transferred
             await relay.close()
 
     def _observe(self, decision: Decision) -> None:

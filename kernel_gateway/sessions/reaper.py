@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import Protocol
 
+from kernel_gateway import logs
 from kernel_gateway.errors import GatewayError, SessionBusy, SessionNotFound
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
@@ -70,12 +71,13 @@ class IdleReaper:
         while True:
             await asyncio.sleep(min(30.0, max(0.5, shortest / 4)))
             for session in self._registry.sessions():
-                try:
-                    await self.reap(session)
-                except SessionNotFound:
-                    pass
-                except Exception:
-                    logger.exception("reaping idle session %s failed", session.id)
+                with logs.bound(session_id=session.id):  # its lines name it and its key
+                    try:
+                        await self.reap(session)
+                    except SessionNotFound:
+                        pass
+                    except Exception:
+                        logger.exception("reaping idle session %s failed", session.id)
 
     async def reap(self, session: Session) -> None:
         """Hibernate or remove `session` if it has been idle long enough."""

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from kernel_gateway import logs
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
 from kernel_gateway.shapes import responses
@@ -50,6 +51,7 @@ class UsageSink(Protocol):
         kernel_seconds: float = 0.0,
         cpu_seconds: float = 0.0,
         memory_bytes: int = 0,
+        egress_bytes: int = 0,
     ) -> None: ...
 
     async def save_usage(self) -> None: ...
@@ -87,6 +89,8 @@ class _Series:
     cpu_seconds: float
     taken: float
     """When `cpu_seconds` was read (monotonic)."""
+    egress_bytes: int = 0
+    """Its network's `transferred` when last read."""
 
 
 class UsageSampler:
@@ -142,10 +146,11 @@ class UsageSampler:
             for gone in [i for i in self._series if i not in alive]:
                 del self._series[gone]
             for session in sessions:
-                try:
-                    await self._sample(session)
-                except Exception:  # noqa: BLE001 - one session's failure stops no one's
-                    logger.exception("sampling session %s's usage failed", session.id)
+                with logs.bound(session_id=session.id):
+                    try:
+                        await self._sample(session)
+                    except Exception:  # noqa: BLE001 - one session's failure stops no one's
+                        logger.exception("sampling session %s's usage failed", session.id)
             if self._sink is not None:
                 try:
                     await self._sink.save_usage()
@@ -168,6 +173,7 @@ class UsageSampler:
                 kernel.id,
                 first.cpu_seconds,
                 time.monotonic(),
+                series.egress_bytes if series is not None else 0,  # its network's, counted
             )
             self._series[session.id] = series
             await asyncio.sleep(FIRST_SPAN)
@@ -179,12 +185,17 @@ class UsageSampler:
         seconds = max(now - series.taken, 1e-3)
         used = max(usage.cpu_seconds - series.cpu_seconds, 0.0)
         series.cpu_seconds, series.taken = usage.cpu_seconds, now
+        network = session.network
+        sent = network.transferred if network is not None else series.egress_bytes
+        egress = max(sent - series.egress_bytes, 0)
+        series.egress_bytes = sent
         if self._sink is not None:
             self._sink.count(
                 session.owner,
                 kernel_seconds=seconds,
                 cpu_seconds=used,
                 memory_bytes=max(usage.memory_bytes, 0),
+                egress_bytes=egress,
             )
         total, free = await asyncio.to_thread(_disk, session.slot.storage.files)
         disk_total = min(total, self.settings.workspace_size_bytes) or total

@@ -293,6 +293,10 @@ class KeyUsage(TypedDict):
     peak_memory_bytes: Annotated[
         Count, field(description="The most memory one of its kernels held at a sample.")
     ]
+    egress_bytes: Annotated[
+        Count,
+        field(description="Bytes its sessions sent and received through the egress proxy."),
+    ]
     sessions_held: Annotated[
         Count,
         field(description="Sessions (and their contexts) it holds now, against `max_sessions`."),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import cast
 
 from kernel_gateway.shapes import responses
-from kernel_gateway.tenants.keys import Key, Record
+from kernel_gateway.tenants.key_records import Key, Record
 
 
 def key_json(key: Key) -> responses.KeyInfo:

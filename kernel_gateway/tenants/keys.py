@@ -31,12 +31,13 @@ import sqlite3
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from kernel_gateway.errors import Conflict, InvalidRequest, KeyNotFound
+from kernel_gateway.tenants.key_records import Key, Record
 from kernel_gateway.tenants.principal import ADMIN_NAME, Principal, Quotas
 from kernel_gateway.tenants.usage import COLUMNS, USAGE_SCHEMA, Usage
 
@@ -70,98 +71,6 @@ def digest(secret: str) -> bytes:
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-@dataclass(frozen=True)
-class Key:
-    """A key as listed: everything but its secret."""
-
-    id: str
-    name: str
-    shown: str
-    created_at: str
-    rotated_at: str | None
-    revoked_at: str | None
-    quotas: Quotas
-    changed_at: str = ""
-    """Its last change (made, renamed, new quotas or secret, revoked): a replica keeps the
-    latest."""
-
-    @property
-    def principal(self) -> Principal:
-        return Principal(self.id, self.name, self.quotas)
-
-    def to_json(self) -> dict[str, Any]:
-        """As the API shows it (`KeyInfo`): `prefix` is its secret's first characters."""
-        return {
-            "id": self.id,
-            "name": self.name,
-            "prefix": self.shown,
-            "created_at": self.created_at,
-            "rotated_at": self.rotated_at,
-            "revoked_at": self.revoked_at,
-            "quotas": {
-                "max_sessions": self.quotas.max_sessions,
-                "max_stateless": self.quotas.max_stateless,
-                "requests_per_minute": self.quotas.requests_per_minute,
-            },
-        }
-
-    @classmethod
-    def from_row(cls, row: tuple[Any, ...]) -> Key:
-        key_id, name, shown, created, rotated, revoked, quotas, changed = row
-        quota = Quotas.from_json(json.loads(quotas))
-        last = changed or revoked or max(created, rotated or "")
-        return cls(key_id, name, shown, created, rotated, revoked, quota, last)
-
-
-@dataclass(frozen=True)
-class Record:
-    """A key as gateways of a cluster pass it to each other: with its secret's digest."""
-
-    key: Key
-    digest: bytes
-
-    def newer_than(self, other: Record) -> bool:
-        """Whether this word on the key replaces `other`: a revocation is final (the first
-        one stands), else the latest change wins (the digest breaks a tie)."""
-        mine, theirs = self.key, other.key
-        if (mine.revoked_at is None) != (theirs.revoked_at is None):
-            return mine.revoked_at is not None
-        if mine.revoked_at is not None:
-            return False
-        return (mine.changed_at, self.digest) > (theirs.changed_at, other.digest)
-
-    def to_json(self) -> dict[str, Any]:
-        """As gateways pass it (`KeyRecord`)."""
-        return {
-            **self.key.to_json(),
-            "changed_at": self.key.changed_at,
-            "digest": self.digest.hex(),
-        }
-
-    @classmethod
-    def from_json(cls, data: Any) -> Record:
-        """A record as `to_json` wrote it (checked by the API's model on a node; a router
-        reads a node's answer through this alone). ValueError if it is not one."""
-        if not isinstance(data, dict):
-            raise ValueError("a key record is an object")
-        try:
-            quotas = data["quotas"]
-            texts = [data[f] for f in ("id", "name", "prefix", "created_at", "changed_at")]
-            rotated, revoked = data.get("rotated_at"), data.get("revoked_at")
-            found = bytes.fromhex(data["digest"])
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"a key record lacks {exc}") from None
-        if not all(isinstance(t, str) for t in texts) or not all(
-            t is None or isinstance(t, str) for t in (rotated, revoked)
-        ):
-            raise ValueError("a key record's fields are strings")
-        if not isinstance(quotas, dict) or len(found) != 32:
-            raise ValueError("a key record has quotas and a 32-byte digest")
-        key_id, name, shown, created, changed = texts
-        quota = Quotas.from_json(quotas)
-        return cls(Key(key_id, name, shown, created, rotated, revoked, quota, changed), found)
 
 
 def check_name(name: str) -> str:
@@ -222,6 +131,9 @@ class KeyStore:
         columns = {row[1] for row in db.execute("PRAGMA table_info(keys)")}
         if "changed_at" not in columns:  # a file from before clusters shared keys
             db.execute("ALTER TABLE keys ADD COLUMN changed_at TEXT")
+        counted = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
+        for missing in [c for c in COLUMNS if c not in counted]:  # counted since it was made
+            db.execute(f"ALTER TABLE usage ADD COLUMN {missing} INTEGER NOT NULL DEFAULT 0")
         self._db = db
 
     def reload(self) -> None:
@@ -298,6 +210,7 @@ class KeyStore:
         kernel_seconds: float = 0.0,
         cpu_seconds: float = 0.0,
         memory_bytes: int = 0,
+        egress_bytes: int = 0,
     ) -> None:
         """Add to a key's usage (in memory; `save_usage` writes it). The admin's (None) and
         unknown keys' are not counted."""
@@ -309,6 +222,7 @@ class KeyStore:
         used.kernel_seconds += kernel_seconds
         used.cpu_seconds += cpu_seconds
         used.peak_memory_bytes = max(used.peak_memory_bytes, memory_bytes)
+        used.egress_bytes += egress_bytes
         self._unsaved.add(key_id)
 
     def usage(self, key_id: str) -> Usage:

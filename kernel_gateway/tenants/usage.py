@@ -6,6 +6,8 @@
     kernel_seconds       seconds its sessions' kernels ran (sampled every 5 s)
     cpu_seconds          CPU seconds they used (where the backend can tell: docker)
     peak_memory_bytes    the most memory one of its kernels held at a sample
+    egress_bytes         bytes its sessions sent and received through the egress proxy
+                         (allowlisted domains; sampled every 5 s)
 
 Counts are added in memory and written to `keys.sqlite3` (`usage` table) every few seconds
 and when the gateway stops, so a restart keeps them and a crash loses at most the last
@@ -28,7 +30,8 @@ CREATE TABLE IF NOT EXISTS usage (
     stateless_requests INTEGER NOT NULL DEFAULT 0,
     kernel_seconds REAL NOT NULL DEFAULT 0,
     cpu_seconds REAL NOT NULL DEFAULT 0,
-    peak_memory_bytes INTEGER NOT NULL DEFAULT 0
+    peak_memory_bytes INTEGER NOT NULL DEFAULT 0,
+    egress_bytes INTEGER NOT NULL DEFAULT 0
 );
 """
 
@@ -40,6 +43,7 @@ class Usage:
     kernel_seconds: float = 0.0
     cpu_seconds: float = 0.0
     peak_memory_bytes: int = 0
+    egress_bytes: int = 0
 
     def to_json(self) -> dict[str, float | int]:
         return asdict(self)
@@ -55,6 +59,7 @@ HELP = {
     "stateless_requests": "Stateless executions an API key ran.",
     "kernel_seconds": "Seconds an API key's session kernels ran.",
     "cpu_seconds": "CPU seconds an API key's session kernels used.",
+    "egress_bytes": "Bytes an API key's sessions sent and received through the egress proxy.",
 }
 
 

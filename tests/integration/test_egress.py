@@ -296,6 +296,45 @@ def test_a_session_reaches_what_it_is_allowed_and_nothing_else(
     assert metric(gw, "allowed") >= 3
 
 
+def test_what_a_keys_sessions_fetch_is_counted_in_its_usage(
+    gw: ServerThread, upstream: dict[str, str]
+) -> None:
+    """Egress bytes per API key: every byte through the session's relay, both ways, added
+    to its owner's usage at the next 5-second sample."""
+    made = httpx.post(f"{gw.url}/keys", json={"name": "egress-counted"})  # an open gateway
+    assert made.status_code == 201, made.text
+    key = made.json()
+    bearer = {"Authorization": f"Bearer {key['secret']}"}
+    answer = httpx.post(
+        f"{gw.url}/sessions",
+        json={"network": {"allow": ["allowed.test"]}},
+        headers=bearer,
+        timeout=120,
+    )
+    assert answer.status_code == 201 and answer.json()["owner"] == key["id"], answer.text
+    sid = answer.json()["id"]
+    code = (
+        "import requests\n"
+        "sizes = [len(requests.get('http://allowed.test/data.csv', timeout=10).content)"
+        " for _ in range(20)]\nprint(sum(sizes))"
+    )
+    with httpx.Client(base_url=gw.url, headers=bearer) as client:
+        result = collected(client, f"/sessions/{sid}/execute", {"code": code}, timeout=90)
+    assert result["status"] == "ok", result
+    fetched = int(result["stdout"])
+    deadline = time.monotonic() + 20
+    while True:
+        used = httpx.get(f"{gw.url}/keys/{key['id']}/usage").json()
+        if used["egress_bytes"] > fetched or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    # The bodies, their heads and the requests' (over plain HTTP: nothing hides them).
+    assert fetched + 20 * 100 < used["egress_bytes"] < fetched + 20 * 2000, (fetched, used)
+    metrics = httpx.get(f"{gw.url}/metrics").text
+    assert 'kernel_gateway_key_egress_bytes_total{key="egress-counted"}' in metrics
+    httpx.delete(f"{gw.url}/sessions/{sid}")
+
+
 def test_sessions_without_a_policy_or_with_another_one_reach_nothing_of_the_first(
     gw: ServerThread,
 ) -> None:

@@ -38,3 +38,45 @@ def test_a_record_is_one_json_line_with_the_bound_ids() -> None:
     )
     assert document["status"] == 200
     assert logs.current() == {}  # bound in the copied context only
+
+
+def test_a_line_about_a_session_names_its_key_however_it_was_bound() -> None:
+    owners = {"s1": "team-a", "s2": "admin"}
+    stop = logs.name_keys(owners.get)
+
+    def line(message: str) -> dict[str, object]:
+        record = logging.LogRecord("kernel_gateway.x", logging.INFO, __file__, 1, message, (), None)
+        document: dict[str, object] = json.loads(logs.JSONFormatter().format(record))
+        return document
+
+    def background() -> list[dict[str, object]]:
+        lines = []
+        for session_id in ("s1", "s2", "gone"):  # as the reaper walks the sessions
+            with logs.bound(session_id=session_id):
+                lines.append(line(f"about {session_id}"))
+        lines.append(line("about none"))
+        logs.bind(session_id="s1", key="renamed")  # a request's own key stands
+        lines.append(line("a request's"))
+        return lines
+
+    try:
+        found = contextvars.copy_context().run(background)
+    finally:
+        stop()
+    assert [(d.get("session_id"), d.get("key")) for d in found] == [
+        ("s1", "team-a"),
+        ("s2", "admin"),
+        ("gone", None),
+        (None, None),
+        ("s1", "renamed"),
+    ]
+    assert line_without_namers() is None
+
+
+def line_without_namers() -> object:
+    def emit() -> object:
+        logs.bind(session_id="s1")
+        record = logging.LogRecord("kernel_gateway.x", logging.INFO, __file__, 1, "m", (), None)
+        return json.loads(logs.JSONFormatter().format(record)).get("key")
+
+    return contextvars.copy_context().run(emit)

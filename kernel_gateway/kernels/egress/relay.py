@@ -74,6 +74,8 @@ class Relay:
         owner: str = "session",
     ) -> None:
         self.listen = listen
+        self.transferred = 0
+        """Bytes passed each way since it started (requests, answers, TLS: all of it)."""
         self.owner = owner
         """Whose allowlist a refusal names: a session's, or a template build's."""
         self._upstream = upstream
@@ -151,7 +153,7 @@ class Relay:
             return
         try:
             up_writer.write(self._with_credentials(head))
-            outgoing = asyncio.ensure_future(_pump(reader, up_writer))  # a body, or TLS
+            outgoing = asyncio.ensure_future(_pump(reader, up_writer, self))  # a body, or TLS
             try:
                 answer = await up_reader.readuntil(b"\r\n\r\n")
             except (asyncio.LimitOverrunError, asyncio.IncompleteReadError):
@@ -159,9 +161,10 @@ class Relay:
                 writer.write(_answer(502, "Bad Gateway", "the egress proxy gave no answer"))
                 outgoing.cancel()
                 return
+            self.transferred += len(head) + len(answer)  # as the kernel and squid sent them
             writer.write(self._decide(method, host, answer))
             await writer.drain()
-            await asyncio.gather(outgoing, _pump(up_reader, writer))
+            await asyncio.gather(outgoing, _pump(up_reader, writer, self))
         finally:
             with contextlib.suppress(OSError):
                 up_writer.close()
@@ -227,9 +230,13 @@ def _answer(code: int, reason: str, text: str) -> bytes:
     ).encode() + body
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pump(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, relay: Relay | None = None
+) -> None:
     try:
         while data := await reader.read(CHUNK):
+            if relay is not None:
+                relay.transferred += len(data)
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():

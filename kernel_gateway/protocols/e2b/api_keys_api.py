@@ -23,7 +23,8 @@ from kernel_gateway.errors import Forbidden, KeyNotFound
 from kernel_gateway.http.auth import principal_of
 from kernel_gateway.protocols.e2b.errors import SandboxError
 from kernel_gateway.protocols.e2b.replies import ControlHandler, Handler, guarded, json_body
-from kernel_gateway.tenants.keys import SECRET_LENGTH, SECRET_PREFIX, Key, KeyStore
+from kernel_gateway.tenants.key_records import Key
+from kernel_gateway.tenants.keys import SECRET_LENGTH, SECRET_PREFIX, KeyStore
 from kernel_gateway.tenants.principal import Quotas
 
 if TYPE_CHECKING:

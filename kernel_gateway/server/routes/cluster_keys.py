@@ -18,7 +18,8 @@ from kernel_gateway.server.routes.keys import admin_only, key_store
 from kernel_gateway.settings import Settings
 from kernel_gateway.shapes import key_requests, responses
 from kernel_gateway.tenants.key_json import record_json
-from kernel_gateway.tenants.keys import KeyStore, Record
+from kernel_gateway.tenants.key_records import Record
+from kernel_gateway.tenants.keys import KeyStore
 
 
 def records_json(keys: KeyStore) -> responses.KeyRecords:

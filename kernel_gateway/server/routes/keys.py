@@ -28,7 +28,8 @@ from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.settings import Settings
 from kernel_gateway.shapes import key_requests, responses
 from kernel_gateway.tenants.key_json import key_json
-from kernel_gateway.tenants.keys import Key, KeyStore
+from kernel_gateway.tenants.key_records import Key
+from kernel_gateway.tenants.keys import KeyStore
 from kernel_gateway.tenants.principal import Quotas
 
 
@@ -112,6 +113,7 @@ async def usage(request: Request) -> JSONResponse[responses.KeyUsage]:
             "kernel_seconds": round(used.kernel_seconds, 3),
             "cpu_seconds": round(used.cpu_seconds, 3),
             "peak_memory_bytes": used.peak_memory_bytes,
+            "egress_bytes": used.egress_bytes,
             "sessions_held": registry.held_by(key.id),
         }
     )
