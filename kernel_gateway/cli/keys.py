@@ -1,7 +1,8 @@
 """`kernel-gateway keys`: a running gateway's API keys (docs/keys.md), with its admin token.
 
     kernel-gateway keys create NAME [--max-sessions N] [--max-stateless N]
-                                    [--requests-per-minute N]   the key, its secret once
+                                    [--requests-per-minute N] [--cpus N]
+                                    [--memory SIZE]             the key, its secret once
     kernel-gateway keys list [--revoked]                        one key per line
     kernel-gateway keys show KEY_ID
     kernel-gateway keys quotas KEY_ID [--max-sessions N] ...   its quotas replaced
@@ -23,9 +24,10 @@ from typing import Any, TextIO
 
 from kernel_gateway.client import Client, ClientError
 from kernel_gateway.settings import add_arguments as add_settings_arguments
+from kernel_gateway.settings import values
 from kernel_gateway.settings.client import DEFAULT_URL, ClientSettings, client_settings
 
-QUOTAS = ("max_sessions", "max_stateless", "requests_per_minute")
+QUOTAS = ("max_sessions", "max_stateless", "requests_per_minute", "cpus", "memory_bytes")
 
 
 def _quota_flags(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +36,23 @@ def _quota_flags(parser: argparse.ArgumentParser) -> None:
         "--max-stateless", type=int, help="stateless executions running or waiting at once"
     )
     parser.add_argument("--requests-per-minute", type=int, help="requests of any kind a minute")
+    parser.add_argument(
+        "--cpus", type=float, help="CPUs for each of its kernels (at most the gateway's)"
+    )
+    parser.add_argument(
+        "--memory",
+        dest="memory_bytes",
+        type=_size,
+        metavar="SIZE",
+        help="memory for each of its kernels: 512m, 1g (at most the gateway's)",
+    )
+
+
+def _size(text: str) -> int:
+    try:
+        return values.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +100,7 @@ def _act(client: Client, args: argparse.Namespace) -> list[Any]:
     return []
 
 
-def _quotas(args: argparse.Namespace) -> dict[str, int | None]:
+def _quotas(args: argparse.Namespace) -> dict[str, float | int | None]:
     return {name: getattr(args, name) for name in QUOTAS}
 
 

@@ -190,9 +190,10 @@ class AsyncClient(BaseClient):
 
     # -- API keys (the admin token's; a key sees and rotates itself) ------------------------
 
-    async def create_key(self, name: str, **quotas: int | None) -> dict[str, Any]:
+    async def create_key(self, name: str, **quotas: float | None) -> dict[str, Any]:
         """A new API key with its quotas (`max_sessions`, `max_stateless`,
-        `requests_per_minute`); its `secret` is in this answer only."""
+        `requests_per_minute`, `cpus` and `memory_bytes` per kernel); its `secret` is in this
+        answer only."""
         return await self._send(self._create_key(name, quotas))
 
     async def keys(self, revoked: bool = False) -> list[dict[str, Any]]:
@@ -202,7 +203,7 @@ class AsyncClient(BaseClient):
     async def key(self, key_id: str) -> dict[str, Any]:
         return await self._send(self._key(key_id))
 
-    async def change_key(self, key_id: str, **quotas: int | None) -> dict[str, Any]:
+    async def change_key(self, key_id: str, **quotas: float | None) -> dict[str, Any]:
         """Replace a key's quotas (those not given: none of its own)."""
         return await self._send(self._change_key(key_id, quotas))
 

@@ -355,7 +355,7 @@ class BaseClient:
         return Call("POST", "/volumes", json_object, json=body)
 
     @staticmethod
-    def _create_key(name: str, quotas: dict[str, int | None]) -> Call[dict[str, Any]]:
+    def _create_key(name: str, quotas: dict[str, float | None]) -> Call[dict[str, Any]]:
         return Call("POST", "/keys", json_object, json={"name": name, "quotas": quotas})
 
     @staticmethod
@@ -367,7 +367,7 @@ class BaseClient:
         return Call("GET", f"/keys/{quote(key_id, safe='')}", json_object)
 
     @staticmethod
-    def _change_key(key_id: str, quotas: dict[str, int | None]) -> Call[dict[str, Any]]:
+    def _change_key(key_id: str, quotas: dict[str, float | None]) -> Call[dict[str, Any]]:
         path = f"/keys/{quote(key_id, safe='')}"
         return Call("PATCH", path, json_object, json={"quotas": quotas})
 

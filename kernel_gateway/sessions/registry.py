@@ -54,6 +54,7 @@ from kernel_gateway.sessions import network_policy
 from kernel_gateway.sessions.execution import Execution
 from kernel_gateway.sessions.files import SessionFiles
 from kernel_gateway.sessions.hibernation import Hibernator
+from kernel_gateway.sessions.kernel_limits import limited, limiter
 from kernel_gateway.sessions.kernel_slot import KernelSlot
 from kernel_gateway.sessions.key_quotas import KeyQuotas
 from kernel_gateway.sessions.persistence import SessionRecord, SessionStore
@@ -108,8 +109,7 @@ class Registry:
         self.instance = instance
         """This gateway's id; its kernel containers carry it as a label."""
         self.store: SessionStore | None = None
-        """Where sessions are recorded for a successor (given by `DurableSessions.start`);
-        None when they die with the gateway."""
+        """Where sessions are recorded for a successor (None: they die with the gateway)."""
         self.draining = False
         self._sessions: dict[str, Session] = {}
         self._lost: dict[str, tuple[str, str | None]] = {}
@@ -124,8 +124,7 @@ class Registry:
         self._tasks = TaskSet()
         snapshots = Snapshots(warm.workspaces.parent / "snapshots", settings.snapshot_timeout)
         self.hibernator = Hibernator(warm, snapshots, warm.metrics)
-        """Hibernates and resumes Python sessions (on demand, and idle ones with
-        `--hibernate-after`)."""
+        """Hibernates and resumes Python sessions (on demand, idle ones: --hibernate-after)."""
         self.hibernator.flush = self._flush
         self.hibernator.pool_of = self._pool_of
         self.reaper = IdleReaper(self, settings)
@@ -182,8 +181,7 @@ class Registry:
     # -- the steps of a durable stop and start (sessions/durable.py) ------------------------
 
     def stop_taking_work(self) -> None:
-        """Refuse new sessions and cells (503 `shutting_down`); cells that run are left to
-        run (and never abandoned)."""
+        """Refuse new sessions and cells (503 `shutting_down`); running cells run on."""
         self.draining = True
         for session in self._sessions.values():
             session.drain()
@@ -202,8 +200,7 @@ class Registry:
         await self.reaper.stop()
 
     def forget(self, sessions: list[Session]) -> None:
-        """Drop `sessions` without closing them or releasing their kernels: those are no
-        longer this gateway's (they were suspended for a successor)."""
+        """Drop `sessions`, neither closed nor released: a successor's now (suspended)."""
         for session in sessions:
             if self._sessions.get(session.id) is session:
                 del self._sessions[session.id]
@@ -213,7 +210,7 @@ class Registry:
         """A session a predecessor persisted, on its adopted kernel, taking up at `record`
         (its network policy too: without the proxy, its kernel reaches nothing)."""
         pool, template = self.template_pools.recorded(record)
-        session = self._session_on(
+        session = await self._session_on(
             lease,
             ephemeral=False,
             id=record.id,
@@ -236,7 +233,7 @@ class Registry:
         resumes onto `storage` when next called."""
         template_pool, template = self.template_pools.recorded(record)
         pool = template_pool or self.pools[record.language]
-        session = self._session_on(
+        session = await self._session_on(
             KernelLess(storage, pool),
             ephemeral=False,
             id=record.id,
@@ -323,7 +320,7 @@ class Registry:
             lease = await (pool.acquire_mounting(mounts) if mounts else pool.acquire())
         finally:
             self._reserved -= 1
-        session = self._session_on(
+        session = await self._session_on(
             lease,
             ephemeral=False,
             language=pool.language.name,
@@ -418,7 +415,7 @@ class Registry:
         if self._sessions.get(owner_id) is not owner:  # deleted while the kernel started
             await lease.kernel.close()
             raise self._missing(owner_id, viewer)
-        session = self._session_on(
+        session = await self._session_on(
             lease,
             ephemeral=False,
             language=pool.language.name,
@@ -476,10 +473,10 @@ class Registry:
             return self.template_pools.for_reference(template, language, owner)
         return self.pool(language), None
 
-    def ephemeral_session(
+    async def ephemeral_session(
         self, lease: Lease, pool: WarmPool, template: TemplateRef | None, owner: str | None
     ) -> Session:
-        return self._session_on(
+        return await self._session_on(
             lease,
             ephemeral=True,
             language=pool.language.name,
@@ -501,7 +498,7 @@ class Registry:
         node = self.settings.node_name
         return f"{node}.{uuid.uuid4().hex}" if node else uuid.uuid4().hex
 
-    def _session_on(
+    async def _session_on(
         self,
         lease: Lease,
         *,
@@ -549,6 +546,9 @@ class Registry:
 
         slot.on_replace = replaced
         self._leases[session] = lease
+        limit = limiter(self.quotas.principal(owner).quotas)  # its key's, but stateless
+        if limit is not None and not ephemeral:  # (those share the fork servers' limits)
+            await limited(slot, limit, lambda: self._close(session))
         return session
 
     def _pool_of(self, sleeper: object) -> WarmPool:

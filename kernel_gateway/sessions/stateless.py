@@ -45,7 +45,7 @@ class Host(Protocol):
         self, language: str | None, template: str | None, owner: Principal
     ) -> tuple[WarmPool, TemplateRef | None]: ...
 
-    def ephemeral_session(
+    async def ephemeral_session(
         self, lease: Lease, pool: WarmPool, template: TemplateRef | None, owner: str | None
     ) -> Session: ...
 
@@ -109,7 +109,7 @@ class StatelessRuns:
             raise
         finally:
             self._reserved -= 1
-        session = host.ephemeral_session(lease, pool, ref, owner.key_id)
+        session = await host.ephemeral_session(lease, pool, ref, owner.key_id)
         self._running.add(session)
         try:
             if allow:

@@ -9,6 +9,9 @@ from pydantic import BeforeValidator, Field
 
 from kernel_gateway.shapes.requests import RequestModel, whole
 
+MIN_MEMORY = 64 * 1024 * 1024
+"""The least memory a key's kernels may be given: a Python kernel needs about this."""
+
 
 class Quotas(RequestModel):
     """What one API key may hold and ask; an absent or null field has no quota of its own
@@ -38,6 +41,25 @@ class Quotas(RequestModel):
             ge=1,
             description="Requests of any kind a minute (a burst of this many, then evenly); "
             "past it, 429 `rate_limited` with `Retry-After`.",
+        ),
+        BeforeValidator(whole),
+    ] = None
+
+    cpus: Annotated[
+        float | None,
+        Field(
+            ge=0.01,
+            allow_inf_nan=False,
+            description="CPUs for each of its kernels (sessions, sandboxes, their contexts): "
+            "at most the gateway's `--cpu-limit`, which applies without it.",
+        ),
+    ] = None
+    memory_bytes: Annotated[
+        int | None,
+        Field(
+            ge=MIN_MEMORY,
+            description="Memory in bytes for each of its kernels, swap none: at most the "
+            "gateway's `--memory-limit`, which applies without it.",
         ),
         BeforeValidator(whole),
     ] = None

@@ -244,6 +244,8 @@ class KeyQuotas(TypedDict):
         Count | None, field(description="Stateless requests running or waiting at once.")
     ]
     requests_per_minute: Annotated[Count | None, field(description="Requests a minute.")]
+    cpus: Annotated[float | None, field(description="CPUs for each of its kernels.")]
+    memory_bytes: Annotated[Count | None, field(description="Memory for each of its kernels.")]
 
 
 @closed

@@ -43,6 +43,8 @@ class Key:
                 "max_sessions": self.quotas.max_sessions,
                 "max_stateless": self.quotas.max_stateless,
                 "requests_per_minute": self.quotas.requests_per_minute,
+                "cpus": self.quotas.cpus,
+                "memory_bytes": self.quotas.memory_bytes,
             },
         }
 

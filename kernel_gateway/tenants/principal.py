@@ -25,6 +25,10 @@ class Quotas:
     """Stateless requests (`POST /execute`) running or waiting at once."""
     requests_per_minute: int | None = None
     """Requests of any kind; past it, 429 with `Retry-After`."""
+    cpus: float | None = None
+    """CPUs for each of its kernels, at most the gateway's `--cpu-limit`."""
+    memory_bytes: int | None = None
+    """Memory for each of its kernels, at most the gateway's `--memory-limit`."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.api import collected
 from tests.support.backends import require_backend, settings_for
 from tests.support.server import ServerFactory, ServerThread
 
@@ -50,7 +51,7 @@ def admin(server: ServerThread) -> Iterator[httpx.Client]:
         yield c
 
 
-def new_key(admin: httpx.Client, name: str, **quotas: int) -> dict[str, Any]:
+def new_key(admin: httpx.Client, name: str, **quotas: float) -> dict[str, Any]:
     made = admin.post("/keys", json={"name": name, "quotas": quotas})
     assert made.status_code == 201, made.text
     assert made.headers["cache-control"] == "no-store"
@@ -225,6 +226,70 @@ def test_a_key_past_its_quota_is_refused_and_another_key_is_not(
         assert 1 <= int(third.headers["retry-after"]) <= 30
     for s in admin.get("/sessions").json()["sessions"]:
         admin.delete(f"/sessions/{s['id']}")
+
+
+CGROUP_LIMITS = (
+    "import pathlib\n"
+    "def read(*names):\n"
+    "    for name in names:\n"
+    "        p = pathlib.Path('/sys/fs/cgroup', name)\n"
+    "        if p.exists(): return p.read_text().split()\n"
+    "mem = read('memory/memory.limit_in_bytes', 'memory.max')[0]\n"
+    "cpu = read('cpu/cpu.cfs_quota_us', 'cpu.max')[0]\n"
+    "print(mem, cpu)"
+)
+
+
+def test_a_keys_kernels_get_its_cpu_and_memory_within_the_gateways(
+    server: ServerThread, admin: httpx.Client
+) -> None:
+    """`cpus` and `memory_bytes` per kernel: set on its first kernel and on the one after a
+    restart, enforced (a cell past the memory dies, the session lives on), never above the
+    gateway's own limits (422), and not on another key's kernels."""
+    over = admin.post("/keys", json={"name": "greedy", "quotas": {"cpus": 64}})
+    assert over.status_code == 422 and "--cpu-limit" in over.json()["error"]["message"]
+    over = admin.post("/keys", json={"name": "greedy", "quotas": {"memory_bytes": 2**50}})
+    assert over.status_code == 422 and "--memory-limit" in over.json()["error"]["message"]
+    small = new_key(admin, "small-kernels", cpus=0.5, memory_bytes=256 * 2**20)
+    assert small["quotas"]["cpus"] == 0.5 and small["quotas"]["memory_bytes"] == 256 * 2**20
+    other = new_key(admin, "gateway-kernels")
+    with client(server, small["secret"]) as s, client(server, other["secret"]) as o:
+        sid = s.post("/sessions").json()["id"]
+        shown = collected(s, f"/sessions/{sid}/execute", {"code": CGROUP_LIMITS})["stdout"]
+        assert shown.split() == [str(256 * 2**20), "50000"], shown
+        metrics = s.get(f"/sessions/{sid}/metrics").json()
+        assert metrics["metrics"][-1]["mem_total"] == 256 * 2**20, metrics
+        grown = collected(
+            s,
+            f"/sessions/{sid}/execute",
+            {"code": "x = bytearray(400 * 2**20); x[::4096] = b'1' * len(x[::4096])"},
+        )
+        assert grown["status"] != "ok", grown  # its kernel was killed at the key's limit
+        assert s.post(f"/sessions/{sid}/restart").status_code == 200
+        again = collected(s, f"/sessions/{sid}/execute", {"code": CGROUP_LIMITS})["stdout"]
+        assert again.split() == [str(256 * 2**20), "50000"], again  # the new kernel too
+        theirs = o.post("/sessions").json()["id"]
+        unlimited = collected(o, f"/sessions/{theirs}/execute", {"code": CGROUP_LIMITS})
+        assert unlimited["stdout"].split() == [str(2**30), "100000"], unlimited
+        for held in (s, sid), (o, theirs):
+            held[0].delete(f"/sessions/{held[1]}")
+
+
+def test_under_gvisor_a_keys_memory_holds_its_whole_sandbox(servers: ServerFactory) -> None:
+    """runsc takes no `docker update`: the limits are written in the sandbox's cgroup, which
+    holds the whole sandbox (the kernel sees no cgroup of its own)."""
+    gvisor = servers("gvisor", pool_size=1, max_sessions=2)
+    with httpx.Client(base_url=gvisor.url, timeout=60) as open_gateway:
+        made = open_gateway.post("/keys", json={"name": "boxed", "quotas": {"memory_bytes": 2**28}})
+        assert made.status_code == 201, made.text
+    with client(gvisor, made.json()["secret"]) as c:
+        sid = c.post("/sessions").json()["id"]
+        metrics = c.get(f"/sessions/{sid}/metrics").json()["metrics"]
+        assert metrics[-1]["mem_total"] == 2**28, metrics
+        grown = collected(c, f"/sessions/{sid}/execute", {"code": "x = b'1' * (400 * 2**20)"})
+        assert grown["status"] != "ok", grown
+        assert collected(c, f"/sessions/{sid}/execute", {"code": "1 + 1"})["status"] == "ok"
+        c.delete(f"/sessions/{sid}")
 
 
 def test_revoking_a_key_ends_its_open_stream_at_once(

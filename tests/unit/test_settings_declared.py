@@ -57,7 +57,6 @@ EXTERNAL_FLAGS = {
     "--no-install-recommends",  # apt-get install
     "--variant",  # debootstrap --variant=minbase
     "--sparse",  # cp --sparse
-    "--cpus",  # docker run --cpus
     "--host-uds",  # runsc (gVisor) --host-uds=all
     "--data-binary",  # curl --data-binary
     "--config-file",  # st (Schemathesis) --config-file

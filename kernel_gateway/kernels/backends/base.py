@@ -130,6 +130,12 @@ class KernelProcess(abc.ABC):
         Raises only `KernelUnavailable` (also where a backend cannot do it)."""
         raise KernelUnavailable("commands beside a kernel need the docker backend")
 
+    async def limit(self, cpus: float | None, memory_bytes: int | None) -> bool:
+        """Lower its sandbox's CPU and memory limits to these (None: as they are), below the
+        operator's (an API key's quotas); False where the backend cannot (the local one).
+        Raises KernelUnavailable when it could not be done."""
+        return False
+
     async def usage(self) -> Usage | None:
         """Its sandbox's CPU time and memory now (sandbox metrics); None where the backend
         cannot tell, or once it has ended."""

@@ -111,6 +111,24 @@ class DockerKernel(KernelProcess):
         await command.start(argv, env, cwd, stdin, terminal)
         return command
 
+    async def limit(self, cpus: float | None, memory_bytes: int | None) -> bool:
+        """See `KernelProcess` (docker_usage.py: the engine's update, else its cgroup)."""
+        from kernel_gateway.kernels.backends.docker_usage import limit_container
+
+        if self._exit.done():
+            raise KernelUnavailable("the kernel's container has ended")
+        backend = self._backend
+        try:
+            if self._container_id is None:
+                found = await backend.call(backend.client.api.inspect_container, self.name)
+                self._container_id = str(found["Id"])
+            await backend.call(
+                limit_container, backend.client, self._container_id, cpus, memory_bytes
+            )
+        except (docker.errors.DockerException, OSError, KeyError, ValueError) as exc:
+            raise KernelUnavailable(f"the kernel's limits could not be lowered: {exc}") from exc
+        return True
+
     async def usage(self) -> Usage | None:
         """See `KernelProcess` (docker_usage.py: its cgroup, else the engine's stats)."""
         from kernel_gateway.kernels.backends.docker_usage import read_usage

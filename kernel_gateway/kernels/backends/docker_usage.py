@@ -1,6 +1,8 @@
 """A kernel container's CPU time and memory, read from its cgroup (cheap: a few small files)
 where Docker's cgroupfs driver puts it on this host (v1 or v2), else from the engine's stats
-(`one-shot`: a single sample, no wait). Blocks: call it in the backend's threads."""
+(`one-shot`: a single sample, no wait); and its limits lowered (an API key's quotas): by the
+engine (`docker update`), else, where the runtime does not take updates (gVisor's runsc),
+in its cgroup, which holds the whole sandbox. Blocks: call it in the backend's threads."""
 
 from __future__ import annotations
 
@@ -51,6 +53,59 @@ def _from_cgroup(container_id: str, limit: int) -> Usage | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+CPU_PERIOD = 100_000
+"""Microseconds of the CFS period a CPU quota is a share of (Docker's own)."""
+
+
+def limit_container(
+    client: docker.DockerClient, container_id: str, cpus: float | None, memory: int | None
+) -> None:
+    """Lower `container_id`'s limits to `cpus` and `memory` bytes (swap: none, as at start)."""
+    update: dict[str, int] = {}
+    if cpus is not None:
+        update["NanoCpus"] = int(cpus * 1e9)
+    if memory is not None:
+        update["Memory"] = update["MemorySwap"] = memory
+    if not update:
+        return
+    api: Any = client.api  # docker-py's update_container has no NanoCpus: its own POST
+    try:
+        url = api._url("/containers/{0}/update", container_id)
+        api._raise_for_status(api._post_json(url, data=update))
+        return
+    except docker.errors.APIError:
+        if not _limit_cgroup(container_id, cpus, memory):
+            raise
+
+
+def _limit_cgroup(container_id: str, cpus: float | None, memory: int | None) -> bool:
+    """The same, written in its cgroup (v1 or v2); False if it has none here."""
+    quota = int(cpus * CPU_PERIOD) if cpus is not None else None
+    v1 = CGROUP / "memory" / "docker" / container_id
+    if v1.is_dir():
+        if memory is not None:
+            swap = v1 / "memory.memsw.limit_in_bytes"
+            # Lowering: the memory limit first (memory+swap may never be below it).
+            (v1 / "memory.limit_in_bytes").write_text(str(memory))
+            if swap.exists():
+                swap.write_text(str(memory))
+        if quota is not None:
+            cpu = CGROUP / "cpu" / "docker" / container_id
+            (cpu / "cpu.cfs_period_us").write_text(str(CPU_PERIOD))
+            (cpu / "cpu.cfs_quota_us").write_text(str(quota))
+        return True
+    v2 = CGROUP / "docker" / container_id
+    if v2.is_dir():
+        if memory is not None:
+            (v2 / "memory.max").write_text(str(memory))
+            if (v2 / "memory.swap.max").exists():
+                (v2 / "memory.swap.max").write_text("0")
+        if quota is not None:
+            (v2 / "cpu.max").write_text(f"{quota} {CPU_PERIOD}")
+        return True
+    return False
 
 
 def _fields(path: Path) -> dict[str, int]:

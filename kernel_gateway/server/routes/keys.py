@@ -18,7 +18,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kernel_gateway.errors import BadRequest, Forbidden, KeyNotFound
+from kernel_gateway.errors import BadRequest, Forbidden, InvalidRequest, KeyNotFound
 from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.bodies import read_model
 from kernel_gateway.http.operations import Body, Operation, Reply
@@ -56,8 +56,25 @@ def _visible(request: Request) -> Key:
     return key_store(request).get(key_id)
 
 
-def quotas(asked: key_requests.Quotas) -> Quotas:
-    return Quotas(asked.max_sessions, asked.max_stateless, asked.requests_per_minute)
+def quotas(asked: key_requests.Quotas, settings: Settings) -> Quotas:
+    """The quotas asked for, within the gateway's own limits per kernel."""
+    if asked.cpus is not None and asked.cpus > settings.cpu_limit:
+        raise InvalidRequest(
+            f"cpus {asked.cpus:g} is over the gateway's --cpu-limit ({settings.cpu_limit:g})"
+        )
+    ceiling = settings.memory_limit_bytes
+    if asked.memory_bytes is not None and asked.memory_bytes > ceiling:
+        raise InvalidRequest(
+            f"memory_bytes {asked.memory_bytes} is over the gateway's --memory-limit "
+            f"({settings.memory_limit}: {ceiling} bytes)"
+        )
+    return Quotas(
+        asked.max_sessions,
+        asked.max_stateless,
+        asked.requests_per_minute,
+        asked.cpus,
+        asked.memory_bytes,
+    )
 
 
 def with_secret(key: Key, secret: str) -> responses.KeySecret:
@@ -68,7 +85,7 @@ async def create(request: Request) -> JSONResponse[responses.KeySecret]:
     admin_only(request, "make keys")
     settings = _settings(request)
     body = await read_model(request, key_requests.NewKey, settings.max_body_bytes, settings)
-    key, secret = await key_store(request).create(body.name, quotas(body.quotas))
+    key, secret = await key_store(request).create(body.name, quotas(body.quotas, settings))
     return JSONResponse(
         with_secret(key, secret),
         status_code=201,
@@ -94,7 +111,9 @@ async def change(request: Request) -> JSONResponse[responses.KeyInfo]:
     admin_only(request, "change a key's quotas")
     settings = _settings(request)
     body = await read_model(request, key_requests.KeyChange, settings.max_body_bytes, settings)
-    return JSONResponse(key_json(await key_store(request).set_quotas(key.id, quotas(body.quotas))))
+    return JSONResponse(
+        key_json(await key_store(request).set_quotas(key.id, quotas(body.quotas, settings)))
+    )
 
 
 async def rotate(request: Request) -> JSONResponse[responses.KeySecret]:
