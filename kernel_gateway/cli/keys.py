@@ -2,7 +2,8 @@
 
     kernel-gateway keys create NAME [--max-sessions N] [--max-stateless N]
                                     [--requests-per-minute N] [--cpus N]
-                                    [--memory SIZE]             the key, its secret once
+                                    [--memory SIZE] [--disk SIZE]
+                                    [--total-disk SIZE]         the key, its secret once
     kernel-gateway keys list [--revoked]                        one key per line
     kernel-gateway keys show KEY_ID
     kernel-gateway keys quotas KEY_ID [--max-sessions N] ...   its quotas replaced
@@ -27,7 +28,15 @@ from kernel_gateway.settings import add_arguments as add_settings_arguments
 from kernel_gateway.settings import values
 from kernel_gateway.settings.client import DEFAULT_URL, ClientSettings, client_settings
 
-QUOTAS = ("max_sessions", "max_stateless", "requests_per_minute", "cpus", "memory_bytes")
+QUOTAS = (
+    "max_sessions",
+    "max_stateless",
+    "requests_per_minute",
+    "cpus",
+    "memory_bytes",
+    "disk_bytes",
+    "total_disk_bytes",
+)
 
 
 def _quota_flags(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +54,20 @@ def _quota_flags(parser: argparse.ArgumentParser) -> None:
         type=_size,
         metavar="SIZE",
         help="memory for each of its kernels: 512m, 1g (at most the gateway's)",
+    )
+    parser.add_argument(
+        "--disk",
+        dest="disk_bytes",
+        type=_size,
+        metavar="SIZE",
+        help="disk for each of its sessions (at most the gateway's --workspace-size)",
+    )
+    parser.add_argument(
+        "--total-disk",
+        dest="total_disk_bytes",
+        type=_size,
+        metavar="SIZE",
+        help="disk its sessions hold together; past it no new session",
     )
 
 

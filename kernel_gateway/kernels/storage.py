@@ -409,6 +409,43 @@ def loop_devices_of(match: Callable[[Path], bool]) -> list[str]:
     return found
 
 
+HELD_BACK = ".held-back"
+"""A file on a session's disk, beside the folders its kernel sees, whose blocks keep the disk
+down to an API key's smaller size (`cap_disk`)."""
+
+
+def cap_disk(root: Path, size: int) -> bool:
+    """Let the session's disk at `root` hold at most about `size` bytes of its files (an API
+    key's smaller disk): the rest is allocated to a file of root's beside the folders the
+    kernel sees (`HELD_BACK`; allocated, never written: the image stays sparse). False where
+    `root` is no disk of its own (plain folders: nothing to cap). Raises OSError when it
+    could not be done."""
+    if not image_path(root).exists() or not os.path.ismount(root):
+        return False
+    found = os.statvfs(root)
+    held = held_back(root)
+    used = (found.f_blocks - found.f_bfree) * found.f_frsize - held
+    # What it may still write (ext4 keeps a few MB of its own out of that) plus what it
+    # holds comes to `size`.
+    extra = found.f_bavail * found.f_frsize - max(size - used, 0)
+    if extra <= 0:
+        return True
+    fd = os.open(root / HELD_BACK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o000)
+    try:
+        os.posix_fallocate(fd, 0, held + extra)
+    finally:
+        os.close(fd)
+    return True
+
+
+def held_back(root: Path) -> int:
+    """The bytes `cap_disk` keeps from the session's disk at `root` (0: none)."""
+    try:
+        return os.stat(root / HELD_BACK).st_blocks * 512
+    except OSError:
+        return 0
+
+
 def make_image(image: Path, size: int, mkfs_options: tuple[str, ...]) -> None:
     """A new sparse file of `size` bytes (disk is used as files are written), made ext4."""
     fd = os.open(image, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)

@@ -431,6 +431,15 @@ class Upload:
         if self.size > self._limit:
             self.abort()
             raise PayloadTooLarge(f"uploads are limited to {self._limit} bytes")
+        try:
+            room = os.fstatvfs(self._fd)
+        except OSError:
+            room = None
+        # What the kernel's user could write (the gateway writes as root, which may use
+        # blocks a file system keeps for root): an upload fills the disk no further.
+        if room is not None and len(chunk) > room.f_bavail * room.f_frsize:
+            self.abort()
+            raise PayloadTooLarge("the workspace is full")
         view = memoryview(chunk)
         try:
             while view:

@@ -175,6 +175,7 @@ def create_app(settings: Settings) -> Starlette:
             snapshots = SavedSessions(registry, SnapshotStore(runtime.root / "snapshots"))
             await asyncio.to_thread(snapshots.store.open)
             usage = UsageSampler(settings, registry.sessions, sink=keys)
+            registry.quotas.disk_held = usage.disk_held
             usage.start()
             async with protocol_state(
                 settings, registry, snapshots, usage, volumes, auth, records

@@ -1,51 +1,85 @@
-"""An API key's CPU and memory per kernel (its quotas `cpus` and `memory_bytes`, below the
-gateway's `--cpu-limit` and `--memory-limit`): set on every kernel its sessions get, the
-first and each later one (a restart, a resume), before any cell reaches it.
+"""An API key's CPU and memory per kernel and disk per session (its quotas `cpus`,
+`memory_bytes`, `disk_bytes`, below the gateway's `--cpu-limit`, `--memory-limit` and
+`--workspace-size`): the disk capped once, when the session gets it; the limits set on every
+kernel the session gets, the first and each later one (a restart, a resume), before any
+cell reaches it.
 
 Where the backend cannot lower a kernel's limits (the local backend: kernels are host
-processes), the key's kernels run under the gateway's limits and a warning says so once.
+processes) or the session has no disk of its own (a gateway that is not root: plain
+folders), the gateway's own limits apply and a warning says so once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
+from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.kernel import Kernel
+from kernel_gateway.kernels.storage import cap_disk
 from kernel_gateway.sessions.kernel_slot import KernelSlot
 from kernel_gateway.tenants.principal import Quotas
 
 logger = logging.getLogger(__name__)
 
-Limit = Callable[[Kernel], Awaitable[None]]
-_warned: list[bool] = []
+_warned: set[str] = set()
 
 
-def limiter(quotas: Quotas) -> Limit | None:
-    """What lowers a kernel's limits to `quotas`' (None: they ask for none)."""
-    cpus, memory = quotas.cpus, quotas.memory_bytes
-    if cpus is None and memory is None:
-        return None
+def _warn_once(what: str, text: str) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        logger.warning("%s", text)
 
-    async def limit(kernel: Kernel) -> None:
-        if not await kernel.process.limit(cpus, memory) and not _warned:
-            _warned.append(True)
-            logger.warning(
+
+@dataclass(frozen=True)
+class KeyLimits:
+    """What a key's quotas ask of each of its sessions."""
+
+    cpus: float | None
+    memory_bytes: int | None
+    disk_bytes: int | None
+
+    async def limit(self, kernel: Kernel) -> None:
+        """Lower `kernel`'s CPU and memory to the key's."""
+        if self.cpus is None and self.memory_bytes is None:
+            return
+        if not await kernel.process.limit(self.cpus, self.memory_bytes):
+            _warn_once(
+                "kernel",
                 "this backend cannot lower a kernel's CPU or memory: API keys' cpus and "
-                "memory_bytes quotas are not applied (the gateway's own limits are)"
+                "memory_bytes quotas are not applied (the gateway's own limits are)",
             )
 
-    return limit
+
+def limits_of(quotas: Quotas) -> KeyLimits | None:
+    """What `quotas` ask of each session (None: nothing)."""
+    found = KeyLimits(quotas.cpus, quotas.memory_bytes, quotas.disk_bytes)
+    return None if found == KeyLimits(None, None, None) else found
 
 
-async def limited(slot: KernelSlot, limit: Limit, close: Callable[[], Awaitable[None]]) -> None:
-    """Every kernel of `slot` limited from now on, the one it has first; if that one cannot
-    be, `close` (the session is not kept) and raise KernelUnavailable."""
-    slot.prepare.insert(0, limit)
-    if slot.kernel is None:
-        return
+async def limited(
+    slot: KernelSlot, limits: KeyLimits, close: Callable[[], Awaitable[None]]
+) -> None:
+    """The session's disk capped, and every kernel of `slot` limited from now on, the one it
+    has first; if that cannot be done, `close` (the session is not kept) and raise
+    KernelUnavailable."""
+    slot.prepare.insert(0, limits.limit)
     try:
-        await limit(slot.kernel)
+        if limits.disk_bytes is not None:
+            try:
+                capped = await asyncio.to_thread(cap_disk, slot.storage.root, limits.disk_bytes)
+            except OSError as exc:
+                raise KernelUnavailable(f"the session's disk could not be capped: {exc}") from exc
+            if not capped:
+                _warn_once(
+                    "disk",
+                    "sessions have no disk of their own here (plain folders): API keys' "
+                    "disk_bytes quotas are not applied",
+                )
+        if slot.kernel is not None:
+            await limits.limit(slot.kernel)
     except BaseException:
         await close()
         raise

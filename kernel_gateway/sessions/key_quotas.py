@@ -32,6 +32,8 @@ class KeyQuotas:
         self._usage = usage
         self._stateless: dict[str, int] = {}
         """Stateless executions let in and not yet released, per key id."""
+        self.disk_held: Callable[[str], int] | None = None
+        """The disk a key's sessions hold now (the usage sampler's last samples)."""
 
     def principal(self, key_id: str | None) -> Principal:
         if key_id is None or self._principals is None:
@@ -46,6 +48,14 @@ class KeyQuotas:
                 f"key {owner.name!r} holds its quota of {quota} sessions (max_sessions; "
                 "E2B sandboxes, their contexts, Jupyter kernels and MCP sessions count); "
                 "delete one first"
+            )
+        total = owner.quotas.total_disk_bytes
+        if owner.key_id is None or total is None or self.disk_held is None:
+            return
+        if (held := self.disk_held(owner.key_id)) >= total:
+            raise QuotaExceeded(
+                f"key {owner.name!r}'s sessions hold {held} bytes of disk, its quota "
+                f"(total_disk_bytes {total}); delete files or sessions first"
             )
 
     def created(self, key_id: str | None) -> None:

@@ -54,7 +54,7 @@ from kernel_gateway.sessions import network_policy
 from kernel_gateway.sessions.execution import Execution
 from kernel_gateway.sessions.files import SessionFiles
 from kernel_gateway.sessions.hibernation import Hibernator
-from kernel_gateway.sessions.kernel_limits import limited, limiter
+from kernel_gateway.sessions.kernel_limits import limited, limits_of
 from kernel_gateway.sessions.kernel_slot import KernelSlot
 from kernel_gateway.sessions.key_quotas import KeyQuotas
 from kernel_gateway.sessions.persistence import SessionRecord, SessionStore
@@ -546,9 +546,9 @@ class Registry:
 
         slot.on_replace = replaced
         self._leases[session] = lease
-        limit = limiter(self.quotas.principal(owner).quotas)  # its key's, but stateless
-        if limit is not None and not ephemeral:  # (those share the fork servers' limits)
-            await limited(slot, limit, lambda: self._close(session))
+        limits = limits_of(self.quotas.principal(owner).quotas)  # its key's, but stateless
+        if limits is not None and not ephemeral:  # (those share the fork servers' limits)
+            await limited(slot, limits, lambda: self._close(session))
         return session
 
     def _pool_of(self, sleeper: object) -> WarmPool:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kernel_gateway import logs
+from kernel_gateway.kernels.storage import held_back
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
 from kernel_gateway.shapes import responses
@@ -91,6 +92,7 @@ class _Series:
     """When `cpu_seconds` was read (monotonic)."""
     egress_bytes: int = 0
     """Its network's `transferred` when last read."""
+    owner: str | None = None
 
 
 class UsageSampler:
@@ -120,6 +122,14 @@ class UsageSampler:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    def disk_held(self, key_id: str) -> int:
+        """The disk `key_id`'s sessions hold, at their last samples."""
+        return sum(
+            s.samples[-1].disk_used
+            for s in self._series.values()
+            if s.owner == key_id and s.samples
+        )
 
     async def samples(
         self, session: Session, start: float | None = None, end: float | None = None
@@ -174,6 +184,7 @@ class UsageSampler:
                 first.cpu_seconds,
                 time.monotonic(),
                 series.egress_bytes if series is not None else 0,  # its network's, counted
+                session.owner,
             )
             self._series[session.id] = series
             await asyncio.sleep(FIRST_SPAN)
@@ -197,7 +208,7 @@ class UsageSampler:
                 memory_bytes=max(usage.memory_bytes, 0),
                 egress_bytes=egress,
             )
-        total, free = await asyncio.to_thread(_disk, session.slot.storage.files)
+        total, written = await asyncio.to_thread(_disk, session.slot.storage.files)
         disk_total = min(total, self.settings.workspace_size_bytes) or total
         at = int(time.time() // EVERY * EVERY)
         sample = Sample(
@@ -207,7 +218,7 @@ class UsageSampler:
             mem_used=max(usage.memory_bytes, 0),
             mem_total=usage.memory_limit,
             mem_cache=usage.cache_bytes,
-            disk_used=max(min(total - free, disk_total), 0),
+            disk_used=max(min(written, disk_total), 0),
             disk_total=disk_total,
         )
         if series.samples and series.samples[-1].at == at:
@@ -217,9 +228,12 @@ class UsageSampler:
 
 
 def _disk(folder: Path) -> tuple[int, int]:
-    """The size and free space of the file system holding `folder` (0, 0 if gone)."""
+    """The space the session may fill on the file system holding `folder` (what it holds and
+    what it may still write: an API key's cap, not the disk's size), and what it holds (0, 0
+    if gone)."""
     try:
         found = os.statvfs(folder)
     except OSError:
         return 0, 0
-    return found.f_blocks * found.f_frsize, found.f_bavail * found.f_frsize
+    used = (found.f_blocks - found.f_bfree) * found.f_frsize - held_back(folder.parent)
+    return used + found.f_bavail * found.f_frsize, used

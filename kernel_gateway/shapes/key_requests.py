@@ -9,6 +9,8 @@ from pydantic import BeforeValidator, Field
 
 from kernel_gateway.shapes.requests import RequestModel, whole
 
+MIN_DISK = 16 * 1024 * 1024
+"""The least disk a key's sessions may be given (a kernel writes a little at start)."""
 MIN_MEMORY = 64 * 1024 * 1024
 """The least memory a key's kernels may be given: a Python kernel needs about this."""
 
@@ -60,6 +62,25 @@ class Quotas(RequestModel):
             ge=MIN_MEMORY,
             description="Memory in bytes for each of its kernels, swap none: at most the "
             "gateway's `--memory-limit`, which applies without it.",
+        ),
+        BeforeValidator(whole),
+    ] = None
+    disk_bytes: Annotated[
+        int | None,
+        Field(
+            ge=MIN_DISK,
+            description="Disk in bytes for each of its sessions (working directory, /tmp and "
+            "home together): at most the gateway's `--workspace-size`. Past it, `ENOSPC` in "
+            "the cell and 413 on an upload.",
+        ),
+        BeforeValidator(whole),
+    ] = None
+    total_disk_bytes: Annotated[
+        int | None,
+        Field(
+            ge=MIN_DISK,
+            description="Disk all its sessions hold together (sampled every 5 s): past it, a "
+            "new session is refused with 429 `quota_exceeded`.",
         ),
         BeforeValidator(whole),
     ] = None

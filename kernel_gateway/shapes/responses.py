@@ -246,6 +246,8 @@ class KeyQuotas(TypedDict):
     requests_per_minute: Annotated[Count | None, field(description="Requests a minute.")]
     cpus: Annotated[float | None, field(description="CPUs for each of its kernels.")]
     memory_bytes: Annotated[Count | None, field(description="Memory for each of its kernels.")]
+    disk_bytes: Annotated[Count | None, field(description="Disk for each of its sessions.")]
+    total_disk_bytes: Annotated[Count | None, field(description="Disk its sessions hold together.")]
 
 
 @closed

@@ -45,6 +45,8 @@ class Key:
                 "requests_per_minute": self.quotas.requests_per_minute,
                 "cpus": self.quotas.cpus,
                 "memory_bytes": self.quotas.memory_bytes,
+                "disk_bytes": self.quotas.disk_bytes,
+                "total_disk_bytes": self.quotas.total_disk_bytes,
             },
         }
 

@@ -29,6 +29,10 @@ class Quotas:
     """CPUs for each of its kernels, at most the gateway's `--cpu-limit`."""
     memory_bytes: int | None = None
     """Memory for each of its kernels, at most the gateway's `--memory-limit`."""
+    disk_bytes: int | None = None
+    """Disk for each of its sessions, at most the gateway's `--workspace-size`."""
+    total_disk_bytes: int | None = None
+    """Disk its sessions hold together: past it, no new session (sampled every 5 s)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -97,7 +97,13 @@ def test_keys_are_made_shown_once_and_managed_by_the_admin(
 ) -> None:
     key = new_key(admin, "lister", max_sessions=2, requests_per_minute=600)
     secret = key.pop("secret")
-    assert key["quotas"] == {"max_sessions": 2, "max_stateless": None, "requests_per_minute": 600}
+    unset = dict.fromkeys(("cpus", "memory_bytes", "disk_bytes", "total_disk_bytes"))
+    assert key["quotas"] == {
+        "max_sessions": 2,
+        "max_stateless": None,
+        "requests_per_minute": 600,
+        **unset,
+    }
     assert admin.get(f"/keys/{key['id']}").json() == key  # never the secret again
     assert key in admin.get("/keys").json()["keys"]
     with client(server, secret) as own:
@@ -275,6 +281,71 @@ def test_a_keys_kernels_get_its_cpu_and_memory_within_the_gateways(
             held[0].delete(f"/sessions/{held[1]}")
 
 
+WRITE = (
+    "import os\n"
+    "def write(name, mb):\n"
+    "    try:\n"
+    "        with open(name, 'wb') as f:\n"
+    "            for _ in range(mb): f.write(os.urandom(2**20))\n"
+    "        return 'written'\n"
+    "    except OSError as e:\n"
+    "        return e.strerror\n"
+)
+
+
+def test_a_keys_sessions_get_its_disk_and_no_more_sessions_past_its_total(
+    server: ServerThread, admin: httpx.Client
+) -> None:
+    """`disk_bytes` caps each of its sessions' disks (a cell gets ENOSPC, an upload 413, the
+    metrics show the cap); `total_disk_bytes` refuses a new session once its sessions hold
+    that much (at the next sample); another key's sessions keep the gateway's disk."""
+    over = admin.post("/keys", json={"name": "hoarder", "quotas": {"disk_bytes": 2**50}})
+    assert over.status_code == 422 and "--workspace-size" in over.json()["error"]["message"]
+    mb = 2**20
+    key = new_key(admin, "small-disks", disk_bytes=64 * mb, total_disk_bytes=100 * mb)
+    other = new_key(admin, "big-disks")
+    with client(server, key["secret"]) as c, client(server, other["secret"]) as o:
+        made = c.post("/sessions")
+        assert made.status_code == 201, made.text
+        first = made.json()["id"]
+        run = f"/sessions/{first}/execute"
+        assert collected(c, run, {"code": WRITE + "print(write('a', 100))"})["stdout"] == (
+            "No space left on device\n"
+        )
+        disk = c.get(f"/sessions/{first}/metrics").json()["metrics"][-1]
+        assert 60 * mb < disk["disk_total"] <= 64 * mb, disk
+        assert collected(c, run, {"code": "import os; os.remove('a')"})["status"] == "ok"
+        assert collected(c, run, {"code": WRITE + "print(write('a', 50))"})["stdout"] == (
+            "written\n"
+        )
+        uploads = [
+            c.put(f"/sessions/{first}/files/b{i}.bin", content=os.urandom(mb - 1))
+            for i in range(20)  # 20 MB more would fit the gateway's 1g, not the key's 64 MB
+        ]
+        assert [u.status_code for u in uploads].count(201) < 14, uploads
+        full = uploads[-1].json()["error"]
+        assert uploads[-1].status_code == 413 and "full" in full["message"], full
+        second = c.post("/sessions")
+        assert second.status_code == 201, second.text  # 50 MB held of 100
+        run = f"/sessions/{second.json()['id']}/execute"
+        assert collected(c, run, {"code": WRITE + "print(write('a', 55))"})["stdout"] == (
+            "written\n"
+        )
+        deadline = time.monotonic() + 20
+        while (third := c.post("/sessions")).status_code == 201:  # until sampled
+            c.delete(f"/sessions/{third.json()['id']}")
+            assert time.monotonic() < deadline, "the total was never counted"
+            time.sleep(0.5)
+        assert third.status_code == 429, third.text
+        assert "total_disk_bytes" in third.json()["error"]["message"]
+        theirs = o.post("/sessions").json()["id"]
+        disk = o.get(f"/sessions/{theirs}/metrics").json()["metrics"][-1]
+        assert disk["disk_total"] > 900 * mb, disk  # the gateway's 1g
+        for sid in (first, second.json()["id"]):
+            c.delete(f"/sessions/{sid}")
+        o.delete(f"/sessions/{theirs}")
+
+
 def test_under_gvisor_a_keys_memory_holds_its_whole_sandbox(servers: ServerFactory) -> None:
     """runsc takes no `docker update`: the limits are written in the sandbox's cgroup, which
     holds the whole sandbox (the kernel sees no cgroup of its own)."""
@@ -443,6 +514,7 @@ def test_the_keys_command_manages_keys_with_the_admin_token(server: ServerThread
     assert key["id"] in [k["id"] for k in listed]
     changed = json.loads(keys("quotas", key["id"], "--max-stateless", "3").stdout)
     wanted = {"max_sessions": None, "max_stateless": 3, "requests_per_minute": None}
+    wanted |= dict.fromkeys(("cpus", "memory_bytes", "disk_bytes", "total_disk_bytes"))
     assert changed["quotas"] == wanted
     refused = keys("create", "sneaky", token=key["secret"])
     assert refused.returncode == 2 and "admin token" in refused.stderr

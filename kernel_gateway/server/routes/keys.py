@@ -68,12 +68,20 @@ def quotas(asked: key_requests.Quotas, settings: Settings) -> Quotas:
             f"memory_bytes {asked.memory_bytes} is over the gateway's --memory-limit "
             f"({settings.memory_limit}: {ceiling} bytes)"
         )
+    disk = settings.workspace_size_bytes
+    if asked.disk_bytes is not None and asked.disk_bytes > disk:
+        raise InvalidRequest(
+            f"disk_bytes {asked.disk_bytes} is over the gateway's --workspace-size "
+            f"({settings.workspace_size}: {disk} bytes)"
+        )
     return Quotas(
         asked.max_sessions,
         asked.max_stateless,
         asked.requests_per_minute,
         asked.cpus,
         asked.memory_bytes,
+        asked.disk_bytes,
+        asked.total_disk_bytes,
     )
 
 
