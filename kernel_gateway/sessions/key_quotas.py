@@ -79,9 +79,13 @@ class KeyQuotas:
         if self._usage is not None:
             self._usage.count(key, stateless=1)
 
-    def give_back(self, key_id: str | None) -> None:
+    def give_back(self, key_id: str | None, kernel_seconds: float = 0.0) -> None:
+        """A stateless execution of `key_id`'s ended, its kernel held `kernel_seconds`
+        (counted in its usage)."""
         if key_id is None:
             return
+        if self._usage is not None and kernel_seconds > 0:
+            self._usage.count(key_id, kernel_seconds=kernel_seconds)
         left = self._stateless.get(key_id, 0) - 1
         if left > 0:
             self._stateless[key_id] = left

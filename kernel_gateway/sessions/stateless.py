@@ -10,6 +10,7 @@ of its own); other languages' and templates' from their warm pool. At most
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 from kernel_gateway.errors import (
@@ -64,7 +65,8 @@ class StatelessRuns:
         self._quotas = quotas
         self.limit = settings.stateless_limit(forked=forks is not None)
         """At most this many at once (`--max-stateless`)."""
-        self._running: set[Session] = set()
+        self._running: dict[Session, float] = {}
+        """Each running one's session, and when it got its kernel (monotonic)."""
         self._reserved = 0
 
     def sessions(self) -> list[Session]:
@@ -72,7 +74,7 @@ class StatelessRuns:
 
     def take_all(self) -> list[Session]:
         """Every running one's session, forgotten here (the registry is closing them)."""
-        running, self._running = list(self._running), set()
+        running, self._running = list(self._running), {}
         return running
 
     async def run(
@@ -110,7 +112,7 @@ class StatelessRuns:
         finally:
             self._reserved -= 1
         session = await host.ephemeral_session(lease, pool, ref, owner.key_id)
-        self._running.add(session)
+        self._running[session] = time.monotonic()
         try:
             if allow:
                 await host.give_network(session, allow)
@@ -129,7 +131,7 @@ class StatelessRuns:
         return session, execution
 
     def release(self, session: Session) -> None:
-        if session in self._running:
-            self._running.discard(session)
-            self._quotas.give_back(session.owner)
+        started = self._running.pop(session, None)
+        if started is not None:
+            self._quotas.give_back(session.owner, time.monotonic() - started)
             self._host.close_later(session)

@@ -3,7 +3,8 @@
     sessions_created     sessions made (E2B sandboxes and their contexts, Jupyter kernels,
                          MCP sandboxes, sessions from snapshots and forks)
     stateless_requests   stateless executions let in (`POST /execute`, MCP's stateless tool)
-    kernel_seconds       seconds its sessions' kernels ran (sampled every 5 s)
+    kernel_seconds       seconds its sessions' kernels ran (sampled every 5 s), and its
+                         stateless executions' (each counted as it ends)
     cpu_seconds          CPU seconds they used (where the backend can tell: docker)
     peak_memory_bytes    the most memory one of its kernels held at a sample
     egress_bytes         bytes its sessions sent and received through the egress proxy

@@ -677,6 +677,17 @@ def test_a_keys_usage_is_counted_and_shown(server: ServerThread, admin: httpx.Cl
         other = new_key(admin, "unmetered")
         with client(server, other["secret"]) as o:
             assert o.get(f"/keys/{key['id']}/usage").status_code == 404
+            # A stateless execution's kernel time is its key's too (no session to sample).
+            slept = o.post(
+                "/execute",
+                json={"code": "import time; time.sleep(1.5)"},
+                headers={"Accept": "application/json"},
+            )
+            assert slept.status_code == 200, slept.text
+            deadline = time.monotonic() + 10
+            while (seconds := o.get(f"/keys/{other['id']}/usage").json()["kernel_seconds"]) < 1.5:
+                assert time.monotonic() < deadline, seconds
+                time.sleep(0.2)
         exposition = admin.get("/metrics").text
         assert 'kernel_gateway_key_sessions_created_total{key="metered"} 1.0' in exposition
         assert c.delete(f"/sessions/{sid}").status_code == 204
