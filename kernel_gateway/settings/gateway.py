@@ -98,6 +98,16 @@ class Settings:
         "it, let go after 30 s idle",
         minimum=1,
     )
+    fork_server_cpu_shares: int = setting(
+        64,
+        "CPU weight of a fork-server container against a session kernel's 1024",
+        doc="CPU weight of each fork-server container against a session kernel's (Docker's "
+        "1024): it matters only when the CPU is busy, and then stateless executions yield "
+        "to sessions' cells, so one API key's stateless flood moves another key's session "
+        "little (see [Performance](performance.md)); 1024 weighs them alike",
+        minimum=2,
+        maximum=262144,
+    )
     fork_light_preload: str = setting(
         "numpy,matplotlib",
         "the part of --preload in the fork servers' light template: a stateless cell whose "

@@ -109,6 +109,7 @@ def container_options(
         mem_limit=s.memory_limit_bytes,
         memswap_limit=s.memory_limit_bytes,
         nano_cpus=int(s.cpu_limit * 1e9),
+        cpu_shares=s.fork_server_cpu_shares if fork_server else None,
         pids_limit=s.pids_limit,
         ulimits=[docker.types.Ulimit(name="nofile", soft=1024, hard=1024)],
         # ipykernel echoes fd-level output to the container's stdout: keep it bounded.
