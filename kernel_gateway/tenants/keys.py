@@ -400,10 +400,10 @@ class KeyStore:
         """Take each record newer than what is held (`Record.newer_than`); returns how many
         were taken. A key revoked or given a new secret by it stops working here at once."""
         taken: dict[str, Record] = {}
+        holders = {found: key_id for key_id, found in self._digests.items()}
         for record in records:
             held = self._record(record.key.id)
-            theirs = self._holder(record.digest)
-            if theirs is not None and theirs != record.key.id:
+            if holders.setdefault(record.digest, record.key.id) != record.key.id:
                 continue  # another key's digest: never (a 192-bit secret), but never merge it
             if held is None or record.newer_than(held):
                 taken[record.key.id] = record
@@ -417,7 +417,10 @@ class KeyStore:
             for record in taken.values():
                 _insert(db, record)
 
-        await self._write(upsert)
+        try:
+            await self._write(upsert)
+        except sqlite3.IntegrityError as exc:  # a name made unique clashes again: none taken
+            raise Conflict(f"the keys could not be merged: {exc}") from None
         for record in taken.values():
             before = self._by_id.get(record.key.id)
             was_live = before is not None and before.revoked_at is None
@@ -431,9 +434,6 @@ class KeyStore:
     def _record(self, key_id: str) -> Record | None:
         key = self._by_id.get(key_id)
         return None if key is None else Record(key, self._digests[key_id])
-
-    def _holder(self, found: bytes) -> str | None:
-        return next((k for k, d in self._digests.items() if d == found), None)
 
     def _renamed(self, taken: dict[str, Record]) -> dict[str, Record]:
         """The live keys that must change name for live names to stay unique once `taken`

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from kernel_gateway.errors import Conflict, InvalidRequest, KeyNotFound, RateLimited
 from kernel_gateway.http.auth import Authenticator, BearerAuth, principal_of
+from kernel_gateway.tenants.key_records import Record
 from kernel_gateway.tenants.keys import KeyStore
 from kernel_gateway.tenants.principal import ADMIN, Principal, Quotas
 from kernel_gateway.tenants.rate import RateLimiter
@@ -369,3 +371,15 @@ async def test_the_admin_token_acts_for_a_key_a_router_names_and_nobody_else_can
     assert await ask("admin-token", "key_0000000000000000") == 503  # not here yet: retry
     await store.revoke(key.id)
     assert await ask("admin-token", key.id) == 401
+
+
+async def test_a_merge_never_takes_one_digest_for_two_keys(
+    pair: tuple[KeyStore, KeyStore],
+) -> None:
+    node, router = pair
+    key, secret = await router.create("agent", Quotas())
+    (record,) = router.records()
+    twin = Record(replace(record.key, id="key_" + "1" * 16, name="twin"), record.digest)
+    assert await node.merge([record, twin]) == 1
+    assert node.resolve(secret) == key.principal and not node.known(twin.key.id)
+    assert await node.merge([twin]) == 0

@@ -64,6 +64,6 @@ OPERATIONS = (
         tags=("cluster",),
         body=Body(key_requests.KeyMerge),
         replies=(Reply(200, "The keys held now, and their version.", responses.KeyRecords),),
-        errors=(*JSON_BODY, 403),
+        errors=(*JSON_BODY, 403, 409),
     ),
 )
