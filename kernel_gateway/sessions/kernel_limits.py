@@ -15,11 +15,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.storage import cap_disk
 from kernel_gateway.sessions.kernel_slot import KernelSlot
+from kernel_gateway.settings import Settings
 from kernel_gateway.tenants.principal import Quotas
 
 logger = logging.getLogger(__name__)
@@ -53,10 +55,22 @@ class KeyLimits:
             )
 
 
-def limits_of(quotas: Quotas) -> KeyLimits | None:
-    """What `quotas` ask of each session (None: nothing)."""
-    found = KeyLimits(quotas.cpus, quotas.memory_bytes, quotas.disk_bytes)
+def limits_of(quotas: Quotas, settings: Settings) -> KeyLimits | None:
+    """What `quotas` ask of each session (None: nothing), never above the gateway's own
+    limits (a key made on another node of a cluster may ask for more than this one has)."""
+    found = KeyLimits(
+        _least(quotas.cpus, settings.cpu_limit),
+        _least(quotas.memory_bytes, settings.memory_limit_bytes),
+        _least(quotas.disk_bytes, settings.workspace_size_bytes),
+    )
     return None if found == KeyLimits(None, None, None) else found
+
+
+N = TypeVar("N", int, float)
+
+
+def _least(asked: N | None, ceiling: N) -> N | None:
+    return None if asked is None else min(asked, ceiling)
 
 
 async def limited(

@@ -546,7 +546,7 @@ class Registry:
 
         slot.on_replace = replaced
         self._leases[session] = lease
-        limits = limits_of(self.quotas.principal(owner).quotas)  # its key's, but stateless
+        limits = limits_of(self.quotas.principal(owner).quotas, s)  # its key's, not stateless
         if limits is not None and not ephemeral:  # (those share the fork servers' limits)
             await limited(slot, limits, lambda: self._close(session))
         return session

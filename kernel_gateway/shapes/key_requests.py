@@ -3,9 +3,11 @@ request is (`requests.RequestModel`)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic_core import PydanticCustomError
 
 from kernel_gateway.shapes.requests import RequestModel, whole
 
@@ -108,9 +110,34 @@ class KeyChange(RequestModel):
     quotas: Quotas
 
 
+class MergedQuotas(Quotas):
+    """A key's quotas as another gateway of the cluster holds them: its limits per kernel
+    may be above this gateway's own, which then apply here."""
+
+
 KEY_ID = r"^key_[0-9a-f]{16}$"
-TIMESTAMP = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z$"
-Stamp = Annotated[str, Field(pattern=TIMESTAMP, max_length=40)]
+TIMESTAMP = (
+    r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+    r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?Z$"
+)
+
+
+def _a_time(value: str) -> str:
+    """`value`, refused unless it is a real UTC time (no February 30th, no year 0)."""
+    try:
+        datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise PydanticCustomError("datetime", "is not a valid UTC time") from None
+    return value
+
+
+Stamp = Annotated[
+    str,
+    Field(pattern=TIMESTAMP, max_length=40, json_schema_extra={"format": "date-time"}),
+    AfterValidator(_a_time),
+]
+"""A time as the gateway writes them (UTC, `Z`): the pattern says the form, the format that
+the date is a real one."""
 
 
 class MergedKey(RequestModel):
@@ -126,7 +153,7 @@ class MergedKey(RequestModel):
     rotated_at: Stamp | None = None
     revoked_at: Stamp | None = None
     changed_at: Stamp
-    quotas: Quotas = Quotas()
+    quotas: MergedQuotas = MergedQuotas()
     digest: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of its secret.")]
 
 

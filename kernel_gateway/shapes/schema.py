@@ -41,6 +41,9 @@ def with_limits(schema: JSON, limits: TimeoutLimits) -> JSON:
     """`schema` with the limits in force written in: every `timeout` property (in it, or in
     its `$defs`) gets the largest timeout as its `maximum`, and the default in its text."""
     for found in (schema, *schema.get("$defs", {}).values()):
+        if found.get("title") == "Quotas":  # an API key's: per kernel, within the gateway's
+            for name, ceiling in CEILINGS.items():
+                _most(found.get("properties", {}).get(name), getattr(limits, ceiling, None))
         timeout = found.get("properties", {}).get("timeout")
         if timeout is not None:
             timeout["maximum"] = limits.max_exec_timeout
@@ -49,6 +52,25 @@ def with_limits(schema: JSON, limits: TimeoutLimits) -> JSON:
                 f"at most {limits.max_exec_timeout:g})."
             )
     return schema
+
+
+CEILINGS = {
+    "cpus": "cpu_limit",
+    "memory_bytes": "memory_limit_bytes",
+    "disk_bytes": "workspace_size_bytes",
+}
+"""An API key's quotas per kernel and session, and the setting that bounds each."""
+
+
+def _most(schema: JSON | None, ceiling: object) -> None:
+    """`ceiling` written as the `maximum` of the number `schema` allows (or of its branch)."""
+    if schema is None or not isinstance(ceiling, int | float):
+        return
+    for branch in (schema, *schema.get("anyOf", ())):
+        kinds = branch.get("type")
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        if "number" in kinds or "integer" in kinds:
+            branch["maximum"] = ceiling
 
 
 def definitions(
