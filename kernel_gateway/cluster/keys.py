@@ -98,8 +98,10 @@ class KeyReplica:
         `changed`, a node just changed through this router), then give every node that
         still differs the whole set."""
         async with self._lock:
-            up = self._directory.up()
-            ahead = [n for n in up if n is changed or n.health.get("keys") != self.store.version]
+            # A node whose /health shows no keys is a gateway from before keys were shared
+            # (a rolling update under way): it is left alone, not asked every poll.
+            up = [n for n in self._directory.up() if "keys" in n.health]
+            ahead = [n for n in up if n is changed or n.health["keys"] != self.store.version]
             if not ahead:
                 return
             read = await asyncio.gather(*(self._read(n) for n in ahead))
