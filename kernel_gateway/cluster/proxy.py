@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from urllib.parse import unquote
 
 import h11
 import httpx
@@ -96,7 +97,11 @@ class Proxy:
         """
         # E2B's API checks its own credentials (a volume's token is a bearer token there): the
         # client's Authorization goes through; elsewhere it is the cluster's token.
-        public = _public(path)
+        # Decided on the path as the node will read it (`/%652b/…` is `/e2b/…` there), and the
+        # cluster's token only for a request this router authenticated.
+        public = _public(unquote(path))
+        principal = request.scope.get(PRINCIPAL)
+        authenticated = isinstance(principal, Principal)
         headers = [
             (k, v)
             for k, v in request.headers.items()
@@ -106,9 +111,8 @@ class Proxy:
             # A streamed body keeps its declared length (else httpx would send it chunked).
             if declared := request.headers.get("content-length"):
                 headers.append(("content-length", declared))
-        if self._token and not public:
+        if self._token and not public and authenticated:
             headers.append(("authorization", f"Bearer {self._token}"))
-        principal = request.scope.get(PRINCIPAL)
         acting = isinstance(principal, Principal) and principal.key_id is not None
         if acting and not public:
             assert isinstance(principal, Principal) and principal.key_id is not None
@@ -144,7 +148,13 @@ class Proxy:
                 "it may or may not have been carried out"
             ) from exc
         # A key's 401 (revoked meanwhile) or 403 (an admin's route) is the key's own answer.
-        if response.status_code in (401, 403) and self._token and not public and not acting:
+        if (
+            response.status_code in (401, 403)
+            and self._token
+            and not public
+            and authenticated
+            and not acting
+        ):
             await response.aclose()
             logger.error(
                 "node %s refused the cluster's token (%d)", node.name, response.status_code

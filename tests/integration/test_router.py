@@ -252,6 +252,14 @@ def test_keys_made_anywhere_reach_every_node_and_router(tmp_path: Path) -> None:
             assert (used["sessions_created"], used["sessions_held"]) == (1, 1), used
             versions = {httpx.get(g.url + "/health").json()["keys"] for g in gws}
             assert len(versions) == 1
+            # A path spelled so that only the node reads it as E2B's (`%65` is `e`) carries
+            # no cluster token: the node asks for E2B's own key, as for `/e2b/`.
+            for path in ("/%652b/sandboxes", "/%65%32b/v2/sandboxes"):
+                sneaked = httpx.post(r1.url + path, json={"templateID": "base"}, timeout=30)
+                assert sneaked.status_code == 401, (path, sneaked.text)
+                listed = httpx.get(r1.url + path, timeout=30)
+                assert listed.status_code == 401, (path, listed.text)
+            assert [s["id"] for s in admin.get("/sessions").json()["sessions"]] == [sid]
 
 
 def test_a_dead_node_loses_only_its_sessions(tmp_path: Path) -> None:
