@@ -83,7 +83,10 @@ def name_keys(namer: KeyNamer) -> Callable[[], None]:
 
 def _key_of(session_id: str) -> str | None:
     for namer in list(_namers):
-        name = namer(session_id)
+        try:
+            name = namer(session_id)
+        except Exception:  # noqa: BLE001 - a line is never lost for want of a name
+            continue
         if name is not None:
             return name
     return None

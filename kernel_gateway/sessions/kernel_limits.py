@@ -74,11 +74,13 @@ def _least(asked: N | None, ceiling: N) -> N | None:
 
 
 async def limited(
-    slot: KernelSlot, limits: KeyLimits, close: Callable[[], Awaitable[None]]
+    slot: KernelSlot, limits: KeyLimits, close: Callable[[], Awaitable[None]] | None
 ) -> None:
     """The session's disk capped, and every kernel of `slot` limited from now on, the one it
     has first; if that cannot be done, `close` (the session is not kept) and raise
-    KernelUnavailable."""
+    KernelUnavailable. `close` None: a session taken over after a restart, whose kernel and
+    disk were limited when it was made: a failure now is logged and the session kept (its
+    files are never lost for it)."""
     slot.prepare.insert(0, limits.limit)
     try:
         if limits.disk_bytes is not None:
@@ -94,6 +96,13 @@ async def limited(
                 )
         if slot.kernel is not None:
             await limits.limit(slot.kernel)
-    except BaseException:
+    except KernelUnavailable as exc:
+        if close is None:
+            logger.warning("an adopted session's limits could not be set again: %s", exc.message)
+            return
         await close()
+        raise
+    except BaseException:
+        if close is not None:
+            await close()
         raise

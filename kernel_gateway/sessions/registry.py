@@ -548,7 +548,7 @@ class Registry:
         self._leases[session] = lease
         limits = limits_of(self.quotas.principal(owner).quotas, s)  # its key's, not stateless
         if limits is not None and not ephemeral:  # (those share the fork servers' limits)
-            await limited(slot, limits, lambda: self._close(session))
+            await limited(slot, limits, None if id else lambda: self._close(session))
         return session
 
     def _pool_of(self, sleeper: object) -> WarmPool:

@@ -93,6 +93,8 @@ class _Series:
     egress_bytes: int = 0
     """Its network's `transferred` when last read."""
     owner: str | None = None
+    own_disk: bool = False
+    """Its files are on a disk of its own (not the host's, shared by every session)."""
 
 
 class UsageSampler:
@@ -124,11 +126,12 @@ class UsageSampler:
                 await self._task
 
     def disk_held(self, key_id: str) -> int:
-        """The disk `key_id`'s sessions hold, at their last samples."""
+        """The disk `key_id`'s sessions hold, at their last samples (those with a disk of
+        their own: on plain folders a session's share of the host's disk is not known)."""
         return sum(
             s.samples[-1].disk_used
             for s in self._series.values()
-            if s.owner == key_id and s.samples
+            if s.owner == key_id and s.samples and s.own_disk
         )
 
     async def samples(
@@ -185,6 +188,7 @@ class UsageSampler:
                 time.monotonic(),
                 series.egress_bytes if series is not None else 0,  # its network's, counted
                 session.owner,
+                await asyncio.to_thread(os.path.ismount, session.slot.storage.root),
             )
             self._series[session.id] = series
             await asyncio.sleep(FIRST_SPAN)

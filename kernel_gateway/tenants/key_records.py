@@ -66,14 +66,22 @@ class Record:
     digest: bytes
 
     def newer_than(self, other: Record) -> bool:
-        """Whether this word on the key replaces `other`: a revocation is final (the first
-        one stands), else the latest change wins (the digest breaks a tie)."""
+        """Whether this word on the key replaces `other`, in an order every replica agrees
+        on: a revocation is final, and of two the first stands; else the latest change
+        wins; a tie (one change seen apart, a name made unique on one replica) goes to the
+        greater record, whole, so that replicas never keep two words on one key."""
         mine, theirs = self.key, other.key
         if (mine.revoked_at is None) != (theirs.revoked_at is None):
             return mine.revoked_at is not None
-        if mine.revoked_at is not None:
-            return False
-        return (mine.changed_at, self.digest) > (theirs.changed_at, other.digest)
+        if mine.revoked_at is not None and theirs.revoked_at is not None:
+            if mine.revoked_at != theirs.revoked_at:
+                return mine.revoked_at < theirs.revoked_at
+        elif mine.changed_at != theirs.changed_at:
+            return mine.changed_at > theirs.changed_at
+        return self._whole() > other._whole()
+
+    def _whole(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True)
 
     def to_json(self) -> dict[str, Any]:
         """As gateways pass it (`KeyRecord`)."""

@@ -23,18 +23,19 @@ on every node. A router holds a copy in memory (`KeyStore(None)`), to know its c
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import re
 import secrets
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 from kernel_gateway.errors import Conflict, InvalidRequest, KeyNotFound
 from kernel_gateway.tenants.key_records import Key, Record
@@ -84,6 +85,23 @@ def check_name(name: str) -> str:
     return name
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _one_at_a_time(
+    change: Callable[Concatenate[KeyStore, P], Awaitable[R]],
+) -> Callable[Concatenate[KeyStore, P], Awaitable[R]]:
+    """A change of the store made alone: its check, its write and its hold in memory."""
+
+    @functools.wraps(change)
+    async def alone(store: KeyStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        async with store._changing:
+            return await change(store, *args, **kwargs)
+
+    return alone
+
+
 class KeyStore:
     """The keys in `path`, opened by `open()` (blocking: call it in a thread)."""
 
@@ -99,6 +117,9 @@ class KeyStore:
         self._by_id: dict[str, Key] = {}
         self._digests: dict[str, bytes] = {}  # every key's, revoked ones' too
         self._version: str | None = None
+        self._changing = asyncio.Lock()
+        """Held by each change from its check to its hold (a merge must not undo a
+        revocation under way)."""
         self._watchers: dict[str, list[Callable[[], None]]] = {}
         self._usage: dict[str, Usage] = {}
         self._unsaved: set[str] = set()
@@ -293,6 +314,7 @@ class KeyStore:
 
     # -- changes (one thread, one transaction each) --------------------------------------
 
+    @_one_at_a_time
     async def create(self, name: str, quotas: Quotas) -> tuple[Key, str]:
         check_name(name)
         secret = SECRET_PREFIX + secrets.token_hex(24)
@@ -311,6 +333,7 @@ class KeyStore:
         self._hold(record)
         return key, secret
 
+    @_one_at_a_time
     async def rotate(self, key_id: str) -> tuple[Key, str]:
         """A new secret for the key; the old one stops working at once (open streams end)."""
         old = self._live(key_id)
@@ -330,6 +353,7 @@ class KeyStore:
         self._tell(key_id)
         return key, secret
 
+    @_one_at_a_time
     async def rename(self, key_id: str, name: str) -> Key:
         """A new name for a live key (unique among live keys): its metrics and log lines
         use it from now on."""
@@ -352,6 +376,7 @@ class KeyStore:
     def _replace(self, key: Key) -> None:
         self._hold(Record(key, self._digests[key.id]))
 
+    @_one_at_a_time
     async def set_quotas(self, key_id: str, quotas: Quotas) -> Key:
         key = replace(self._live(key_id), quotas=quotas, changed_at=now())
 
@@ -365,6 +390,7 @@ class KeyStore:
         self._replace(key)
         return key
 
+    @_one_at_a_time
     async def revoke(self, key_id: str) -> Key:
         at = now()
         key = replace(self._live(key_id), revoked_at=at, changed_at=at)
@@ -396,6 +422,7 @@ class KeyStore:
             self._version = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
         return self._version
 
+    @_one_at_a_time
     async def merge(self, records: Iterable[Record]) -> int:
         """Take each record newer than what is held (`Record.newer_than`); returns how many
         were taken. A key revoked or given a new secret by it stops working here at once."""

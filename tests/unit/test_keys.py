@@ -383,3 +383,25 @@ async def test_a_merge_never_takes_one_digest_for_two_keys(
     assert await node.merge([record, twin]) == 1
     assert node.resolve(secret) == key.principal and not node.known(twin.key.id)
     assert await node.merge([twin]) == 0
+
+
+async def test_replicas_agree_on_every_pair_of_words_on_a_key(
+    pair: tuple[KeyStore, KeyStore],
+) -> None:
+    """Two revocations made apart: the first stands everywhere; a merge racing a revocation
+    never brings the key back."""
+    node, router = pair
+    key, secret = await router.create("agent", Quotas())
+    await exchange(node, router)
+    await router.revoke(key.id)
+    await asyncio.sleep(0.002)
+    await node.revoke(key.id)
+    await exchange(node, router)
+    assert node.get(key.id).revoked_at == router.get(key.id).revoked_at
+    assert node.version == router.version
+    other, other_secret = await router.create("other", Quotas())
+    await exchange(node, router)
+    live = router.records()
+    await asyncio.sleep(0.002)
+    await asyncio.gather(node.revoke(other.id), node.merge(live))  # the older word, at once
+    assert node.resolve(other_secret) is None and node.get(other.id).revoked_at is not None

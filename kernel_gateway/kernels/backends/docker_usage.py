@@ -80,24 +80,38 @@ def limit_container(
             raise
 
 
+def _groups(container_id: str) -> list[str]:
+    """Where a container's cgroup may be, under each hierarchy: Docker's cgroupfs driver's
+    folder, or the systemd driver's scope."""
+    return [f"docker/{container_id}", f"system.slice/docker-{container_id}.scope"]
+
+
 def _limit_cgroup(container_id: str, cpus: float | None, memory: int | None) -> bool:
     """The same, written in its cgroup (v1 or v2); False if it has none here."""
     quota = int(cpus * CPU_PERIOD) if cpus is not None else None
-    v1 = CGROUP / "memory" / "docker" / container_id
-    if v1.is_dir():
+    for group in _groups(container_id):
+        v1 = CGROUP / "memory" / group
+        if not v1.is_dir():
+            continue
         if memory is not None:
-            swap = v1 / "memory.memsw.limit_in_bytes"
-            # Lowering: the memory limit first (memory+swap may never be below it).
-            (v1 / "memory.limit_in_bytes").write_text(str(memory))
-            if swap.exists():
-                swap.write_text(str(memory))
+            limit, swap = v1 / "memory.limit_in_bytes", v1 / "memory.memsw.limit_in_bytes"
+            # memory+swap may never be below memory: lowering, memory first; raising (a
+            # quota raised since an adopted kernel was limited), memory+swap first.
+            order = [limit, swap]
+            if swap.exists() and memory > int(swap.read_text()):
+                order.reverse()
+            for path in order:
+                if path.exists():
+                    path.write_text(str(memory))
         if quota is not None:
-            cpu = CGROUP / "cpu" / "docker" / container_id
+            cpu = CGROUP / "cpu" / group
             (cpu / "cpu.cfs_period_us").write_text(str(CPU_PERIOD))
             (cpu / "cpu.cfs_quota_us").write_text(str(quota))
         return True
-    v2 = CGROUP / "docker" / container_id
-    if v2.is_dir():
+    for group in _groups(container_id):
+        v2 = CGROUP / group
+        if not v2.is_dir():
+            continue
         if memory is not None:
             (v2 / "memory.max").write_text(str(memory))
             if (v2 / "memory.swap.max").exists():

@@ -21,6 +21,10 @@ from kernel_gateway.tenants.key_json import record_json
 from kernel_gateway.tenants.key_records import Record
 from kernel_gateway.tenants.keys import KeyStore
 
+MERGE_BODY_BYTES = 64 * 1024 * 1024
+"""The largest set of keys a router gives (about 500 bytes a key: some 130,000 keys, revoked
+ones included), whatever `--max-body-bytes` says of other requests."""
+
 
 def records_json(keys: KeyStore) -> responses.KeyRecords:
     return {"version": keys.version, "keys": [record_json(r) for r in keys.records()]}
@@ -34,7 +38,8 @@ async def read(request: Request) -> JSONResponse[responses.KeyRecords]:
 async def merge(request: Request) -> JSONResponse[responses.KeyRecords]:
     admin_only(request, "change a cluster's keys")
     settings: Settings = request.state.settings
-    body = await read_model(request, key_requests.KeyMerge, settings.max_body_bytes, settings)
+    limit = max(settings.max_body_bytes, MERGE_BODY_BYTES)
+    body = await read_model(request, key_requests.KeyMerge, limit, settings)
     keys = key_store(request)
     await keys.merge(Record.from_json(r.model_dump()) for r in body.keys)
     return JSONResponse(records_json(keys), headers={"Cache-Control": "no-store"})
