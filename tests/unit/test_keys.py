@@ -405,3 +405,14 @@ async def test_replicas_agree_on_every_pair_of_words_on_a_key(
     await asyncio.sleep(0.002)
     await asyncio.gather(node.revoke(other.id), node.merge(live))  # the older word, at once
     assert node.resolve(other_secret) is None and node.get(other.id).revoked_at is not None
+
+
+async def test_the_typed_json_of_a_key_is_the_routers_untyped_one(store: KeyStore) -> None:
+    from kernel_gateway.tenants.key_json import key_json, record_json
+
+    key, _ = await store.create("both", Quotas(max_sessions=1, cpus=0.5, disk_bytes=2**26))
+    await store.revoke(key.id)
+    (record,) = store.records()
+    assert dict(key_json(record.key)) == record.key.to_json()
+    assert dict(record_json(record)) == record.to_json()
+    assert Record.from_json(record.to_json()) == record
