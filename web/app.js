@@ -16,7 +16,10 @@ const state = {
   sessionId: null,
   language: "python",
   languages: [], // GET /languages: [{ name, display_name, version }]
-  running: null, // { controller, answer }
+  running: null, // the job running now: { kind, controller, answer }
+  queue: [], // jobs sent while another ran, in order
+  pumping: false,
+  sessionPending: null, // the one promise of the session being found or created
 };
 
 class ApiError extends Error {
@@ -146,42 +149,76 @@ async function startSession(reason, language = "python") {
   setState("starting…", "busy");
   const session = await request("POST", "/sessions", language === "python" ? {} : { language });
   setSession(session.id, session.language || language);
-  setState("idle");
+  setState(state.running ? "running" : "idle", state.running ? "busy" : "");
   notice("Variables persist between the cells of this session.");
   systemMessage(reason || "New session started.");
-  return session;
+  return session.id;
 }
 
-async function connect() {
-  const previous = store.getItem("kg-session");
-  try {
-    await loadLanguages();
-    if (previous) {
+// One session per page. Everything that needs it (the page's start, a cell, an upload,
+// New session) goes through ensureSession(), which hands out one shared promise while the
+// session is being found or created: a cell sent during a cold start waits for that
+// session instead of starting a second one.
+function shareSession(promise) {
+  state.sessionPending = promise;
+  const settle = () => {
+    if (state.sessionPending === promise) state.sessionPending = null;
+  };
+  promise.then(settle, settle);
+  return promise;
+}
+
+function ensureSession(reason) {
+  if (state.sessionPending) return state.sessionPending;
+  if (state.sessionId) return Promise.resolve(state.sessionId);
+  return shareSession(startSession(reason, state.language));
+}
+
+// The session everything runs in from now on: waits out a New session started meanwhile.
+async function currentSession(reason) {
+  for (;;) {
+    const id = await ensureSession(reason);
+    if (!state.sessionPending && state.sessionId === id) return id;
+  }
+}
+
+// The session is gone (404): forget it; the next ensureSession() starts another.
+function sessionGone() {
+  state.sessionId = null;
+  store.removeItem("kg-session");
+}
+
+function connect() {
+  const opening = shareSession(
+    (async () => {
+      await loadLanguages();
+      const previous = store.getItem("kg-session");
+      if (!previous) return startSession();
+      let session;
       try {
-        const session = await request("GET", `/sessions/${previous}`);
-        setSession(session.id, session.language);
-        setState(session.status === "busy" ? "busy" : "idle", session.status === "busy" ? "busy" : "");
-        notice("Variables persist between the cells of this session.");
-        systemMessage(
-          `Reconnected to session ${previous.slice(0, 8)} after a reload: its variables are still there ` +
-            "(earlier output is not shown again, but a cell that was running is).",
-        );
-        resumeRunning();
-        return;
+        session = await request("GET", `/sessions/${previous}`);
       } catch (err) {
         if (!(err instanceof ApiError && err.status === 404)) throw err;
-        await startSession(
+        return startSession(
           `Session ${previous.slice(0, 8)} no longer exists (it expired or the gateway restarted); ` +
             "started a new one. Earlier variables are gone.",
         );
-        return;
       }
-    }
-    await startSession();
-  } catch (err) {
+      setSession(session.id, session.language);
+      setState(session.status === "busy" ? "busy" : "idle", session.status === "busy" ? "busy" : "");
+      notice("Variables persist between the cells of this session.");
+      systemMessage(
+        `Reconnected to session ${previous.slice(0, 8)} after a reload: its variables are still there ` +
+          "(earlier output is not shown again, but a cell that was running is).",
+      );
+      resumeRunning(); // queued ahead of anything sent meanwhile
+      return session.id;
+    })(),
+  );
+  opening.catch((err) => {
     setState("unavailable", "error");
     systemMessage(`Could not start a session: ${err.message}`, "error");
-  }
+  });
 }
 
 // ---------------------------------------------------------------- SSE
@@ -560,13 +597,46 @@ function scrollDown() {
   chat.scrollTop = chat.scrollHeight;
 }
 
-// ---------------------------------------------------------------- running cells
+// ---------------------------------------------------------------- the queue
+//
+// Cells run one at a time, in the order they were sent. One sent while another runs is
+// shown at once as queued and runs when those before it have ended. Interrupt stops only
+// the running one: the queued ones are kept and run next (each can be taken back with its
+// ✕ before it starts). New session drops them with the transcript.
 
 function setRunning(running) {
   state.running = running;
-  $("run").disabled = Boolean(running);
   $("interrupt").hidden = !running;
   setState(running ? "running" : "idle", running ? "busy" : "");
+}
+
+function enqueue(job, first = false) {
+  if (first) state.queue.unshift(job);
+  else state.queue.push(job);
+  pump();
+}
+
+async function pump() {
+  if (state.pumping) return;
+  state.pumping = true;
+  try {
+    while (state.queue.length) {
+      let failure = null;
+      try {
+        await currentSession();
+      } catch (err) {
+        failure = err;
+      }
+      const job = state.queue.shift();
+      if (!job) break;
+      job.turn.dataset.state = "running";
+      job.turn.querySelector(".unqueue")?.remove();
+      if (failure) job.answer.fail(`Error: no session: ${failure.message}`);
+      else await job.run(job);
+    }
+  } finally {
+    state.pumping = false;
+  }
 }
 
 function newTurn(code) {
@@ -576,31 +646,43 @@ function newTurn(code) {
   cell.appendChild(el("pre", "", code));
   turn.appendChild(cell);
   $("chat").appendChild(turn);
-  return new Answer(turn);
+  return { turn, cell, answer: new Answer(turn) };
 }
 
-async function runCell(code) {
-  const answer = newTurn(code);
+// A job waits in the queue; its ✕ takes it back (its text returns to an empty composer).
+function queued(job, text) {
+  job.turn.dataset.state = "queued";
+  const cancel = el("button", "unqueue", "✕");
+  cancel.type = "button";
+  cancel.title = "Take back: do not run this";
+  cancel.setAttribute("aria-label", "Take back this queued message");
+  cancel.addEventListener("click", () => {
+    const at = state.queue.indexOf(job);
+    if (at < 0) return;
+    state.queue.splice(at, 1);
+    job.turn.remove();
+    if (!$("code").value.trim()) $("code").value = text;
+  });
+  job.cell.prepend(cancel);
+  enqueue(job);
+}
+
+function execute(code, signal) {
+  return request("POST", `/sessions/${state.sessionId}/execute`, { code }, { stream: true, signal });
+}
+
+async function runCell({ code, answer }) {
   const controller = new AbortController();
-  setRunning({ controller, answer });
+  setRunning({ kind: "cell", controller, answer });
   try {
-    if (!state.sessionId) await startSession(undefined, state.language);
     let response;
     try {
-      response = await request("POST", `/sessions/${state.sessionId}/execute`, { code }, {
-        stream: true,
-        signal: controller.signal,
-      });
+      response = await execute(code, controller.signal);
     } catch (err) {
-      if (err instanceof ApiError && err.status === 404) {
-        await startSession("The session had expired; started a new one (earlier variables are gone).", state.language);
-        response = await request("POST", `/sessions/${state.sessionId}/execute`, { code }, {
-          stream: true,
-          signal: controller.signal,
-        });
-      } else {
-        throw err;
-      }
+      if (!(err instanceof ApiError && err.status === 404)) throw err;
+      sessionGone();
+      await currentSession("The session had expired; started a new one (earlier variables are gone).");
+      response = await execute(code, controller.signal);
     }
     const execution = response.headers.get("Execution-Id");
     store.setItem("kg-running", JSON.stringify({ session: state.sessionId, execution, code }));
@@ -647,20 +729,24 @@ async function follow(answer, sessionId, execution, response, signal) {
 }
 
 // After a reload: show the cell that was running (or finished meanwhile) in full.
-async function resumeRunning() {
+function resumeRunning() {
   const saved = JSON.parse(store.getItem("kg-running") || "null");
   if (!saved || saved.session !== state.sessionId || !saved.execution) return;
-  const answer = newTurn(saved.code);
-  const controller = new AbortController();
-  setRunning({ controller, answer });
-  try {
-    await follow(answer, saved.session, saved.execution, null, controller.signal);
-  } catch (err) {
-    store.removeItem("kg-running");
-    answer.fail(err.name === "AbortError" ? "Stopped." : `Could not resume this cell: ${err.message}`);
-  } finally {
-    setRunning(null);
-  }
+  const job = newTurn(saved.code);
+  job.run = async ({ answer }) => {
+    const controller = new AbortController();
+    setRunning({ kind: "cell", controller, answer });
+    try {
+      await follow(answer, saved.session, saved.execution, null, controller.signal);
+    } catch (err) {
+      store.removeItem("kg-running");
+      answer.fail(err.name === "AbortError" ? "Stopped." : `Could not resume this cell: ${err.message}`);
+    } finally {
+      setRunning(null);
+    }
+  };
+  job.turn.dataset.state = "running";
+  enqueue(job, true);
 }
 
 async function interrupt() {
@@ -686,13 +772,23 @@ async function restart() {
 }
 
 async function newSession(language = state.language) {
+  state.queue = [];
   state.running?.controller.abort();
-  const old = state.sessionId;
   $("chat").replaceChildren();
+  const prior = state.sessionPending;
+  let old = state.sessionId;
+  state.sessionId = null; // nothing runs in the old one from now on
+  const opening = shareSession(
+    (async () => {
+      if (prior) old = await prior.catch(() => null);
+      const label = languageLabel(language);
+      const id = await startSession(`New ${label} session started: a clean slate.`, language);
+      if (old) request("DELETE", `/sessions/${old}`).catch(() => {});
+      return id;
+    })(),
+  );
   try {
-    const label = languageLabel(language);
-    await startSession(`New ${label} session started: a clean slate.`, language);
-    if (old) request("DELETE", `/sessions/${old}`).catch(() => {});
+    await opening;
   } catch (err) {
     setState("unavailable", "error");
     systemMessage(`Could not start a session: ${err.message}`, "error");
@@ -704,9 +800,12 @@ async function newSession(language = state.language) {
 function submit() {
   const textarea = $("code");
   const code = textarea.value;
-  if (!code.trim() || state.running) return;
+  if (!code.trim()) return;
   textarea.value = "";
-  runCell(code);
+  const job = newTurn(code);
+  job.run = runCell;
+  job.code = code;
+  queued(job, code);
 }
 
 document.addEventListener("DOMContentLoaded", () => {

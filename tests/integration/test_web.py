@@ -227,6 +227,85 @@ def test_chat_with_text_chart_and_traceback(browser: Any, server: ServerThread) 
     context.close()
 
 
+# -- one session per page, cells in order ------------------------------------------------------
+
+
+def session_ids(server: ServerThread) -> set[str]:
+    sessions = httpx.get(f"{server.url}/sessions", timeout=30).json()["sessions"]
+    return {str(s["id"]) for s in sessions}
+
+
+def test_a_cell_sent_during_the_first_start_uses_the_same_session(
+    browser: Any, server: ServerThread
+) -> None:
+    """A cold start is held open (the page's `POST /sessions` waits in the route) while a
+    cell is sent: the cell waits for that session, and no second one is started."""
+    before = session_ids(server)
+    held: list[Any] = []
+
+    def hold(route: Any) -> None:
+        if route.request.method == "POST":
+            held.append(route)
+        else:
+            route.continue_()
+
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    try:
+        page.route("**/sessions", hold)
+        page.goto(server.url + "/")
+        page.wait_for_selector("#session-state:has-text('starting')")
+        answer = run_cell(page, "print('after the cold start')", wait=False)
+        page.wait_for_timeout(1500)  # a second start would have been asked for by now
+        assert len(held) == 1
+        assert answer.locator(".done").count() == 0
+        held[0].continue_()
+        answer.locator(".done").wait_for(timeout=30_000)
+        assert answer.locator(".stream.stdout").inner_text() == "after the cold start\n"
+        assert len(held) == 1
+        assert page.locator(".system", has_text="New session started.").count() == 1
+        assert page.locator(".system").count() == 1  # no stray messages
+        sid = page.evaluate("sessionStorage.getItem('kg-session')")
+        assert session_ids(server) - before == {sid}
+    finally:
+        context.close()
+        for sid in session_ids(server) - before:
+            httpx.delete(f"{server.url}/sessions/{sid}")
+
+
+def test_a_cell_sent_while_another_runs_is_queued_and_runs_after_it(page: Any) -> None:
+    first = run_cell(page, "import time\ntime.sleep(2)\nfirst_done = True\nprint('a')", wait=False)
+    page.wait_for_selector("#session-state:has-text('running')")
+    second = run_cell(page, "print('b', first_done)", wait=False)
+    assert page.input_value("#code") == ""  # taken, not left in the box
+    turns = page.locator(".turn")
+    assert turns.count() == 2
+    assert turns.nth(1).get_attribute("data-state") == "queued"
+    assert first.locator(".done").count() == 0
+    first.locator(".done").wait_for(timeout=30_000)
+    second.locator(".done").wait_for(timeout=30_000)
+    assert first.locator(".stream.stdout").inner_text() == "a\n"
+    assert second.locator(".stream.stdout").inner_text() == "b True\n"
+    assert second.get_attribute("data-status") == "ok"
+
+
+def test_interrupt_stops_the_running_cell_and_keeps_the_queued_one(page: Any) -> None:
+    first = run_cell(page, "import time\ntime.sleep(60)", wait=False)
+    page.wait_for_selector("#session-state:has-text('running')")
+    second = run_cell(page, "print('still queued')", wait=False)
+    third = run_cell(page, "print('taken back')", wait=False)
+    page.locator(".turn").nth(2).locator(".unqueue").click()
+    assert page.locator(".turn").count() == 2
+    assert page.input_value("#code") == "print('taken back')"
+    time.sleep(0.5)
+    page.click("#interrupt")
+    first.locator(".done").wait_for(timeout=10_000)
+    assert first.get_attribute("data-status") == "interrupted"
+    second.locator(".done").wait_for(timeout=30_000)
+    assert second.locator(".stream.stdout").inner_text() == "still queued\n"
+    assert third.count() == 0
+
+
 # -- resuming streams ------------------------------------------------------------------------
 
 SLOW_CELL = (
