@@ -1,9 +1,11 @@
-"""Kernels of templates: a warm pool per template build in use, made on first use.
+"""Kernels of templates: a warm pool per template build in use, sized by its demand.
 
 A template's build is a language on another image (`Templates.language_of`), so its
-kernels come from a `WarmPool` like any language's: started on demand, and one kept warm
-once the template is used, while the templates' warm kernels together stay within
-`--pool-size` (the default image's pool is sized apart). Sessions name a template by
+kernels come from a `WarmPool` like any language's, made on first use. Each pool keeps as
+many kernels warm as its build was asked for in the last `DEMAND_WINDOW` (at least one
+while it is in use; none once unused for `--template-pool-idle`), and the templates' warm
+kernels together stay within `--pool-size` (`share`: each pool in use gets one before any
+gets another; the default image's pool is sized apart). Sessions name a template by
 reference (`analytics`, `analytics:v2`, an id); their records keep the build
 (`template_id/build_id`), so a restarted gateway relaunches their kernels from the
 same image.
@@ -14,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping
 
 from kernel_gateway.errors import TemplateConflict, TemplateNotFound
 from kernel_gateway.kernels.pools.warm import WarmPool
@@ -28,6 +31,10 @@ from kernel_gateway.tenants.principal import ADMIN, Principal
 
 logger = logging.getLogger(__name__)
 
+DEMAND_WINDOW = 60.0
+"""Seconds of asks that size a template's warm pool: one warm kernel for each kernel its
+build was asked for in that time."""
+
 
 class TemplatePools:
     def __init__(
@@ -36,16 +43,20 @@ class TemplatePools:
         warm: WarmPool,
         settings: Settings,
         sessions: Callable[[], list[Session]],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.templates = templates
         self._warm = warm
         self._settings = settings
         self._sessions = sessions
+        self._clock = clock
         self._pools: dict[str, WarmPool] = {}
         """By build id."""
-        self._used: dict[str, float] = {}
-        """When each build's pool was last asked for a kernel (monotonic)."""
+        self._asked: dict[str, deque[float]] = {}
+        """When each build's pool was asked for a kernel (`clock`), the last first among
+        those of the last `DEMAND_WINDOW` (the newest is kept past it)."""
         self._tasks = TaskSet()
+        self._resizes = TaskSet()
         if templates is not None:
             templates.in_use = self.sessions_on
             templates.warm = self.warm_kernels
@@ -70,8 +81,10 @@ class TemplatePools:
                 raise TemplateConflict(
                     f"template {template.name!r} runs {pool.language.name}, not {wanted}"
                 )
-        self._used[build.id] = time.monotonic()
-        self._keep_warm(pool)
+        self._asked.setdefault(build.id, deque()).append(self._clock())
+        self.rebalance()
+        if not self._tasks:
+            self._tasks.spawn(self._cool_down(), name="template pools")
         template.spawn_count += 1
         template.last_spawned_at = time.time()
         self.templates.save_later(template)
@@ -129,40 +142,58 @@ class TemplatePools:
             pool.start()
         return pool
 
-    def _keep_warm(self, pool: WarmPool) -> None:
-        warm = sum(p.size for p in self._pools.values())
-        if pool.size == 0 and warm < self._settings.pool_size:
-            pool.size = 1
-            pool.start()
-        if not self._tasks:
-            self._tasks.spawn(self._cool_down(), name="template pools")
+    def wanted(self, build_id: str) -> int:
+        """The warm kernels `build_id`'s pool wants: one for each kernel asked for in the
+        last `DEMAND_WINDOW`, at least one while used within `--template-pool-idle`, none
+        after that."""
+        asked = self._asked.get(build_id)
+        if not asked:
+            return 0
+        now = self._clock()
+        while len(asked) > 1 and now - asked[0] >= DEMAND_WINDOW:
+            asked.popleft()
+        if now - asked[-1] >= self._settings.template_pool_idle:
+            return 0
+        return max(1, sum(1 for t in asked if now - t < DEMAND_WINDOW))
+
+    def targets(self) -> dict[str, int]:
+        """Each build's warm kernels from now on: what it wants, within `--pool-size` for
+        all of them."""
+        return share({b: self.wanted(b) for b in self._pools}, self._settings.pool_size)
+
+    def rebalance(self) -> None:
+        """Size each pool to its target: one that grows starts kernels now; one that
+        shrinks stops its extra warm kernels in the background."""
+        for build_id, target in self.targets().items():
+            pool = self._pools[build_id]
+            if target > pool.size:
+                pool.size = target
+                pool.start()
+            elif target < pool.size or pool.ready > target:
+                if target == 0 and pool.size:
+                    logger.info("template build %s unused: no warm kernel", build_id)
+                pool.size = target  # no kernel is started past it from now on
+                self._resizes.spawn(pool.resize(target), name=f"template pool {build_id}")
 
     async def _cool_down(self) -> None:
-        """Stop the warm kernel of each template unused for --template-pool-idle."""
-        idle = self._settings.template_pool_idle
-        while any(_holds(p) for p in self._pools.values()):
-            await asyncio.sleep(min(idle / 4, 30.0))
-            now = time.monotonic()
-            for build_id, pool in list(self._pools.items()):
-                if not _holds(pool) or now - self._used.get(build_id, now) < idle:
-                    continue
-                if pool.size:
-                    logger.info(
-                        "template build %s unused for %.0f s: no warm kernel", build_id, idle
-                    )
-                if pool.size or pool.ready:  # a kernel that was starting at the resize too
-                    await pool.resize(0)
+        """Follow each pool's demand as it fades, until none keeps or wants a kernel."""
+        tick = min(self._settings.template_pool_idle, DEMAND_WINDOW) / 4
+        while any(_holds(p) or self.wanted(b) for b, p in self._pools.items()):
+            await asyncio.sleep(min(tick, 30.0))
+            self.rebalance()
 
     async def _forget(self, template: Template) -> None:
         """A template is deleted: its builds' pools go (no session runs on it)."""
         for build in template.builds:
             pool = self._pools.pop(build.id, None)
-            self._used.pop(build.id, None)
+            self._asked.pop(build.id, None)
             if pool is not None:
                 await pool.close()
+        self.rebalance()  # what its pools held may go to others
 
     async def close(self) -> None:
         self._tasks.cancel()
+        self._resizes.cancel()
         for pool in self._pools.values():
             await pool.close()
         self._pools.clear()
@@ -172,3 +203,19 @@ def _holds(pool: WarmPool) -> bool:
     """Whether `pool` keeps, or is starting, a kernel (one started before it was resized to
     none arrives after: the next round removes it)."""
     return bool(pool.size or pool.ready or pool.stats()["starting"])
+
+
+def share(wants: Mapping[str, int], budget: int) -> dict[str, int]:
+    """`budget` warm kernels shared among pools wanting `wants` (by key): one at a time to
+    each pool that wants more, those that want most first (then in `wants`' order), so
+    every pool in use gets one before any gets a second."""
+    given = dict.fromkeys(wants, 0)
+    order = sorted(wants, key=lambda key: -wants[key])
+    while budget > 0:
+        takers = [key for key in order if given[key] < wants[key]]
+        if not takers:
+            break
+        for key in takers[:budget]:
+            given[key] += 1
+        budget -= min(budget, len(takers))
+    return given

@@ -208,9 +208,10 @@ class Settings:
     )
     template_pool_idle: float = setting(
         600.0,
-        "seconds a template may go unused before its warm kernel is stopped",
-        doc="a template in use keeps one kernel warm (within `--pool-size` for all "
-        "templates); unused this long, it keeps none",
+        "seconds a template may go unused before its warm kernels are stopped",
+        doc="a template in use keeps as many kernels warm as were asked of it in the last "
+        "minute, at least one (within `--pool-size` for all templates); unused this long, "
+        "it keeps none",
         positive=True,
     )
     template_pip: str = setting(
