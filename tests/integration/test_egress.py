@@ -723,3 +723,40 @@ def test_a_build_reaches_the_operators_build_allowlist_and_nothing_else(
         assert not any("a,b" in line for line in offline["log"]), offline["log"]
     finally:
         httpx.delete(f"{gw.url}/templates/nonet", timeout=60)
+
+
+def test_a_session_on_a_template_reaches_only_what_its_policy_allows(
+    gw: ServerThread, upstream: dict[str, str]
+) -> None:
+    """A template's sessions are held to network policies as other sessions are: with an
+    allowlist, that and nothing else; without one, nothing."""
+    made = build(gw, "tplpolicy", ["echo on-the-template > /opt/mark"])
+    started: list[str] = []
+    try:
+        assert made["state"] == "ready", made
+        for network in ({"allow": ["allowed.test"]}, None):
+            body: dict[str, Any] = {"template": "tplpolicy"}
+            if network is not None:
+                body["network"] = network
+            answer = httpx.post(f"{gw.url}/sessions", json=body, timeout=120)
+            assert answer.status_code == 201, answer.text
+            assert answer.json()["template"]["name"] == "tplpolicy"
+            started.append(answer.json()["id"])
+        allowed, plain = started
+        assert httpx.get(f"{gw.url}/sessions/{plain}").json()["network"] == "none"
+        for sid in started:
+            assert run(gw, sid, "print(open('/opt/mark').read().strip())") == "on-the-template\n"
+        reaches_only_allowed(gw, allowed)
+        tries = {
+            "allowed": "get('http://allowed.test/data.csv')",
+            "through_proxy": "get('http://allowed.test/data.csv', "
+            "proxies={'http': 'http://127.0.0.1:3128'})",
+            "direct": f"socket.create_connection(('{upstream['address']}', 80), 5)",
+        }
+        found = attempts(gw, plain, tries)
+        for name, (outcome, _) in found.items():
+            assert outcome != "reached", (name, found)
+    finally:
+        for sid in started:
+            httpx.delete(f"{gw.url}/sessions/{sid}", timeout=60)
+        httpx.delete(f"{gw.url}/templates/tplpolicy", timeout=60)

@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 import zmq.asyncio
 
-from kernel_gateway.errors import InvalidRequest, TemplateConflict
+from kernel_gateway.errors import InvalidRequest, TemplateConflict, TooManyTemplates
 from kernel_gateway.kernels.backends.docker import DockerBackend
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.templates.model import Build, BuildSpec, BuildState, Template
@@ -213,3 +213,48 @@ async def test_delete_removes_the_image_and_refuses_a_running_build(
         client.close()
     assert templates.find(template.name, ADMIN) is None
     await asyncio.sleep(0)
+
+
+async def test_more_templates_than_max_templates_are_refused_with_429(
+    templates: Templates,
+) -> None:
+    templates.settings = settings_for(
+        "docker", templates.settings.runtime_dir, runtime="runsc", max_templates=2
+    )
+    first = templates.create(f"t-{uuid.uuid4().hex[:8]}", exist_ok=False, owner=ADMIN)
+    templates.create(f"t-{uuid.uuid4().hex[:8]}", exist_ok=False, owner=ADMIN)
+    with pytest.raises(TooManyTemplates, match=r"at most 2 templates \(--max-templates\)") as info:
+        templates.create(f"t-{uuid.uuid4().hex[:8]}", exist_ok=False, owner=ADMIN)
+    assert (info.value.status_code, info.value.error_type) == (429, "too_many_templates")
+    assert len(templates.all(ADMIN)) == 2  # the refused one was not kept
+    await templates.delete(first)
+    templates.create(f"t-{uuid.uuid4().hex[:8]}", exist_ok=False, owner=ADMIN)  # room again
+
+
+def template_images(template: Template) -> list[str]:
+    """Every image (named, or a cached step) a build of `template` made."""
+    client = docker.from_env()
+    try:
+        filters = {"label": f"io.kernel-gateway.template={template.id}"}
+        found: list[str] = client.api.images(filters=filters, all=True, quiet=True)
+        return found
+    finally:
+        client.close()
+
+
+async def test_an_image_over_the_size_cap_fails_its_build_and_is_removed(
+    templates: Templates,
+) -> None:
+    # Every image holds its base (about 1.3 GB here): every build is over a 100 MiB cap.
+    templates.settings = settings_for(
+        "docker", templates.settings.runtime_dir, runtime="runsc", template_max_size="100m"
+    )
+    template, failed, lines = await build(
+        templates, [{"type": "RUN", "args": [f"echo {uuid.uuid4().hex} > /opt/mark", "root"]}]
+    )
+    assert failed.state is BuildState.ERROR, lines
+    assert failed.reason is not None
+    assert "over the limit of 100 MiB (--template-max-size)" in failed.reason, failed.reason
+    assert failed.image is None and template.ready is None
+    assert not any("The kernel answered" in line for line in lines)  # no readiness check
+    assert template_images(template) == []  # neither the closing image nor the step's

@@ -11,14 +11,16 @@ import tarfile
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import docker
 import httpx
 import pytest
 
-from kernel_gateway.kernels.backends.labels import LABEL_LOCK
+from kernel_gateway.kernels.backends.labels import LABEL_LOCK, LABEL_ROLE
 from tests.support.api import collected, execute, parse_sse
+from tests.support.backends import backend_settings
 from tests.support.server import ServerFactory, ServerThread
 
 
@@ -461,3 +463,78 @@ def test_a_ready_command_that_never_succeeds_fails_the_build(servers: ServerFact
         assert failed["state"] == "error", failed
         assert "ready command 'exit 1' did not succeed within 8 s" in failed["reason"]
         client.delete(f"/templates/{template}")
+
+
+def test_templates_survive_a_restart_and_a_build_cut_short_leaves_nothing(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A plain restart (no --persist-sessions) on the same runtime dir: the template is
+    there and starts sessions. The build that was in a RUN step when the gateway stopped
+    left no container, no image and no folder, and is marked failed."""
+    root = tmp_path_factory.mktemp("gw-restart")
+    settings = backend_settings("docker", root, pool_size=0)
+    kept, cut = name(), name()
+    with ServerThread(settings) as first, httpx.Client(base_url=first.url, timeout=120) as client:
+        steps = [{"type": "RUN", "args": ["echo kept > /opt/mark", "root"]}]
+        made = client.post("/templates", json={"name": kept, "steps": steps})
+        _, ready = follow(client, made.json())
+        assert ready["state"] == "ready", ready
+        context = tar_of({"note.txt": b"for the step\n"})
+        running = client.post(
+            "/templates",
+            json={
+                "name": cut,
+                "steps": [
+                    {"type": "COPY", "args": ["note.txt", "/opt/note.txt"]},
+                    {"type": "RUN", "args": [f"echo {uuid.uuid4().hex}; echo started; sleep 300"]},
+                ],
+                "context": base64.b64encode(context).decode(),
+            },
+        ).json()
+        path = f"/templates/{cut}/builds/{running['id']}/logs"
+        with client.stream("GET", path) as response:
+            for event, data in parse_sse(response.iter_bytes()):
+                if event == "log" and data["message"] == "started":
+                    break
+                assert event == "log", (event, data)
+        cut_id = client.get(f"/templates/{cut}").json()["id"]
+        assert len(build_containers(root)) == 1  # the RUN step's, running
+        assert template_images(cut_id) != []  # the COPY step's image at least
+    # The gateway stopped during the RUN step.
+    assert build_containers(root) == []
+    assert template_images(cut_id) == []
+    assert list(root.glob("*/k/*")) == []  # no folder a step was given
+
+    with ServerThread(settings) as second, httpx.Client(base_url=second.url, timeout=120) as client:
+        listed = {t["name"]: t for t in client.get("/templates").json()["templates"]}
+        assert listed[kept]["ready_build"] == ready["id"]
+        stopped = client.get(f"/templates/{cut}/builds/{running['id']}").json()
+        assert stopped["state"] == "error" and stopped["image"] is None, stopped
+        session = client.post("/sessions", json={"template": kept})
+        assert session.status_code == 201, session.text
+        sid = session.json()["id"]
+        assert execute(client, sid, "print(open('/opt/mark').read())").stdout.strip() == "kept"
+        client.delete(f"/sessions/{sid}")
+        for template in (kept, cut):
+            assert client.delete(f"/templates/{template}").status_code == 204
+
+
+def build_containers(root: Path) -> list[str]:
+    """The build containers of gateways on the runtime dir `root`, running or not."""
+    engine = docker.from_env()
+    try:
+        found = engine.containers.list(all=True, filters={"label": f"{LABEL_ROLE}=build"})
+        return [str(c.id) for c in found if c.labels.get(LABEL_LOCK, "").startswith(f"{root}/")]
+    finally:
+        engine.close()
+
+
+def template_images(template_id: str) -> list[str]:
+    """Every image (named, or a step's) a build of the template made."""
+    engine = docker.from_env()
+    try:
+        filters = {"label": f"io.kernel-gateway.template={template_id}"}
+        found: list[str] = engine.api.images(filters=filters, all=True, quiet=True)
+        return found
+    finally:
+        engine.close()
