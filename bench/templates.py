@@ -10,6 +10,9 @@ beside the default image, interleaved in one run, on the docker backend.
   default image), `1 + 1` until its `done`, then `DELETE`; one of each per round, in
   alternating order, each taken with a warm kernel ready (the bench waits for it: the
   template's pool keeps one warm while it is used, the default pool `--pool-size`).
+- **E2B's SDK, create → first result**: `Sandbox.create("alias")` (or `Sandbox.create()`
+  for the default image), `run_code("1 + 1")`, `kill()`; in the same rounds, each taken
+  with both pools warm as above.
 
 Asserts nothing; prints a table and writes bench/results/templates.json.
 """
@@ -28,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from e2b_code_interpreter import Sandbox
 
+from bench.e2b import sdk_options
 from bench.run import ROOT, free_port, machine, report, serving, summary, wait_until, wait_warm
 from kernel_gateway.client.sse import iter_events
 from kernel_gateway.settings import DEFAULT_IMAGE
@@ -90,6 +95,18 @@ def first_result(client: httpx.Client, template: str | None) -> float:
     return took
 
 
+def e2b_first_result(url: str, template: str | None) -> float:
+    began = time.monotonic()
+    options = sdk_options(url)
+    sandbox = Sandbox.create(template, **options) if template else Sandbox.create(**options)
+    try:
+        if sandbox.run_code("1 + 1").text != "2":
+            raise SystemExit("E2B's SDK did not get 2")
+        return time.monotonic() - began
+    finally:
+        sandbox.kill()
+
+
 def wait_template_warm(client: httpx.Client, name: str) -> None:
     """Until the template's pool has a warm kernel ready (no session holds one between
     rounds)."""
@@ -130,28 +147,43 @@ def main() -> None:
         cached, _ = build(client, name, force=False, first=False)
         results["build_s"] = {"uncached": round(uncached, 2), "cached": round(cached, 2)}
         first_result(client, name)  # the template's pool is made and starts its warm kernel
-        default: list[float] = []
-        templated: list[float] = []
+        samples: dict[tuple[str, bool], list[float]] = {
+            (api, templated): [] for api in ("ours", "e2b") for templated in (False, True)
+        }
         for i in range(rounds):
             print(f"round {i + 1}/{rounds}…", flush=True)
             order = [None, name] if i % 2 == 0 else [name, None]
-            for template in order:
-                # Both pools full before each create: the other one's refill (a container
-                # starting, about a second of CPU on 2 cores) would otherwise run beside it.
-                wait_warm(url, POOL)
-                wait_template_warm(client, name)
-                if template is None:
-                    default.append(first_result(client, None))
-                else:
-                    templated.append(first_result(client, template))
+            for api in ("ours", "e2b"):
+                for template in order:
+                    # Both pools full before each create: the other one's refill (a
+                    # container starting, about a second of CPU on 2 cores) would otherwise
+                    # run beside it.
+                    wait_warm(url, POOL)
+                    wait_template_warm(client, name)
+                    took = (
+                        first_result(client, template)
+                        if api == "ours"
+                        else e2b_first_result(url, template)
+                    )
+                    samples[api, template is not None].append(took)
         results["create_first_result"] = {
-            "default": summary(default),
-            "template": summary(templated),
+            "default": summary(samples["ours", False]),
+            "template": summary(samples["ours", True]),
+        }
+        results["e2b_create_first_result"] = {
+            "default": summary(samples["e2b", False]),
+            "template": summary(samples["e2b", True]),
         }
         client.delete(f"/templates/{name}")
     d, t = results["create_first_result"]["default"], results["create_first_result"]["template"]
     ratio = t["p50_ms"] / d["p50_ms"] if d["p50_ms"] else float("nan")
     results["template_over_default_p50"] = round(ratio, 3)
+    ed, et = (
+        results["e2b_create_first_result"]["default"],
+        results["e2b_create_first_result"]["template"],
+    )
+    e2b_ratio = et["p50_ms"] / ed["p50_ms"] if ed["p50_ms"] else float("nan")
+    results["e2b_template_over_default_p50"] = round(e2b_ratio, 3)
     table = "\n".join(
         [
             "| figure | default image | template |",
@@ -159,6 +191,10 @@ def main() -> None:
             f"| create → first result p50 | {d['p50_ms']:.1f} ms | {t['p50_ms']:.1f} ms "
             f"({ratio:.2f}×) |",
             f"| create → first result p90 | {d['p90_ms']:.1f} ms | {t['p90_ms']:.1f} ms |",
+            f"| E2B's `Sandbox.create` → first `run_code` p50 | {ed['p50_ms']:.1f} ms | "
+            f"{et['p50_ms']:.1f} ms ({e2b_ratio:.2f}×) |",
+            f"| E2B's `Sandbox.create` → first `run_code` p90 | {ed['p90_ms']:.1f} ms | "
+            f"{et['p90_ms']:.1f} ms |",
             f"| build a small template (RUN, ENV, COPY) | | {uncached:.1f} s uncached, "
             f"{cached:.1f} s cached |",
         ]
