@@ -18,6 +18,7 @@
     │   ├── SessionClosed             409 session_closed      (deleted while the request waited)
     │   ├── SessionFailed             409 session_failed      (its kernel kept dying: gave up)
     │   ├── TemplateConflict          409 template_conflict   (name taken, build running, in use)
+    │   ├── TurnRunning               409 turn_running        (the session's chat is answering)
     │   └── VolumeInUse               409 volume_in_use       (mounted by a session)
     ├── Gone                          410 gone
     │   ├── ExecutionExpired          410 execution_expired   (its events aged out of retention)
@@ -35,6 +36,7 @@
     ├── KernelUnavailable             503 kernel_unavailable  (+ Retry-After: no kernel could start)
     │   └── HibernationFailed         503 hibernation_failed  (not saved: the session runs on;
     │                                                          also a snapshot or fork's save)
+    ├── ChatNotConfigured             501 chat_not_configured (no --llm-url: no model to ask)
     ├── BadGateway                    502 bad_gateway         (router: a node's answer was broken)
     ├── ShuttingDown                  503 shutting_down       (+ Retry-After: the gateway drains)
     │   └── NodeUnavailable           503 node_unavailable    (router: a node restarts; Retry-After)
@@ -160,6 +162,12 @@ class TemplateConflict(Conflict):
     error_type = "template_conflict"
 
 
+class TurnRunning(Conflict):
+    """A session's chat answers one message at a time."""
+
+    error_type = "turn_running"
+
+
 class VolumeInUse(Conflict):
     """A volume mounted by a session cannot be deleted."""
 
@@ -242,6 +250,13 @@ class NodeUnavailable(ShuttingDown):
     done, retry after `Retry-After` (clients retry it as they retry `shutting_down`)."""
 
     error_type = "node_unavailable"
+
+
+class ChatNotConfigured(GatewayError):
+    """The gateway has no model to ask (`--llm-url`, `--llm-model`)."""
+
+    status_code = 501
+    error_type = "chat_not_configured"
 
 
 class BadGateway(GatewayError):

@@ -24,6 +24,18 @@ DiedReason = Literal[
 """Why a cell's kernel went away: the `reason` of a `done` event with status `died`."""
 DIED_REASONS: tuple[DiedReason, ...] = get_args(DiedReason)
 
+TurnStatus = Literal[
+    "running",
+    "answered",
+    "step_limit",
+    "token_limit",
+    "call_limit",
+    "interrupted",
+    "model_error",
+    "failed",
+]
+"""Where a chat turn is: running, or how it ended (its `end` event's `status`)."""
+
 ExecutionStatus = Literal[Literal["queued", "running"], DoneStatus]
 """Where an execution is: waiting its turn, running, or how it ended."""
 

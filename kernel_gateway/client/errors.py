@@ -32,6 +32,7 @@
         │   ├── SessionClosedError      409 session_closed   (deleted while the request waited)
         │   ├── SessionFailedError      409 session_failed   (its kernel kept dying: gave up)
         │   ├── TemplateConflictError   409 template_conflict (name taken, building, in use)
+        │   ├── TurnRunningError        409 turn_running     (the session's chat is answering)
         │   └── VolumeInUseError        409 volume_in_use    (mounted by a session)
         ├── RateLimitError              429 too_many_sessions (retry_after)
         │   ├── TooManyTemplatesError   429 too_many_templates (--max-templates)
@@ -40,6 +41,7 @@
         │   └── QuotaExceededError      429 quota_exceeded (the API key's quota)
         │       └── RateLimitedError    429 rate_limited (the key's requests a minute)
         └── ServerError                 500 internal_error (and any other 5xx)
+            ├── ChatNotConfiguredError  501 chat_not_configured (the gateway has no model)
             ├── BadGatewayError         502 bad_gateway (a cluster router: a node's answer broke)
             └── UnavailableError        503 (retry_after)
                 ├── KernelUnavailableError   503 kernel_unavailable
@@ -255,8 +257,16 @@ class VolumeInUseError(ConflictError):
     """409: the volume is mounted by a session (delete that first)."""
 
 
+class TurnRunningError(ConflictError):
+    """409: the session's chat is answering a message; send the next when it ends."""
+
+
 class ServerError(APIError):
     """5xx: the gateway failed."""
+
+
+class ChatNotConfiguredError(ServerError):
+    """501: the gateway has no model to ask (it was started without `--llm-url`)."""
 
 
 class BadGatewayError(ServerError):
@@ -319,6 +329,8 @@ BY_TYPE: dict[str, type[APIError]] = {
     "session_closed": SessionClosedError,
     "session_failed": SessionFailedError,
     "template_conflict": TemplateConflictError,
+    "turn_running": TurnRunningError,
+    "chat_not_configured": ChatNotConfiguredError,
     "too_many_sessions": RateLimitError,
     "too_many_templates": TooManyTemplatesError,
     "too_many_snapshots": TooManySnapshotsError,

@@ -535,6 +535,7 @@ routes = [
     Route("/", any_node, methods=["GET"]),
     Route("/openapi.json", any_node, methods=["GET"]),
     Route("/languages", any_node, methods=["GET"]),
+    Route("/chat", any_node, methods=["GET"]),
     Route("/static/{path:path}", any_node, methods=["GET"]),
     Route("/execute", execute_stateless, methods=["POST"]),
     Route("/sessions", create_session, methods=["POST"]),

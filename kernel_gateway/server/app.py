@@ -14,6 +14,7 @@ import zmq.asyncio
 from starlette.applications import Starlette
 
 from kernel_gateway import logs
+from kernel_gateway.chat.service import Chat
 from kernel_gateway.errors import BackendUnavailable
 from kernel_gateway.http.auth import Authenticator
 from kernel_gateway.http.errors import exception_handlers
@@ -63,6 +64,7 @@ class State(TypedDict):
     usage: UsageSampler
     keys: KeyStore
     auth: Authenticator
+    chat: Chat
     openapi: Callable[[], JSON]
 
 
@@ -111,6 +113,7 @@ def create_app(settings: Settings) -> Starlette:
         gauges: RegistryGauges | None = None
         templates: Templates | None = None
         usage: UsageSampler | None = None
+        chat: Chat | None = None
         unname: Callable[[], None] | None = None
         try:
             await asyncio.to_thread(keys.open)
@@ -177,6 +180,8 @@ def create_app(settings: Settings) -> Starlette:
             usage = UsageSampler(settings, registry.sessions, sink=keys)
             registry.quotas.disk_held = usage.disk_held
             usage.start()
+            chat = Chat(settings, runtime.root / "chats" if settings.persist_sessions else None)
+            await chat.open(registry.sessions())
             async with protocol_state(
                 settings, registry, snapshots, usage, volumes, auth, records
             ) as protocols:
@@ -191,10 +196,13 @@ def create_app(settings: Settings) -> Starlette:
                     "usage": usage,
                     "keys": keys,
                     "auth": auth,
+                    "chat": chat,
                     "openapi": document,
                     **protocols,
                 }
         finally:
+            if chat is not None:
+                await chat.close()  # turns end `interrupted`; conversations written
             if usage is not None:
                 await usage.close()
             if unname is not None:

@@ -34,7 +34,7 @@ from kernel_gateway.http.operations import Operation, Reply
 from kernel_gateway.http.responses import REQUEST_ID_HEADER
 from kernel_gateway.server.routes import OPERATIONS, SURFACES
 from kernel_gateway.settings import Settings
-from kernel_gateway.shapes import events, responses, schema
+from kernel_gateway.shapes import chat, events, responses, schema
 
 JSON = dict[str, Any]
 
@@ -56,6 +56,7 @@ RESPONSES = tuple(
             responses.CollectedExecution,
             responses.BuildLog,
             *events.EVENT_DATA.values(),
+            *chat.CHAT_EVENT_DATA.values(),
         ]
     )
 )
@@ -70,7 +71,7 @@ def _ref(name: str) -> JSON:
 def _schemas(settings: Settings) -> JSON:
     """Every model's schema (with the limits of these settings), and the event stream."""
     schemas = schema.definitions(REQUESTS, RESPONSES, settings, ref_template=REF_TEMPLATE)
-    return {**schemas, "ServerSentEvent": _server_sent_event()}
+    return {**schemas, "ServerSentEvent": _server_sent_event(), "ChatEvent": _chat_event()}
 
 
 def _with_languages(schemas: JSON, languages: Sequence[str] | None) -> JSON:
@@ -90,31 +91,43 @@ def _with_languages(schemas: JSON, languages: Sequence[str] | None) -> JSON:
     return schemas
 
 
+def _frame(name: str, data: type) -> JSON:
+    return {
+        "type": "object",
+        "title": name,
+        "properties": {
+            "event": {"const": name},
+            "id": {
+                "type": "string",
+                "pattern": "^[0-9]+$",
+                "description": "Increases within the session; send it back as "
+                "Last-Event-ID to resume.",
+            },
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": _ref(data.__name__),
+            },
+        },
+        "required": ["event", "id", "data"],
+    }
+
+
+def _chat_event() -> JSON:
+    """One frame of a chat turn's stream: the chat's own events and its cells' events."""
+    frames = [_frame(n, d) for n, d in (*chat.CHAT_EVENT_DATA.items(), *events.EVENT_DATA.items())]
+    return {
+        "description": "One frame of a chat turn's event stream: `turn` first, the model's "
+        "`text`, each `cell` followed by that cell's events up to its `done`, and `end` last, "
+        "exactly once. Keepalive comments (`: ping`) come every 10 s.",
+        "oneOf": frames,
+    }
+
+
 def _server_sent_event() -> JSON:
     """One frame of an event stream, for each event: its `data` is a JSON text whose
     schema is that event's data model."""
-    frames = [
-        {
-            "type": "object",
-            "title": name,
-            "properties": {
-                "event": {"const": name},
-                "id": {
-                    "type": "string",
-                    "pattern": "^[0-9]+$",
-                    "description": "Increases within the session; send it back as "
-                    "Last-Event-ID to resume.",
-                },
-                "data": {
-                    "type": "string",
-                    "contentMediaType": "application/json",
-                    "contentSchema": _ref(data.__name__),
-                },
-            },
-            "required": ["event", "id", "data"],
-        }
-        for name, data in events.EVENT_DATA.items()
-    ]
+    frames = [_frame(name, data) for name, data in events.EVENT_DATA.items()]
     return {
         "description": "One frame of an execution's event stream: `id:`, `event:` and "
         "one `data:` line of JSON. Keepalive comments (`: ping`) come every 10 s. "
@@ -134,7 +147,8 @@ _ERROR_REASONS = {
     "(`network_not_allowed`).",
     404: "No such session, execution, file, template (`template_not_found`) or route.",
     409: "The session is busy (too many queued executions), deleted, or failed; or the file "
-    "path names a folder; or the template has no ready build (`template_conflict`).",
+    "path names a folder; or the template has no ready build (`template_conflict`); or the "
+    "session's chat is answering a message (`turn_running`).",
     410: "The execution's events are past the session's retention (`execution_expired`), or "
     "the session was persisted but its kernel did not survive the gateway's restart "
     "(`session_lost`).",
@@ -144,6 +158,8 @@ _ERROR_REASONS = {
     429: "Too many sessions or stateless executions at once: retry after `Retry-After`; or a "
     "quota is full (`too_many_snapshots`, `too_many_templates`, `too_many_volumes`, no "
     "`Retry-After`): delete one first.",
+    501: "This gateway has no model for the chat (`chat_not_configured`: start it with "
+    "`--llm-url` and `--llm-model`).",
     503: "No kernel could be started in time (`kernel_unavailable`), or the gateway is "
     "draining for a restart and did nothing (`shutting_down`); retry after `Retry-After`; or "
     "the backend runs no templates (`backend_unavailable`).",

@@ -265,6 +265,10 @@ class Execution:
         async for record in self.records():
             yield record.event
 
+    def kept_records(self) -> list[Record]:
+        """Its events so far (none once expired)."""
+        return list(self._log)
+
     @property
     def last_event_id(self) -> int | None:
         return self._log[-1].id if self._log else None

@@ -114,6 +114,10 @@ class ExecutionLog:
         self._last_event_id += 1
         return self._last_event_id
 
+    def next_event_id(self) -> int:
+        """An event id for an event of the session's that is not a cell's (the chat's)."""
+        return self._next_event_id()
+
     # -- what clients ask --------------------------------------------------------------------
 
     def find(self, execution_id: str) -> Execution:

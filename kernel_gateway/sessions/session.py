@@ -36,6 +36,7 @@ from kernel_gateway.kernels.volumes import VolumeMount
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.sessions.adoption import Adoption
 from kernel_gateway.sessions.cells import CellRunner
+from kernel_gateway.sessions.conversation import Conversation
 from kernel_gateway.sessions.execution import Execution, StopReason
 from kernel_gateway.sessions.execution_log import ExecutionLog
 from kernel_gateway.sessions.files import SessionFiles
@@ -110,6 +111,8 @@ class Session:
             hibernation=self.hibernation,
         )
         """Its cells, run one at a time in order."""
+        self.conversation = Conversation(session_id)
+        """Its chat with a model (`kernel_gateway.chat` asks the model)."""
 
     # -- what the API asks -------------------------------------------------------------------
 
@@ -142,9 +145,11 @@ class Session:
         return execution
 
     async def interrupt(self) -> bool:
-        """Interrupt the running cell; False when nothing was running."""
+        """Interrupt the running cell, and stop the chat's turn; False when nothing was
+        running."""
         self.touch()
-        return await self.cells.interrupt()
+        stopped = self.conversation.stop()
+        return await self.cells.interrupt() or stopped
 
     def execution(self, execution_id: str) -> Execution:
         """A kept execution by id; 410 if it aged out of retention, 404 if it never was."""
@@ -191,6 +196,7 @@ class Session:
         it was carried on gone."""
         try:
             self.closed = True
+            self.conversation.close()
             self.cells.stop_all(StopReason.CLOSED)
             self.log.stop_waiting()
             await self.slot.close()

@@ -592,6 +592,61 @@ class Settings:
         doc="the [MCP](mcp.md) tools take a `template` (a sandbox on one of the gateway's "
         "[templates](templates.md)); off, their schemas do not offer it. Docker backend",
     )
+    # -- the chat: a model writes the code ------------------------------------------------
+    llm_url: str | None = setting(
+        None,
+        "an OpenAI-compatible chat-completions API with tool calling, for the chat "
+        "(e.g. http://127.0.0.1:11434/v1); unset, there is no chat",
+        doc="base URL of an OpenAI-compatible API with tool calling (`…/v1`: the gateway "
+        "posts to `…/v1/chat/completions`): Ollama, vLLM, llama.cpp or a hosted one. Set, "
+        "sessions have a [chat](chat.md); unset, the chat routes answer 501",
+        check=values.http_url,
+    )
+    llm_model: str | None = setting(
+        None,
+        "the model the chat asks (its name at --llm-url)",
+        doc="the model the [chat](chat.md) asks, by its name at `--llm-url`",
+    )
+    llm_key_file: Path | None = setting(
+        None,
+        "read the model API's key from this file's first line (it stays on the gateway)",
+        doc="the model API's key, read from a file's first line (a Docker secret); sent only "
+        "to `--llm-url`, never to a browser or a kernel",
+    )
+    llm_timeout: float = setting(
+        120.0,
+        "seconds one model call may take, first byte to last",
+        doc="seconds one model call may take; past it the turn ends `model_error`",
+        positive=True,
+        finite=True,
+    )
+    llm_vision: bool = setting(
+        False,
+        "send the charts a cell shows to the model as images (models that take images)",
+        doc="send the charts a cell shows to the model as images, not only their names "
+        "(only for models that take images)",
+    )
+    chat_max_steps: int = setting(
+        8,
+        "cells the model may run in one chat turn",
+        doc="cells the model may run in one [chat](chat.md) turn; then the turn ends `step_limit`",
+        minimum=1,
+        maximum=100,
+    )
+    chat_max_tokens: int = setting(
+        60000,
+        "tokens one chat turn may use, as the model reports them",
+        doc="tokens one chat turn may use, as the model reports them (estimated from the "
+        "text when it does not); then the turn ends `token_limit`",
+        minimum=1000,
+    )
+    chat_calls_per_hour: int = setting(
+        600,
+        "model calls each API key (and the admin) may make in any hour (0: no limit)",
+        doc="model calls per API key (and for the admin) in any hour, on this gateway; past "
+        "it a new turn gets 429 and a running one ends `call_limit`. `0`: no limit",
+        minimum=0,
+    )
 
     def __post_init__(self) -> None:
         """Refuse, at startup, any value that would only fail later (at every launch): each
@@ -618,6 +673,13 @@ class Settings:
             raise ValueError(
                 f"{origin('build_egress_allow')}: templates are built on the docker backend"
             )
+        if (self.llm_url is None) != (self.llm_model is None):
+            raise ValueError(
+                f"{origin('llm_url')} and {origin('llm_model')} go together: the chat needs "
+                "both the API and the model to ask there"
+            )
+        if self.llm_key_file is not None and self.llm_url is None:
+            raise ValueError(f"{origin('llm_key_file')} without {origin('llm_url')}")
         if self.egress_ceiling and self.network != "none":
             raise ValueError(
                 f"{origin('egress_allow')} needs {origin('network')} none: kernels with a "

@@ -12,6 +12,7 @@ import math
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kernel_gateway.in_proxy.policy import BadPattern, normalize
 from kernel_gateway.settings.declare import origin
@@ -117,6 +118,14 @@ def node_name(text: str) -> str:
         raise ValueError(
             f"1-63 letters, digits, '-' or '_', starting with a letter or digit (got {text!r})"
         )
+    return text
+
+
+def http_url(text: str) -> str:
+    """An http(s) URL with a host (a model API's base URL); anything else refused at once."""
+    parsed = urlsplit(text)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"an http:// or https:// URL with a host (got {text!r})")
     return text
 
 

@@ -14,6 +14,7 @@ from kernel_gateway.protocols.e2b import routes as e2b
 from kernel_gateway.protocols.jupyter import routes as jupyter
 from kernel_gateway.protocols.mcp import routes as mcp
 from kernel_gateway.server.routes import (
+    chat,
     cluster_keys,
     files,
     health,
@@ -35,6 +36,7 @@ OPERATIONS: tuple[Operation, ...] = (
     *openapi.OPERATIONS,
     *metrics.OPERATIONS,
     *sessions.OPERATIONS,
+    *chat.OPERATIONS,
     *session_metrics.OPERATIONS,
     *session_network.OPERATIONS,
     *snapshots.OPERATIONS,
