@@ -84,6 +84,7 @@ class TurnRunner:
         self.conversation = session.conversation
         self.cells = 0
         self.tokens = 0
+        self._answer_began = False
 
     def emit(self, name: str, data: dict[str, Any]) -> None:
         self.turn.add(turn_event(name, data, self.session.log.next_event_id()))
@@ -153,6 +154,7 @@ class TurnRunner:
                     },
                 )
             messages = [system, *self.conversation.messages]
+            self._answer_began = False
             answer = await self.model.ask(messages, tools, self._text)
             self.tokens += answer.tokens or _estimate(messages, answer)
             self.conversation.messages.append(answer.message())
@@ -168,7 +170,11 @@ class TurnRunner:
                 raise TurnEnded("token_limit")
 
     async def _text(self, text: str) -> None:
-        self.turn.summary.text += text
+        summary = self.turn.summary
+        if not self._answer_began and summary.text:  # the model's answers, a paragraph each
+            summary.text += "\n\n"
+        self._answer_began = True
+        summary.text += text
         self.emit("text", {"text": text})
 
     async def _call(self, call: ToolCall) -> None:

@@ -106,7 +106,7 @@ async def test_a_turn_streams_text_a_cell_its_output_and_the_answer(
     assert cell["code"] == "print 42" and cell["cell"] == 1
     end = end_of(records)
     assert end["status"] == "answered" and end["cells"] == 1
-    assert end["text"] == "Let me **count**.The answer is 42."
+    assert end["text"] == "Let me **count**.\n\nThe answer is 42."
     assert end["tokens"] == 200  # as the scripted model reported them, two calls
     # The model read the system message, the tool, and the cell's output.
     first = model.requests[-2]
