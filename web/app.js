@@ -20,6 +20,9 @@ const state = {
   queue: [], // jobs sent while another ran, in order
   pumping: false,
   sessionPending: null, // the one promise of the session being found or created
+  chat: null, // GET /chat: { enabled, model, ... } (null: this gateway has no chat)
+  mode: "code", // "ask": words to the model; "code": a cell
+  attachments: [], // files uploaded for the next message: { name, size, status, promise, chip }
 };
 
 class ApiError extends Error {
@@ -54,12 +57,14 @@ async function request(
   body,
   { retried = false, stream = false, signal, lastEventId = "" } = {},
 ) {
-  const h = headers(body !== undefined);
+  const raw = body instanceof Blob; // an upload: its bytes as they are
+  const h = headers(body !== undefined && !raw);
+  if (raw) h["Content-Type"] = "application/octet-stream";
   if (lastEventId) h["Last-Event-ID"] = lastEventId;
   const response = await fetch(path, {
     method,
     headers: h,
-    body: body === undefined ? undefined : JSON.stringify(body),
+    body: body === undefined || raw ? body : JSON.stringify(body),
     signal,
   });
   if (response.status === 401 && !retried) {
@@ -103,7 +108,7 @@ function setSession(id, language = "python") {
   const label = languageLabel(language);
   $("session-id").textContent = id ? `${label} session ${id.slice(0, 8)}` : "";
   $("language").value = language;
-  $("code").placeholder = `${label} code — Shift+Enter to run`;
+  updateComposer();
 }
 
 async function loadLanguages() {
@@ -192,6 +197,7 @@ function connect() {
   const opening = shareSession(
     (async () => {
       await loadLanguages();
+      await loadChat();
       const previous = store.getItem("kg-session");
       if (!previous) return startSession();
       let session;
@@ -212,6 +218,7 @@ function connect() {
           "(earlier output is not shown again, but a cell that was running is).",
       );
       resumeRunning(); // queued ahead of anything sent meanwhile
+      await resumeChat();
       return session.id;
     })(),
   );
@@ -607,6 +614,7 @@ function scrollDown() {
 function setRunning(running) {
   state.running = running;
   $("interrupt").hidden = !running;
+  $("interrupt").textContent = running?.kind === "ask" ? "Stop ■" : "Interrupt ■";
   setState(running ? "running" : "idle", running ? "busy" : "");
 }
 
@@ -639,11 +647,12 @@ async function pump() {
   }
 }
 
-function newTurn(code) {
+function newTurn(code, files = []) {
   $("intro")?.remove();
   const turn = el("div", "turn");
   const cell = el("div", "cell");
   cell.appendChild(el("pre", "", code));
+  if (files.length) cell.appendChild(fileChips(files));
   turn.appendChild(cell);
   $("chat").appendChild(turn);
   return { turn, cell, answer: new Answer(turn) };
@@ -671,10 +680,11 @@ function execute(code, signal) {
   return request("POST", `/sessions/${state.sessionId}/execute`, { code }, { stream: true, signal });
 }
 
-async function runCell({ code, answer }) {
+async function runCell({ code, answer, attachments = [] }) {
   const controller = new AbortController();
   setRunning({ kind: "cell", controller, answer });
   try {
+    await uploaded(attachments); // the cell may read them
     let response;
     try {
       response = await execute(code, controller.signal);
@@ -699,6 +709,13 @@ async function runCell({ code, answer }) {
 // exactly what it would have without the break.
 async function follow(answer, sessionId, execution, response, signal) {
   const url = `/sessions/${sessionId}/executions/${execution}/events`;
+  await followEvents(url, answer, "done", response, signal, Boolean(execution));
+  store.removeItem("kg-running");
+}
+
+// Reads a stream of events into `view` until the `last` one, resuming a broken stream
+// from the last event id seen (GET `url` with Last-Event-ID).
+async function followEvents(url, view, last, response, signal, resumable = true) {
   let lastId = "";
   let failures = 0;
   for (;;) {
@@ -709,17 +726,14 @@ async function follow(answer, sessionId, execution, response, signal) {
       for await (const event of sseEvents(response)) {
         if (event.id) lastId = event.id;
         failures = 0;
-        answer.handle(event);
-        if (event.event === "done") {
-          store.removeItem("kg-running");
-          return;
-        }
+        view.handle(event);
+        if (event.event === last) return;
       }
     } catch (err) {
       if (err.name === "AbortError" || err instanceof ApiError) throw err;
     }
     response = null;
-    if (!execution || ++failures > 20) {
+    if (!resumable || ++failures > 20) {
       throw new Error("the connection to the gateway broke and could not be resumed");
     }
     setState("reconnecting…", "busy");
@@ -751,8 +765,9 @@ function resumeRunning() {
 
 async function interrupt() {
   if (!state.running || !state.sessionId) return;
+  const path = state.running.kind === "ask" ? "chat/stop" : "interrupt";
   try {
-    await request("POST", `/sessions/${state.sessionId}/interrupt`, {});
+    await request("POST", `/sessions/${state.sessionId}/${path}`, {});
   } catch (err) {
     systemMessage(`Interrupt failed: ${err.message}`, "error");
   }
@@ -774,6 +789,7 @@ async function restart() {
 async function newSession(language = state.language) {
   state.queue = [];
   state.running?.controller.abort();
+  clearAttachments();
   $("chat").replaceChildren();
   const prior = state.sessionPending;
   let old = state.sessionId;
@@ -795,17 +811,534 @@ async function newSession(language = state.language) {
   }
 }
 
+// ---------------------------------------------------------------- Markdown
+//
+// The model's words are untrusted: this small Markdown (paragraphs, headings, emphasis,
+// inline code, fenced code, lists, quotes, tables, links) is built as DOM nodes with every
+// piece of text a text node; nothing of the model's goes through innerHTML. Links are
+// kept only for http(s) URLs and open in a new tab with rel=noopener.
+
+const MD_LIST_ITEM = /^( *)([-*+]|\d{1,9}[.)])(?:[ \t]+(.*))?$/;
+const MD_TABLE_RULE = /^ *\|? *:?-+:? *(\| *:?-+:? *)*\|? *$/;
+const MD_BLOCK_START = /^ {0,3}(```|~~~|#{1,6}(\s|$)|>|([-*+]|\d{1,9}[.)])\s)/;
+
+function markdown(source) {
+  const fragment = document.createDocumentFragment();
+  mdBlocks(source.replace(/\r\n?/g, "\n").replace(/\t/g, "    ").split("\n"), fragment);
+  return fragment;
+}
+
+function indentOf(line) {
+  return line.length - line.trimStart().length;
+}
+
+function mdBlocks(lines, parent) {
+  let i = 0;
+  while (i < lines.length) {
+    const line = lines[i];
+    let m;
+    if (!line.trim()) {
+      i++;
+    } else if ((m = /^ {0,3}(`{3,}|~{3,}) *([^`\s]*)/.exec(line))) {
+      const close = new RegExp(`^ {0,3}${m[1][0] === "`" ? "`" : "~"}{${m[1].length},} *$`);
+      const body = [];
+      for (i++; i < lines.length && !close.test(lines[i]); i++) body.push(lines[i]);
+      i++; // the closing fence (none yet while the text is still streaming)
+      const pre = el("pre", "md-code");
+      const code = el("code", "", body.join("\n"));
+      const language = m[2].replace(/[^\w+#.-]/g, "");
+      if (language) code.dataset.language = language;
+      pre.appendChild(code);
+      parent.appendChild(pre);
+    } else if ((m = /^ {0,3}(#{1,6})(?:\s+(.*?))?(?:\s+#+)?\s*$/.exec(line))) {
+      const heading = el(`h${m[1].length}`);
+      mdInline(m[2] || "", heading);
+      parent.appendChild(heading);
+      i++;
+    } else if (/^ {0,3}([-*_])( *\1){2,} *$/.test(line)) {
+      parent.appendChild(el("hr"));
+      i++;
+    } else if (/^ {0,3}>/.test(line)) {
+      const quoted = [];
+      while (i < lines.length && /^ {0,3}>/.test(lines[i])) quoted.push(lines[i++].replace(/^ {0,3}> ?/, ""));
+      const quote = el("blockquote");
+      mdBlocks(quoted, quote);
+      parent.appendChild(quote);
+    } else if (MD_LIST_ITEM.test(line) && indentOf(line) < 4) {
+      i = mdList(lines, i, parent);
+    } else if (line.includes("|") && i + 1 < lines.length && MD_TABLE_RULE.test(lines[i + 1])) {
+      i = mdTable(lines, i, parent);
+    } else {
+      const text = [];
+      while (i < lines.length && lines[i].trim() && !(text.length && MD_BLOCK_START.test(lines[i]))) {
+        text.push(lines[i++].trim());
+      }
+      const paragraph = el("p");
+      mdInline(text.join("\n"), paragraph);
+      parent.appendChild(paragraph);
+    }
+  }
+}
+
+function mdList(lines, i, parent) {
+  const first = MD_LIST_ITEM.exec(lines[i]);
+  const indent = first[1].length;
+  const ordered = /\d/.test(first[2]);
+  const list = el(ordered ? "ol" : "ul");
+  if (ordered && parseInt(first[2], 10) !== 1) list.start = parseInt(first[2], 10);
+  const items = [];
+  let item = null;
+  let loose = false;
+  const sibling = (line) => {
+    const m = MD_LIST_ITEM.exec(line);
+    return m && indentOf(line) <= indent + 1 && /\d/.test(m[2]) === ordered ? m : null;
+  };
+  while (i < lines.length) {
+    const line = lines[i];
+    const m = sibling(line);
+    if (m) {
+      item = { lines: [m[3] || ""], inner: indent + m[2].length + 1 };
+      items.push(item);
+      i++;
+    } else if (!line.trim()) {
+      const next = lines[i + 1];
+      if (next === undefined || !(sibling(next) || (next.trim() && indentOf(next) > indent))) break;
+      item.lines.push("");
+      loose = true;
+      i++;
+    } else if (indentOf(line) > indent) {
+      item.lines.push(line.slice(Math.min(indentOf(line), item.inner)));
+      i++;
+    } else if (!MD_BLOCK_START.test(line) && item.lines[item.lines.length - 1].trim()) {
+      item.lines.push(line.trim()); // a lazy continuation of the item's paragraph
+      i++;
+    } else {
+      break;
+    }
+  }
+  for (const { lines: body } of items) {
+    const li = el("li");
+    mdBlocks(body, li);
+    const head = li.firstChild;
+    if (!loose && head && head.tagName === "P") head.replaceWith(...head.childNodes);
+    list.appendChild(li);
+  }
+  parent.appendChild(list);
+  return i;
+}
+
+function mdRow(line) {
+  let text = line.trim();
+  if (text.startsWith("|")) text = text.slice(1);
+  if (text.endsWith("|") && !text.endsWith("\\|")) text = text.slice(0, -1);
+  return text.split(/(?<!\\)\|/).map((cell) => cell.trim().replace(/\\\|/g, "|"));
+}
+
+function mdTable(lines, i, parent) {
+  const header = mdRow(lines[i]);
+  const align = mdRow(lines[i + 1]).map((rule) =>
+    rule.endsWith(":") ? (rule.startsWith(":") ? "center" : "right") : rule.startsWith(":") ? "left" : "",
+  );
+  const table = el("table", "md-table");
+  const row = (cells, tag) => {
+    const tr = el("tr");
+    header.forEach((_, column) => {
+      const cell = el(tag);
+      if (align[column]) cell.style.textAlign = align[column];
+      mdInline(cells[column] ?? "", cell);
+      tr.appendChild(cell);
+    });
+    return tr;
+  };
+  const head = el("thead");
+  head.appendChild(row(header, "th"));
+  const body = el("tbody");
+  for (i += 2; i < lines.length && lines[i].trim() && lines[i].includes("|"); i++) {
+    body.appendChild(row(mdRow(lines[i]), "td"));
+  }
+  table.append(head, body);
+  const wrapper = el("div", "md-table-wrap");
+  wrapper.appendChild(table);
+  parent.appendChild(wrapper);
+  return i;
+}
+
+const MD_INLINE = [
+  // [pattern, tag, whether it may not touch a word character before it]
+  [/^\*\*(?=\S)([\s\S]*?\S)\*\*/, "strong", false],
+  [/^__(?=\S)([\s\S]*?\S)__(?!\w)/, "strong", true],
+  [/^\*(?=[^\s*])([\s\S]*?[^\s*])\*(?!\*)/, "em", false],
+  [/^_(?=[^\s_])([\s\S]*?[^\s_])_(?!\w)/, "em", true],
+  [/^~~(?=\S)([\s\S]*?\S)~~/, "del", false],
+];
+
+function mdInline(text, parent) {
+  let plain = "";
+  const flush = () => {
+    if (plain) parent.appendChild(document.createTextNode(plain));
+    plain = "";
+  };
+  let i = 0;
+  outer: while (i < text.length) {
+    const c = text[i];
+    const rest = text.slice(i);
+    const afterWord = /\w/.test(text[i - 1] || "");
+    let m;
+    if (c === "\\" && /^\\[!-/:-@[-`{-~]/.test(rest)) {
+      plain += text[i + 1];
+      i += 2;
+      continue;
+    }
+    if (c === "`" && (m = /^(`+)(?!`)([\s\S]*?[^`])\1(?!`)/.exec(rest))) {
+      flush();
+      parent.appendChild(el("code", "", m[2].replace(/^ ([\s\S]*) $/, "$1")));
+      i += m[0].length;
+      continue;
+    }
+    if (c === "*" || c === "_" || c === "~") {
+      for (const [pattern, tag, notAfterWord] of MD_INLINE) {
+        if ((m = pattern.exec(rest)) && !(notAfterWord && afterWord)) {
+          flush();
+          const node = el(tag);
+          mdInline(m[1], node);
+          parent.appendChild(node);
+          i += m[0].length;
+          continue outer;
+        }
+      }
+    }
+    if (c === "[" && (m = /^\[((?:[^[\]\\]|\\.)*)\]\(\s*<?([^\s<>()]*(?:\([^\s<>()]*\)[^\s<>()]*)*)>?(?:\s+(?:"[^"]*"|'[^']*'))?\s*\)/.exec(rest))) {
+      flush();
+      mdLink(m[2], m[1], parent);
+      i += m[0].length;
+      continue;
+    }
+    if (c === "h" && !afterWord && (m = /^https?:\/\/[^\s<>]*[^\s<>.,;:!?'")\]*_]/.exec(rest))) {
+      flush();
+      mdLink(m[0], null, parent);
+      i += m[0].length;
+      continue;
+    }
+    plain += c;
+    i++;
+  }
+  flush();
+}
+
+// A link only to http(s): anything else (javascript:, data:, relative) stays words.
+function mdLink(href, label, parent) {
+  let url = null;
+  try {
+    url = new URL(href);
+  } catch {
+    url = null;
+  }
+  if (!url || (url.protocol !== "http:" && url.protocol !== "https:")) {
+    if (label === null) parent.appendChild(document.createTextNode(href));
+    else mdInline(label, parent);
+    return;
+  }
+  const link = el("a");
+  link.href = url.href;
+  link.target = "_blank";
+  link.rel = "noopener noreferrer";
+  if (label === null) link.textContent = href;
+  else mdInline(label, link);
+  parent.appendChild(link);
+}
+
+// ---------------------------------------------------------------- Ask and Code
+
+async function loadChat() {
+  try {
+    state.chat = await request("GET", "/chat");
+  } catch {
+    state.chat = null; // a gateway without the chat routes
+  }
+  const enabled = Boolean(state.chat && state.chat.enabled);
+  $("mode").hidden = !enabled;
+  const hint = $("chat-hint");
+  if (hint) hint.hidden = enabled;
+  const on = $("chat-on");
+  if (on) {
+    on.hidden = !enabled;
+    if (enabled) $("chat-model").textContent = state.chat.model || "the model";
+  }
+  setMode(enabled ? "ask" : "code");
+}
+
+function setMode(mode) {
+  state.mode = mode === "ask" && state.chat?.enabled ? "ask" : "code";
+  for (const button of document.querySelectorAll("#mode button")) {
+    button.setAttribute("aria-pressed", String(button.dataset.mode === state.mode));
+  }
+  updateComposer();
+}
+
+function updateComposer() {
+  const textarea = $("code");
+  const ask = state.mode === "ask";
+  const label = languageLabel(state.language);
+  textarea.classList.toggle("mono", !ask);
+  textarea.spellcheck = ask;
+  textarea.setAttribute("aria-label", ask ? "Question" : "Code");
+  textarea.placeholder = ask
+    ? "Ask in words: the model writes and runs the code — Enter to send, Shift+Enter for a new line"
+    : `${label} code — Shift+Enter to run`;
+  $("run").textContent = ask ? "Ask ▸" : "Run ▸";
+}
+
+// The model's cell, back in the composer as a cell of the person's to change and run.
+function editCode(code) {
+  setMode("code");
+  const textarea = $("code");
+  textarea.value = code;
+  textarea.focus();
+  textarea.setSelectionRange(code.length, code.length);
+}
+
+// ---------------------------------------------------------------- uploads
+//
+// A file dropped on the page (or picked with Attach) is uploaded to the session at once
+// (PUT /sessions/{id}/files/{name}, its bytes as they are) and shown as a chip; the next
+// message takes it along: an Ask names it to the model (`files`), a cell waits for it.
+
+function fileChip(name, detail) {
+  const chip = el("span", "chip");
+  chip.appendChild(fileIcon());
+  chip.appendChild(el("span", "chip-name", name));
+  if (detail) chip.appendChild(el("span", "muted", detail));
+  return chip;
+}
+
+function fileChips(names) {
+  const box = el("div", "chips");
+  for (const name of names) box.appendChild(fileChip(name));
+  return box;
+}
+
+function renderAttachments() {
+  $("attachments").replaceChildren(...state.attachments.map((a) => a.chip));
+  $("attachments").hidden = !state.attachments.length;
+}
+
+function attach(file) {
+  const name = file.name.replace(/[\\/]/g, "_") || "upload";
+  state.attachments = state.attachments.filter((a) => a.name !== name);
+  const item = { name, size: file.size, status: "uploading" };
+  item.chip = fileChip(name, `${formatSize(file.size)} · uploading…`);
+  item.chip.dataset.state = "uploading";
+  const remove = el("button", "chip-remove", "✕");
+  remove.type = "button";
+  remove.title = "Do not send with the next message (the file stays in the session)";
+  remove.setAttribute("aria-label", `Remove ${name}`);
+  remove.addEventListener("click", () => {
+    state.attachments = state.attachments.filter((a) => a !== item);
+    renderAttachments();
+  });
+  item.chip.appendChild(remove);
+  const detail = item.chip.querySelector(".muted");
+  item.promise = (async () => {
+    try {
+      const sid = await currentSession();
+      await request("PUT", `/sessions/${sid}/files/${encodeURIComponent(name)}`, file);
+      item.status = "ready";
+      detail.textContent = formatSize(file.size);
+    } catch (err) {
+      item.status = "failed";
+      detail.textContent = "upload failed";
+      systemMessage(`Upload of ${name} failed: ${err.message}`, "error");
+    }
+    item.chip.dataset.state = item.status;
+  })();
+  state.attachments.push(item);
+  renderAttachments();
+}
+
+function takeAttachments() {
+  const taken = state.attachments.filter((a) => a.status !== "failed");
+  state.attachments = [];
+  renderAttachments();
+  return taken;
+}
+
+function clearAttachments() {
+  state.attachments = [];
+  renderAttachments();
+}
+
+// The names of the attachments that arrived, once every upload has ended.
+async function uploaded(attachments) {
+  await Promise.all(attachments.map((a) => a.promise));
+  return attachments.filter((a) => a.status === "ready").map((a) => a.name);
+}
+
+// ---------------------------------------------------------------- a turn of the model
+
+const TURN_ENDS = {
+  step_limit: "Stopped: the model ran as many cells as one turn may.",
+  token_limit: "Stopped: the turn used its token budget.",
+  call_limit: "Stopped: the model calls for this hour are used up.",
+  interrupted: "Stopped.",
+  model_error: "The model could not answer",
+  failed: "The session ended or failed during this turn.",
+};
+
+// One ask: the person's words, then the model's reply as it streams (POST
+// /sessions/{id}/chat): its text as Markdown, each cell it runs (code collapsed, output
+// open, drawn by the same Answer as the person's cells), and the turn's end.
+class ChatTurn {
+  constructor(message, files = []) {
+    $("intro")?.remove();
+    this.turn = el("div", "turn ask-turn");
+    this.cell = el("div", "cell ask");
+    this.cell.appendChild(el("p", "ask-text", message));
+    if (files.length) this.cell.appendChild(fileChips(files));
+    this.reply = el("div", "reply running");
+    this.turn.append(this.cell, this.reply);
+    $("chat").appendChild(this.turn);
+    this.answer = this; // what the queue tells when the turn cannot start
+    this.words = null; // the Markdown block the model's words go to now
+    this.buffer = "";
+    this.modelCell = null; // the Answer of the cell the model runs now
+  }
+
+  handle(event) {
+    const { event: name, data } = event;
+    if (name === "turn") return;
+    if (name === "text") {
+      if (!this.words) {
+        this.words = this.reply.appendChild(el("div", "md"));
+        this.buffer = "";
+      }
+      this.buffer += data.text;
+      this.words.replaceChildren(markdown(this.buffer));
+      scrollDown();
+    } else if (name === "cell") {
+      this.words = null;
+      this.modelCell = this.addCell(data.code);
+    } else if (name === "end") {
+      this.end(data);
+    } else if (this.modelCell) {
+      this.modelCell.handle(event);
+      if (name === "done") this.modelCell = null;
+    }
+  }
+
+  addCell(code) {
+    const box = el("div", "model-cell");
+    const head = el("div", "model-cell-head");
+    const details = el("details");
+    details.appendChild(el("summary", "", "Code"));
+    details.appendChild(el("pre", "mono", code));
+    const edit = el("button", "edit", "Edit");
+    edit.type = "button";
+    edit.title = "Put this code in the composer to change and run it";
+    edit.addEventListener("click", () => editCode(code));
+    head.append(details, edit);
+    box.appendChild(head);
+    this.reply.appendChild(box);
+    scrollDown();
+    return new Answer(box);
+  }
+
+  end(data) {
+    this.reply.classList.remove("running");
+    if (this.modelCell) this.modelCell.root.classList.remove("running");
+    this.modelCell = null;
+    const status = data.status || "failed";
+    this.reply.dataset.status = status;
+    if (status !== "answered") {
+      let text = TURN_ENDS[status] || status.replace(/_/g, " ");
+      if (data.error && data.error.message) text += `: ${data.error.message}`;
+      this.reply.appendChild(el("div", `turn-end ${status}`, text));
+    }
+    scrollDown();
+  }
+
+  fail(message) {
+    this.reply.classList.remove("running");
+    this.reply.appendChild(el("pre", "error-block", message));
+    this.reply.dataset.status = "failed";
+    scrollDown();
+  }
+}
+
+function askModel(body, signal) {
+  return request("POST", `/sessions/${state.sessionId}/chat`, body, { stream: true, signal });
+}
+
+async function runAsk(turn) {
+  const controller = new AbortController();
+  setRunning({ kind: "ask", controller, answer: turn });
+  try {
+    const files = await uploaded(turn.attachments || []);
+    const body = files.length ? { message: turn.message, files } : { message: turn.message };
+    let response;
+    try {
+      response = await askModel(body, controller.signal);
+    } catch (err) {
+      if (!(err instanceof ApiError && err.status === 404)) throw err;
+      sessionGone();
+      await currentSession("The session had expired; started a new one (earlier variables are gone).");
+      response = await askModel({ message: turn.message }, controller.signal);
+    }
+    const sid = state.sessionId;
+    await followEvents(`/sessions/${sid}/chat/events`, turn, "end", response, controller.signal);
+  } catch (err) {
+    turn.fail(err.name === "AbortError" ? "Stopped." : `Error: ${err.message}`);
+  } finally {
+    setRunning(null);
+  }
+}
+
+// After a reload: a turn of the model's still running is shown again from its start and
+// followed to its end.
+async function resumeChat() {
+  if (!state.chat?.enabled) return;
+  let conversation;
+  try {
+    conversation = await request("GET", `/sessions/${state.sessionId}/chat`);
+  } catch {
+    return;
+  }
+  const latest = conversation.turns[conversation.turns.length - 1];
+  if (!conversation.running || !latest) return;
+  const sid = state.sessionId;
+  const turn = new ChatTurn(latest.message, latest.files || []);
+  turn.run = async () => {
+    const controller = new AbortController();
+    setRunning({ kind: "ask", controller, answer: turn });
+    try {
+      await followEvents(`/sessions/${sid}/chat/events`, turn, "end", null, controller.signal);
+    } catch (err) {
+      turn.fail(err.name === "AbortError" ? "Stopped." : `Could not resume this turn: ${err.message}`);
+    } finally {
+      setRunning(null);
+    }
+  };
+  turn.turn.dataset.state = "running";
+  enqueue(turn, true);
+}
+
 // ---------------------------------------------------------------- wiring
 
 function submit() {
   const textarea = $("code");
-  const code = textarea.value;
-  if (!code.trim()) return;
+  const text = textarea.value;
+  if (!text.trim()) return;
   textarea.value = "";
-  const job = newTurn(code);
-  job.run = runCell;
-  job.code = code;
-  queued(job, code);
+  const attachments = takeAttachments();
+  let job;
+  if (state.mode === "ask") {
+    job = new ChatTurn(text, attachments.map((a) => a.name));
+    job.run = runAsk;
+  } else {
+    job = newTurn(text, attachments.map((a) => a.name));
+    job.run = runCell;
+  }
+  Object.assign(job, { code: text, message: text, attachments });
+  queued(job, text);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -815,15 +1348,43 @@ document.addEventListener("DOMContentLoaded", () => {
     submit();
   });
   textarea.addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && e.shiftKey) {
+    // Code: Shift+Enter runs (Enter is a new line). Ask: Enter sends (Shift+Enter a new line).
+    if (e.key === "Enter" && !e.isComposing && e.shiftKey !== (state.mode === "ask")) {
       e.preventDefault();
       submit();
-    } else if (e.key === "Tab" && !e.shiftKey) {
+    } else if (e.key === "Tab" && !e.shiftKey && state.mode === "code") {
       e.preventDefault();
       textarea.setRangeText("    ", textarea.selectionStart, textarea.selectionEnd, "end");
     }
   });
   $("interrupt").addEventListener("click", interrupt);
+  for (const button of document.querySelectorAll("#mode button")) {
+    button.addEventListener("click", () => {
+      setMode(button.dataset.mode);
+      textarea.focus();
+    });
+  }
+  $("attach").addEventListener("click", () => $("file-input").click());
+  $("file-input").addEventListener("change", (e) => {
+    for (const file of e.target.files) attach(file);
+    e.target.value = "";
+  });
+  const dragging = (e) => e.dataTransfer && [...e.dataTransfer.types].includes("Files");
+  document.addEventListener("dragover", (e) => {
+    if (!dragging(e)) return;
+    e.preventDefault();
+    e.dataTransfer.dropEffect = "copy";
+    document.body.classList.add("dragging");
+  });
+  document.addEventListener("dragleave", (e) => {
+    if (!e.relatedTarget) document.body.classList.remove("dragging");
+  });
+  document.addEventListener("drop", (e) => {
+    document.body.classList.remove("dragging");
+    if (!e.dataTransfer?.files.length) return;
+    e.preventDefault();
+    for (const file of e.dataTransfer.files) attach(file);
+  });
   $("restart").addEventListener("click", restart);
   $("new-session").addEventListener("click", () => newSession());
   $("language").addEventListener("change", (e) => newSession(e.target.value));
@@ -833,6 +1394,7 @@ document.addEventListener("DOMContentLoaded", () => {
       textarea.focus();
     });
   }
+  updateComposer();
   connect();
   textarea.focus();
 });
