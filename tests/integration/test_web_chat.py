@@ -33,6 +33,8 @@ def script(request: dict[str, Any]) -> Reply:
     if output is None:
         if "stop me" in last_user_text(request):
             return Reply(text="Working on it.", code=["import time\ntime.sleep(60)"])
+        if "break" in last_user_text(request):
+            return Reply(status=500)
         if "hello" in last_user_text(request):
             return Reply(text="Hello **there**.")
         return Reply(
@@ -152,6 +154,15 @@ def test_a_running_turn_is_picked_up_after_a_reload(page: Any) -> None:
     assert resumed.locator(".md").first.inner_text() == "Working on it."
     page.click("#interrupt")
     resumed.locator(".reply[data-status='interrupted']").wait_for(timeout=20_000)
+
+
+def test_a_model_error_is_shown_and_the_session_stays_usable(page: Any) -> None:
+    turn = ask(page, "break")
+    turn.locator(".reply[data-status='model_error']").wait_for(timeout=30_000)
+    said = turn.locator(".turn-end").inner_text()
+    assert said.startswith("The model could not answer: ") and len(said) > 30
+    again = ask(page, "hello")
+    again.locator(".reply[data-status='answered']").wait_for(timeout=30_000)
 
 
 MARKDOWN_CASES = """
