@@ -15,6 +15,10 @@ starts a session on it (see `kernel_gateway.client.templates`).
 
 Streaming: `session.stream(code)` yields typed events as they arrive, and
 `session.run(code, on_stdout=print)` calls back while still collecting.
+
+The chat (a gateway with `--llm-url`): `reply = session.chat("plot sales.csv by region",
+files=["sales.csv"], on_text=print)`: the model's words (`reply.text`), each cell it ran
+(`reply.cells`: code and `Execution`), how the turn ended (`reply.status`).
 Errors from the API raise `APIError` subclasses chosen by the API's error type
 (the tree is in `kernel_gateway.client.errors`); a broken connection raises
 `TransportError`.
@@ -37,6 +41,7 @@ from kernel_gateway.client.errors import (
     BackendUnavailableError,
     BadGatewayError,
     BadRequestError,
+    ChatNotConfiguredError,
     ClientError,
     ConflictError,
     ConnectFailed,
@@ -74,6 +79,7 @@ from kernel_gateway.client.errors import (
     TooManyTemplatesError,
     TooManyVolumesError,
     TransportError,
+    TurnRunningError,
     UnavailableError,
     UnknownLanguageError,
     UnsupportedMediaTypeError,
@@ -82,6 +88,11 @@ from kernel_gateway.client.errors import (
 )
 from kernel_gateway.client.models import (
     Callbacks,
+    ChatCell,
+    ChatEnd,
+    ChatEvent,
+    ChatReply,
+    ChatText,
     Clear,
     Display,
     Done,
@@ -120,6 +131,13 @@ __all__ = [
     "BuildLogs",
     "BuildOptions",
     "Callbacks",
+    "ChatCell",
+    "ChatEnd",
+    "ChatEvent",
+    "ChatNotConfiguredError",
+    "ChatReply",
+    "ChatText",
+    "TurnRunningError",
     "Clear",
     "Client",
     "ClientError",

@@ -18,6 +18,7 @@ from kernel_gateway.client._base import (
     Call,
     Collector,
     EventReader,
+    chat_body,
     execute_body,
     read,
 )
@@ -31,7 +32,7 @@ from kernel_gateway.client.errors import (
     from_response,
     map_exceptions,
 )
-from kernel_gateway.client.models import Event, Execution
+from kernel_gateway.client.models import ChatEvent, ChatReply, ChatText, Event, Execution
 from kernel_gateway.client.templates import (
     BuildLogEntry,
     BuildOptions,
@@ -104,9 +105,12 @@ class AsyncClient(BaseClient):
             except (ConnectFailed, ShuttingDownError) as exc:
                 await asyncio.sleep(reconnect.delay(exc))
 
-    async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[Event]:
-        """POST the cell; if the stream breaks, resume it from the last event id seen."""
-        reader, resumer, reconnect = EventReader(), self._resumer(), self._reconnect()
+    async def _stream(
+        self, path: str, body: dict[str, Any], *, chat: bool = False
+    ) -> AsyncIterator[Any]:
+        """POST the cell (or the chat's message); if the stream breaks, resume it from the
+        last event id seen."""
+        reader, resumer, reconnect = EventReader(chat=chat), self._resumer(), self._reconnect()
         request: dict[str, Any] = {"method": "POST", "url": path, "json": body}
         request["headers"] = STREAM_HEADERS
         while True:
@@ -371,6 +375,45 @@ class AsyncSession(BaseSession[AsyncClient]):
 
     def stream(self, code: str, *, timeout: float | None = None) -> AsyncIterator[Event]:
         return self.client._stream(self._execute_path, execute_body(code, timeout))
+
+    def chat_stream(
+        self, message: str, *, files: Sequence[str] | None = None
+    ) -> AsyncIterator[ChatEvent]:
+        """Ask the session's chat in words (docs/chat.md): the turn's events as they come
+        (the model's `ChatText`, each `ChatCell` then that cell's events), `ChatEnd` last."""
+        return self.client._stream(self._chat_path, chat_body(message, files), chat=True)
+
+    async def chat(
+        self,
+        message: str,
+        *,
+        files: Sequence[str] | None = None,
+        on_text: Callable[[str], object] | None = None,
+        on_event: Callable[[ChatEvent], object] | None = None,
+    ) -> ChatReply:
+        """Ask the session's chat and collect the turn (`on_text` gets the model's words as
+        they come). A model that failed is `reply.status == "model_error"`, not an
+        exception: the session is fine."""
+        reply = ChatReply()
+        async for event in self.chat_stream(message, files=files):
+            reply.add(event)
+            if on_event is not None:
+                on_event(event)
+            if on_text is not None and isinstance(event, ChatText):
+                on_text(event.text)
+        return reply
+
+    async def chat_history(self) -> dict[str, Any]:
+        """The conversation: `{"running", "turns": [...]}`."""
+        return await self.client._send(self._chat_history())
+
+    async def stop_chat(self) -> bool:
+        """Stop the running turn (its cell interrupted); False when none ran."""
+        return await self.client._send(self._stop_chat())
+
+    async def forget_chat(self) -> None:
+        """Forget the conversation (the variables stay)."""
+        await self.client._send(self._forget_chat())
 
     async def run(
         self,

@@ -26,7 +26,15 @@ from kernel_gateway.client.errors import (
     error_class,
     from_response,
 )
-from kernel_gateway.client.models import Callbacks, Done, Event, Execution, event_from
+from kernel_gateway.client.models import (
+    Callbacks,
+    ChatEnd,
+    Done,
+    Event,
+    Execution,
+    chat_event_from,
+    event_from,
+)
 from kernel_gateway.client.sse import SSEDecoder
 
 DEFAULT_URL = "http://127.0.0.1:8888"
@@ -139,10 +147,12 @@ def execute_body(
 
 
 class EventReader:
-    """One execution's event stream: bytes in, typed events out, `done` last."""
+    """One execution's event stream: bytes in, typed events out, `done` last. A chat turn's
+    (`chat=True`): its own events and its cells', `end` last."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, chat: bool = False) -> None:
         self._decoder = SSEDecoder()
+        self._chat = chat
         self.done = False
         self.last_event_id = ""
         """The id of the last whole event read: where a resumed stream starts after."""
@@ -163,18 +173,19 @@ class EventReader:
                     f"the gateway sent an event that is not JSON: {sse.data[:200]!r}"
                 ) from exc
             try:
-                event = event_from(sse.event, data)
+                event: Any = (chat_event_from if self._chat else event_from)(sse.event, data)
             except (KeyError, TypeError, ValueError) as exc:
                 raise ProtocolError(f"malformed {sse.event!r} event: {exc!r}") from exc
             if event is not None:
                 events.append(event)
-                if isinstance(event, Done):
+                if isinstance(event, ChatEnd if self._chat else Done):
                     self.done = True
                     break
         return events
 
     def incomplete(self) -> StreamEnded:
-        return StreamEnded("the event stream ended without a `done` event")
+        last = "an `end`" if self._chat else "a `done` event"
+        return StreamEnded(f"the event stream ended without {last}")
 
 
 class Reconnect:
@@ -252,6 +263,13 @@ class Collector:
     def __call__(self, event: Event) -> None:
         self.execution.add(event)
         self.callbacks.dispatch(event)
+
+
+def chat_body(message: str, files: Sequence[str] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"message": message}
+    if files:
+        body["files"] = list(files)
+    return body
 
 
 def _file_path(session_id: str, path: str) -> str:
@@ -438,6 +456,19 @@ class BaseSession(Generic[ClientT]):
     @property
     def _execute_path(self) -> str:
         return f"{self._path}/execute"
+
+    @property
+    def _chat_path(self) -> str:
+        return f"{self._path}/chat"
+
+    def _chat_history(self) -> Call[dict[str, Any]]:
+        return Call("GET", self._chat_path, json_object)
+
+    def _stop_chat(self) -> Call[bool]:
+        return Call("POST", f"{self._chat_path}/stop", lambda r: bool(_field("stopped")(r)))
+
+    def _forget_chat(self) -> Call[None]:
+        return Call("DELETE", self._chat_path, _nothing)
 
     def _info(self) -> Call[dict[str, Any]]:
         return Call("GET", self._path, json_object)

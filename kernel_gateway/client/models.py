@@ -1,5 +1,6 @@
 """What an execution produces, as typed objects: one class per event, and `Execution`,
-everything one cell produced, collected.
+everything one cell produced, collected; a chat turn's own events, and `ChatReply`, a turn
+collected.
 
 Pure data: no I/O here, so the sync and async clients share all of it.
 """
@@ -222,3 +223,98 @@ class Execution:
             self.done = event
         elif isinstance(event, Resumed):
             self.resumed = event
+
+
+# -- the chat ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChatText:
+    """The next piece of the model's words."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ChatCell:
+    """The model runs code: the cell's own events follow, up to its `Done`."""
+
+    cell: int
+    execution_id: str
+    code: str
+
+
+@dataclass(frozen=True)
+class ChatEnd:
+    """The turn's end: `status` is `answered`, or why it stopped (docs/chat.md)."""
+
+    turn: int
+    status: str
+    text: str
+    cells: int
+    tokens: int
+    error: dict[str, str] | None = None
+
+
+ChatEvent = Event | ChatText | ChatCell | ChatEnd
+
+
+def chat_event_from(name: str, data: dict[str, Any]) -> ChatEvent | None:
+    """One event of a chat turn's stream as a typed object (None for `turn` and names this
+    client does not know)."""
+    if name == "text":
+        return ChatText(data["text"])
+    if name == "cell":
+        return ChatCell(int(data["cell"]), str(data["execution_id"]), str(data["code"]))
+    if name == "end":
+        error = data.get("error")
+        return ChatEnd(
+            int(data["turn"]),
+            str(data["status"]),
+            str(data["text"]),
+            int(data["cells"]),
+            int(data["tokens"]),
+            {str(k): str(v) for k, v in error.items()} if isinstance(error, dict) else None,
+        )
+    return event_from(name, data)
+
+
+@dataclass
+class ChatReply:
+    """A chat turn, collected: the model's words, each cell it ran with what the cell
+    produced, and how the turn ended."""
+
+    events: list[ChatEvent] = field(default_factory=list)
+    cells: list[tuple[str, Execution]] = field(default_factory=list)
+    """(code, what it produced), in the order the model ran them."""
+    end: ChatEnd | None = None
+
+    @property
+    def text(self) -> str:
+        """The model's words, all of them (its answers a paragraph each)."""
+        if self.end is not None:
+            return self.end.text
+        return "".join(e.text for e in self.events if isinstance(e, ChatText))
+
+    @property
+    def status(self) -> str:
+        return self.end.status if self.end is not None else "incomplete"
+
+    @property
+    def ok(self) -> bool:
+        """The model answered (it was not stopped, limited, nor failed)."""
+        return self.status == "answered"
+
+    @property
+    def error(self) -> dict[str, str] | None:
+        """Why the model failed (`{"type", "message"}`), for a `model_error` turn."""
+        return self.end.error if self.end is not None else None
+
+    def add(self, event: ChatEvent) -> None:
+        self.events.append(event)
+        if isinstance(event, ChatCell):
+            self.cells.append((event.code, Execution()))
+        elif isinstance(event, ChatEnd):
+            self.end = event
+        elif not isinstance(event, ChatText) and self.cells:
+            self.cells[-1][1].add(event)

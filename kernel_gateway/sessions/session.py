@@ -322,7 +322,7 @@ class Session:
             self.persist()
 
     def idle_seconds(self) -> float:
-        if self.cells.busy:
+        if self.cells.busy or self.conversation.running:  # a turn waiting for its model too
             return 0.0
         return time.monotonic() - self.last_activity
 

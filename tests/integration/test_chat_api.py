@@ -5,6 +5,7 @@ again by event id, the conversation's history, and what is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 from collections.abc import Iterator
@@ -13,10 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
+from kernel_gateway.client import AsyncClient, AsyncSession, Client, Session
 from tests.support.api import parse_sse
 from tests.support.scripted_model import Reply, ScriptedModel, last_tool_output, last_user_text
-from tests.support.server import ServerFactory
+from tests.support.server import ServerFactory, ServerThread
 
+TOKEN = "gateway-token-" + "7" * 24
+MODEL_KEY = "sk-model-key-" + "3" * 24
 CSV = "region,month,sales\nnorth,2026-10,120\nsouth,2026-10,95\nwest,2026-10,143\n"
 PLOT = (
     "import pandas as pd, matplotlib.pyplot as plt\n"
@@ -25,6 +29,22 @@ PLOT = (
     "plt.show()\n"
     "print(len(df), 'rows')\n"
 )
+
+
+HUNT = f"""
+import os, subprocess
+found = []
+for name in (n[::-1] for n in ("{TOKEN[::-1]}", "{MODEL_KEY[::-1]}")):
+    if any(name in v for v in os.environ.values()):
+        found.append("environ")
+    where = subprocess.run(
+        ["grep", "-rls", "--", name, "/proc/self/environ", "/proc/1/environ", "/proc/1/cmdline",
+         "/home", "/tmp", "/etc", "/opt", "/conn", "/run", "/var"],
+        capture_output=True, text=True,
+    ).stdout.split()
+    found += where
+print("found:", found)
+"""
 
 
 def script(request: dict[str, Any]) -> Reply:
@@ -39,6 +59,10 @@ def script(request: dict[str, Any]) -> Reply:
         if output is None:
             return Reply(code=["print(df['sales'].sum())"])
         return Reply(text=f"Total sales: {output.strip()}.")
+    if "secrets" in asked:
+        if output is None:
+            return Reply(code=[HUNT])
+        return Reply(text=output)
     if "retry" in asked:
         if output is None:
             return Reply(code=["1 / 0"])
@@ -55,9 +79,25 @@ def model() -> Iterator[ScriptedModel]:
 
 
 @pytest.fixture(scope="module")
-def client(servers: ServerFactory, model: ScriptedModel) -> Iterator[httpx.Client]:
-    server = servers("docker", pool_size=1, llm_url=model.url, llm_model="scripted")
-    with httpx.Client(base_url=server.url, timeout=60) as http:
+def server(
+    servers: ServerFactory, model: ScriptedModel, tmp_path_factory: pytest.TempPathFactory
+) -> ServerThread:
+    key_file = tmp_path_factory.mktemp("llm") / "key"
+    key_file.write_text(MODEL_KEY + "\n")
+    return servers(
+        "docker",
+        pool_size=1,
+        token=TOKEN,
+        llm_url=model.url,
+        llm_model="scripted",
+        llm_key_file=key_file,
+    )
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerThread) -> Iterator[httpx.Client]:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=server.url, timeout=60, headers=headers) as http:
         yield http
 
 
@@ -101,7 +141,7 @@ def test_a_chart_of_an_uploaded_csv_in_one_stream(
     # The model was told the file's columns and first rows; the key went nowhere.
     told = model.requests[0]["messages"][-1]["content"]
     assert "columns: region, month, sales" in told and "north,2026-10,120" in told
-    assert model.authorizations[0] is None
+    assert set(model.authorizations) == {f"Bearer {MODEL_KEY}"}
 
 
 def test_a_second_turn_uses_the_first_turns_variable(client: httpx.Client, session_id: str) -> None:
@@ -145,6 +185,35 @@ def test_the_turn_is_read_again_and_the_history_kept(client: httpx.Client, sessi
     assert [t["status"] for t in history["turns"]] == ["answered"] * 3
     assert history["turns"][0]["files"] == ["sales.csv"]
     assert [c["status"] for c in history["turns"][2]["cells"]] == ["error", "ok"]
+
+
+def test_neither_the_token_nor_the_model_key_reach_the_kernel(
+    client: httpx.Client, session_id: str
+) -> None:
+    events = ask(client, session_id, {"message": "find the secrets"})
+    assert "".join(d["text"] for n, d in events if n == "stdout") == "found: []\n"
+    assert MODEL_KEY not in client.get(f"/sessions/{session_id}/chat").text
+    assert MODEL_KEY not in client.get("/chat").text
+
+
+def test_the_python_client(server: ServerThread, session_id: str) -> None:
+    with Client(server.url, token=TOKEN) as gateway:
+        session = Session(gateway, session_id)
+        pieces: list[str] = []
+        reply = session.chat("the total again", on_text=pieces.append)
+        assert reply.ok and reply.text == "Total sales: 358." == "".join(pieces)
+        [(code, cell)] = reply.cells
+        assert code == "print(df['sales'].sum())" and cell.stdout == "358\n" and cell.ok
+        assert session.chat_history()["turns"][-1]["text"] == "Total sales: 358."
+        assert session.stop_chat() is False
+
+    async def run_async() -> None:
+        async with AsyncClient(server.url, token=TOKEN) as agateway:
+            asession = AsyncSession(agateway, session_id)
+            areply = await asession.chat("the total, async")
+            assert areply.status == "answered" and areply.cells[0][1].stdout == "358\n"
+
+    asyncio.run(run_async())
 
 
 def test_what_is_refused(client: httpx.Client, session_id: str) -> None:
