@@ -136,6 +136,24 @@ class Metrics:
             ["decision"],
             registry=r,
         )
+        self.chat_turns = Counter(
+            "kernel_gateway_chat_turns",
+            "Chat turns ended, by their end status and the API key's name.",
+            ["status", "key"],
+            registry=r,
+        )
+        self.chat_model_calls = Counter(
+            "kernel_gateway_chat_model_calls",
+            "Calls to the chat's model, by outcome (ok, or the error type) and API key name.",
+            ["outcome", "key"],
+            registry=r,
+        )
+        self.chat_tokens = Counter(
+            "kernel_gateway_chat_tokens",
+            "Tokens the chat's model calls used, as the model reported them (else estimated).",
+            ["key"],
+            registry=r,
+        )
         self.hibernations = Counter(
             "kernel_gateway_hibernations",
             "Sessions hibernated (saved to disk, kernel stopped).",

@@ -83,8 +83,16 @@ class Chat:
         if self.model is not None:
             await self.model.close()
 
-    async def ask(self, session: Session, message: str, files: list[str], caller: str) -> Turn:
-        """Begin a turn of `session`'s chat and run it in the background."""
+    async def ask(
+        self,
+        session: Session,
+        message: str,
+        files: list[str],
+        caller: str,
+        key_name: str | None = None,
+    ) -> Turn:
+        """Begin a turn of `session`'s chat and run it in the background. `caller`: whose
+        model calls these are (a key's id, or `admin`); `key_name`: its name, for metrics."""
         if self.model is None:
             raise ChatNotConfigured(
                 "this gateway has no model to ask: start it with --llm-url and --llm-model "
@@ -107,7 +115,9 @@ class Chat:
         conversation = session.conversation
         conversation.store = self.store
         turn = conversation.begin(message, files)
-        runner = TurnRunner(session, turn, self.model, self.limits, self.budget, caller)
+        runner = TurnRunner(
+            session, turn, self.model, self.limits, self.budget, caller, key_name or caller
+        )
         turn.task = self._turns.spawn(
             runner.run(user), name=f"chat {session.id} turn {turn.number}"
         )

@@ -73,6 +73,7 @@ class TurnRunner:
         limits: TurnLimits,
         budget: CallBudget,
         caller: str,
+        key_name: str,
     ) -> None:
         self.session = session
         self.turn = turn
@@ -81,6 +82,9 @@ class TurnRunner:
         self.budget = budget
         self.caller = caller
         """Whose model calls these are (a key's id, or `admin`)."""
+        self.key_name = key_name
+        """The key's name, for metrics (never its secret)."""
+        self.metrics = session.metrics
         self.conversation = session.conversation
         self.cells = 0
         self.tokens = 0
@@ -126,6 +130,7 @@ class TurnRunner:
             if error is not None:
                 end["error"] = error
             self.emit("end", end)
+            self.metrics.chat_turns.labels(status, self.key_name).inc()
             self.turn.finish()
             self.conversation.told_up_to = self.session.log.submitted
             self.conversation.save()
@@ -155,8 +160,15 @@ class TurnRunner:
                 )
             messages = [system, *self.conversation.messages]
             self._answer_began = False
-            answer = await self.model.ask(messages, tools, self._text)
-            self.tokens += answer.tokens or _estimate(messages, answer)
+            try:
+                answer = await self.model.ask(messages, tools, self._text)
+            except ModelError as exc:
+                self.metrics.chat_model_calls.labels(exc.type, self.key_name).inc()
+                raise
+            self.metrics.chat_model_calls.labels("ok", self.key_name).inc()
+            used = answer.tokens or _estimate(messages, answer)
+            self.tokens += used
+            self.metrics.chat_tokens.labels(self.key_name).inc(used)
             self.conversation.messages.append(answer.message())
             self.conversation.save()
             if not answer.tool_calls:

@@ -4,6 +4,7 @@
     <root>/<instance>/k/          the kernels' connection folders
     <root>/<instance>/w/          the sessions' storage
     <root>/<instance>/sessions/   session records (--persist-sessions)
+    <root>/<instance>/chats/      the sessions' chat conversations (--persist-sessions)
     <root>/<instance>/egress/     the egress proxy's configuration and socket
 
 The lock tells a later gateway whether an instance (its folder, and the containers

@@ -180,7 +180,7 @@ def create_app(settings: Settings) -> Starlette:
             usage = UsageSampler(settings, registry.sessions, sink=keys)
             registry.quotas.disk_held = usage.disk_held
             usage.start()
-            chat = Chat(settings, runtime.root / "chats" if settings.persist_sessions else None)
+            chat = Chat(settings, runtime.path / "chats" if settings.persist_sessions else None)
             await chat.open(registry.sessions())
             async with protocol_state(
                 settings, registry, snapshots, usage, volumes, auth, records

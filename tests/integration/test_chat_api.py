@@ -216,6 +216,15 @@ def test_the_python_client(server: ServerThread, session_id: str) -> None:
     asyncio.run(run_async())
 
 
+def test_a_hibernated_session_resumes_for_its_chat(client: httpx.Client, session_id: str) -> None:
+    turns = len(client.get(f"/sessions/{session_id}/chat").json()["turns"])
+    hibernated = client.post(f"/sessions/{session_id}/hibernate")
+    assert hibernated.status_code == 200 and hibernated.json()["status"] == "hibernated"
+    events = ask(client, session_id, {"message": "the total after a sleep"})
+    assert events[-1][1]["text"] == "Total sales: 358."
+    assert len(client.get(f"/sessions/{session_id}/chat").json()["turns"]) == turns + 1
+
+
 def test_what_is_refused(client: httpx.Client, session_id: str) -> None:
     assert client.post(f"/sessions/{session_id}/chat", json={"message": ""}).status_code == 422
     missing = client.post(

@@ -31,6 +31,7 @@ from tests.support.backends import require_docker, require_languages
 from tests.support.ports import free_port
 from tests.support.processes import Gateway as GatewayProcess
 from tests.support.processes import serve_command
+from tests.support.scripted_model import Reply, ScriptedModel, last_tool_output, last_user_text
 
 LABEL_INSTANCE = "io.kernel-gateway.instance"
 
@@ -578,3 +579,48 @@ def test_keys_and_what_each_owns_survive_a_sigkill(gw: Gateway) -> None:
     ).json()
     assert again["stdout"] == "kept\n"
     assert httpx.delete(f"{gw.url}/sessions/{sid}", headers=alice, timeout=60).status_code == 204
+
+
+def test_a_chat_conversation_survives_a_sigkill(gw: Gateway) -> None:
+    """The conversation is written after every step: a SIGKILLed gateway's successor has it,
+    and its model reads it (and the variable the model's cell made is still there)."""
+
+    def script(request: dict[str, Any]) -> Reply:
+        asked, output = last_user_text(request), last_tool_output(request)
+        if "remember" in asked:
+            return Reply(code=["kept = 41"]) if output is None else Reply(text="Kept it.")
+        if output is None:
+            return Reply(code=["print(kept + 1)"])
+        return Reply(text=f"{len(request['messages'])} messages; {output.strip()}")
+
+    def ask(sid: str, message: str) -> dict[str, Any]:
+        with httpx.stream(
+            "POST", f"{gw.url}/sessions/{sid}/chat", json={"message": message}, timeout=120
+        ) as response:
+            assert response.status_code == 200, response.read()
+            events = list(parse_sse(response.iter_bytes()))
+        assert events[-1][0] == "end", events
+        return events[-1][1]
+
+    with ScriptedModel(script) as model:
+        flags = ("--llm-url", model.url, "--llm-model", "scripted")
+        gw.start(*flags)
+        sid = httpx.post(gw.url + "/sessions", timeout=60).json()["id"]
+        assert ask(sid, "remember 41")["status"] == "answered"
+        saved = gw.runtime / gw.instance() / "chats" / f"{sid}.json"
+        deadline = time.monotonic() + 10
+        while "Kept it." not in (saved.read_text() if saved.exists() else ""):
+            assert time.monotonic() < deadline, "the conversation was never written"
+            time.sleep(0.05)
+        gw.stop(signal.SIGKILL)
+        gw.start(*flags)
+        history = httpx.get(f"{gw.url}/sessions/{sid}/chat", timeout=30).json()
+        assert [(t["message"], t["status"]) for t in history["turns"]] == [
+            ("remember 41", "answered")
+        ]
+        end = ask(sid, "what was it, plus one?")
+        # system, the first turn (user, assistant's call, tool, answer), this turn's user
+        # message, its call and the call's output
+        assert end["text"] == "8 messages; 42", end
+        httpx.delete(f"{gw.url}/sessions/{sid}", timeout=60)
+        gw.stop()

@@ -117,6 +117,10 @@ async def test_a_turn_streams_text_a_cell_its_output_and_the_answer(
     assert roles == ["user", "assistant", "tool", "assistant"]
     summary = session.conversation.turns[-1]
     assert summary.status == "answered" and summary.cells[0].status == "ok"
+    sample = session.metrics.registry.get_sample_value
+    assert sample("kernel_gateway_chat_turns_total", {"status": "answered", "key": "admin"}) == 1
+    assert sample("kernel_gateway_chat_model_calls_total", {"outcome": "ok", "key": "admin"}) == 2
+    assert sample("kernel_gateway_chat_tokens_total", {"key": "admin"}) == 200
     await chat.close()
 
 

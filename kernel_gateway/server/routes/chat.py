@@ -46,10 +46,11 @@ async def ask(request: Request) -> Response:
     session = _session(request)
     settings = chat.settings
     body = await read_model(request, shapes.ChatRequest, settings.max_body_bytes, settings)
-    caller = principal_of(request).key_id or ADMIN.name
+    principal = principal_of(request)
+    caller = principal.key_id or ADMIN.name
     if session.hibernated:
         await session.resume()
-    turn = await chat.ask(session, body.message, list(body.files or ()), caller)
+    turn = await chat.ask(session, body.message, list(body.files or ()), caller, principal.name)
     return _stream(session, turn, None)
 
 
