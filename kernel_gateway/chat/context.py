@@ -19,6 +19,8 @@ from kernel_gateway.types import Event
 
 FILE_HEAD_BYTES = 64 * 1024
 """Bytes of an attached file read to tell the model its columns and first rows."""
+SNIFF_CHARS = 2_000
+"""Characters of an attached table the delimiter is guessed from."""
 PERSON_CELL_CHARS = 2_000
 """Characters of each of the person's cells (code, then output) the model is told."""
 PERSON_CELLS = 10
@@ -123,8 +125,8 @@ def describe_file(path: str, head: bytes | None, size: int) -> str:
     if not lines:
         return name
     dialect: type[csv.Dialect] | csv.Dialect = csv.excel_tab if extension == ".tsv" else csv.excel
-    try:
-        dialect = csv.Sniffer().sniff("\n".join(lines[:20]), delimiters=",;\t|")
+    try:  # on a little of it: the sniffer's time grows fast with odd quoting
+        dialect = csv.Sniffer().sniff("\n".join(lines[:5])[:SNIFF_CHARS], delimiters=",;\t|")
     except csv.Error:
         pass
     rows = list(csv.reader(io.StringIO("\n".join(lines[:6])), dialect))
@@ -144,20 +146,24 @@ def _events(execution: Execution) -> list[Event]:
     return [record.event for record in execution.kept_records()]
 
 
-def tool_result(call_id: str, rendered: Rendered, vision: bool) -> list[dict[str, Any]]:
-    """What the model reads back from one call: the tool message, and with `--llm-vision`
-    a user message with the images (Chat Completions' tool messages hold text only)."""
-    messages: list[dict[str, Any]] = [
-        {"role": "tool", "tool_call_id": call_id, "content": rendered.text or "(no output)"}
+def tool_result(call_id: str, rendered: Rendered) -> dict[str, Any]:
+    """What the model reads back from one call: the text a notebook shows."""
+    return {"role": "tool", "tool_call_id": call_id, "content": rendered.text or "(no output)"}
+
+
+def images_message(rendered: list[Rendered]) -> dict[str, Any] | None:
+    """With `--llm-vision`, the images the step's cells showed, as one user message after
+    all of its tool messages (Chat Completions' tool messages hold text only, and nothing
+    may come between the answers to one message's calls)."""
+    images = [i for r in rendered for i in r.images]
+    if not images:
+        return None
+    content: list[dict[str, Any]] = [{"type": "text", "text": "The images the cells showed:"}]
+    content += [
+        {"type": "image_url", "image_url": {"url": f"data:{i.mime};base64,{i.data}"}}
+        for i in images
     ]
-    if vision and rendered.images:
-        content: list[dict[str, Any]] = [{"type": "text", "text": "The images the cell showed:"}]
-        content += [
-            {"type": "image_url", "image_url": {"url": f"data:{i.mime};base64,{i.data}"}}
-            for i in rendered.images
-        ]
-        messages.append({"role": "user", "content": content})
-    return messages
+    return {"role": "user", "content": content}
 
 
 def tool_refusal(call_id: str, why: str) -> dict[str, Any]:

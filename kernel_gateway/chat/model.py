@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -83,6 +84,9 @@ class Model:
 
     def __init__(self, url: str, model: str, key: str | None, timeout: float) -> None:
         self.url = url.rstrip("/") + "/chat/completions"
+        split = urlsplit(url)
+        self.where = f"{split.scheme}://{split.hostname}" + (f":{split.port}" if split.port else "")
+        """The API as errors name it: no path, query or credentials of the URL's."""
         self.name = model
         self.timeout = timeout
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -120,8 +124,7 @@ class Model:
             raise ModelTimeout(f"the model did not answer within {self.timeout:g} s") from None
         except httpx.HTTPError as exc:
             raise ModelUnavailable(
-                f"the model API at {self.url} could not be reached: {type(exc).__name__}"
-                + (f": {exc}" if str(exc) else "")
+                f"the model API at {self.where} could not be reached: {type(exc).__name__}"
             ) from None
 
 
@@ -189,6 +192,8 @@ async def _read(
     if not seen_data:
         raise ModelMalformed("the model API's answer had no chat-completion chunk")
     answer.tool_calls = [calls[i] for i in sorted(calls)]
+    if not answer.text and not answer.tool_calls:
+        raise ModelMalformed("the model answered nothing: no text and no tool call")
     return answer
 
 

@@ -105,14 +105,20 @@ class Chat:
                 "--chat-calls-per-hour) are used up",
                 retry_after=wait,
             )
+        conversation = session.conversation
+        conversation.refuse_if_running()
         heads = [await self._head(session, path) for path in files]
+        told = conversation.told_up_to
         person = [
             e
             for e in session.executions()
-            if e.number > session.conversation.told_up_to and e.finished
+            if e.number > told and e.finished and e.number not in conversation.model_cells
         ]
-        user = context.user_message(message, heads, person)
-        conversation = session.conversation
+        conversation.told_up_to = session.log.submitted
+        conversation.model_cells = {n for n in conversation.model_cells if n > told}
+        user = await asyncio.to_thread(context.user_message, message, heads, person)
+        if session.hibernated:  # only now: a refused ask wakes nothing
+            await session.resume()
         conversation.store = self.store
         turn = conversation.begin(message, files)
         runner = TurnRunner(
@@ -121,6 +127,7 @@ class Chat:
         turn.task = self._turns.spawn(
             runner.run(user), name=f"chat {session.id} turn {turn.number}"
         )
+        turn.task.add_done_callback(runner.settle)
         return turn
 
     async def _head(self, session: Session, path: str) -> tuple[str, bytes | None, int]:

@@ -35,7 +35,8 @@ from typing import Any
 from kernel_gateway.chat import context
 from kernel_gateway.chat.limits import CallBudget
 from kernel_gateway.chat.model import Answer, Model, ModelError, ToolCall
-from kernel_gateway.errors import GatewayError
+from kernel_gateway.errors import GatewayError, ShuttingDown
+from kernel_gateway.render import Rendered
 from kernel_gateway.sessions.conversation import CellSummary, Turn, turn_event
 from kernel_gateway.sessions.execution import Execution
 from kernel_gateway.sessions.follow import Disconnect, follow
@@ -100,6 +101,7 @@ class TurnRunner:
             "turn", {"turn": summary.turn, "message": summary.message, "files": summary.files}
         )
         self.conversation.messages.append(user_message)
+        self.conversation.save()
         status: TurnStatus = "answered"
         error: dict[str, str] | None = None
         try:
@@ -110,6 +112,8 @@ class TurnRunner:
             status = self.turn.stop_reason or "interrupted"
         except ModelError as exc:
             status, error = "model_error", {"type": exc.type, "message": exc.message}
+        except ShuttingDown:  # the gateway stops: its successor has the conversation
+            status = "interrupted"
         except GatewayError as exc:
             status, error = "failed", {"type": exc.error_type, "message": exc.message}
         except Exception as exc:  # a bug: the turn ends, said, and the session lives on
@@ -117,37 +121,54 @@ class TurnRunner:
             status = "failed"
             error = {"type": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
         finally:
-            self._answer_pending_calls()
-            summary.status = status
-            summary.tokens = self.tokens
-            end: dict[str, Any] = {
-                "turn": summary.turn,
-                "status": status,
-                "text": summary.text,
-                "cells": self.cells,
-                "tokens": self.tokens,
-            }
-            if error is not None:
-                end["error"] = error
-            self.emit("end", end)
-            self.metrics.chat_turns.labels(status, self.key_name).inc()
-            self.turn.finish()
-            self.conversation.told_up_to = self.session.log.submitted
-            self.conversation.save()
-            self.session.touch()
-            logger.info(
-                "session %s: chat turn %d ended %s (%d cells, %d tokens)",
-                self.session.id,
-                summary.turn,
-                status,
-                self.cells,
-                self.tokens,
-            )
+            self._end(status, error)
+
+    def settle(self, task: asyncio.Task[None]) -> None:
+        """The task is done: a turn cancelled before it ever ran ends here (`run` never
+        began, so its `finally` did not either)."""
+        if not self.turn.finished:
+            self._end(self.turn.stop_reason or "interrupted", None)
+
+    def _end(self, status: TurnStatus, error: dict[str, str] | None) -> None:
+        """The one end of a turn: its `end` event, its summary, its conversation written."""
+        summary = self.turn.summary
+        self.conversation.answer_pending_calls()
+        for cell in summary.cells:
+            if cell.status == "running":
+                cell.status = "interrupted"
+        summary.status = status
+        summary.tokens = self.tokens
+        end: dict[str, Any] = {
+            "turn": summary.turn,
+            "status": status,
+            "text": summary.text,
+            "cells": self.cells,
+            "tokens": self.tokens,
+        }
+        if error is not None:
+            end["error"] = error
+        self.emit("end", end)
+        self.metrics.chat_turns.labels(status, self.key_name).inc()
+        self.turn.finish()
+        self.conversation.save()
+        self.session.touch()
+        logger.info(
+            "session %s: chat turn %d ended %s (%d cells, %d tokens)",
+            self.session.id,
+            summary.turn,
+            status,
+            self.cells,
+            self.tokens,
+        )
 
     async def _steps(self) -> None:
         tools = [context.tool(self.session.language)]
         system = context.system_message(self.session.language, self.limits.vision)
+        calls = 0
         while True:
+            calls += 1
+            if calls > self.limits.max_steps + 2:  # refused calls count too
+                raise TurnEnded("step_limit")
             wait = self.budget.take(self.caller)
             if wait is not None:
                 raise TurnEnded(
@@ -170,11 +191,18 @@ class TurnRunner:
             self.tokens += used
             self.metrics.chat_tokens.labels(self.key_name).inc(used)
             self.conversation.messages.append(answer.message())
-            self.conversation.save()
+            self.conversation.save()  # its calls unanswered: a successor answers them
             if not answer.tool_calls:
                 return
+            shown: list[Rendered] = []
             for call in answer.tool_calls:
-                await self._call(call)
+                rendered = await self._call(call)
+                if rendered is not None:
+                    shown.append(rendered)
+            if self.limits.vision:
+                images = context.images_message(shown)
+                if images is not None:
+                    self.conversation.messages.append(images)
             self.conversation.save()
             if self.cells >= self.limits.max_steps:
                 raise TurnEnded("step_limit")
@@ -189,40 +217,38 @@ class TurnRunner:
         summary.text += text
         self.emit("text", {"text": text})
 
-    async def _call(self, call: ToolCall) -> None:
+    async def _call(self, call: ToolCall) -> Rendered | None:
         """Run one tool call as a cell of the session (or answer why it was not run)."""
         messages = self.conversation.messages
         expected = context.tool_name(self.session.language)
         if call.name != expected:
-            messages.append(
-                context.tool_refusal(call.id, f"there is no tool {call.name!r}; use {expected}")
-            )
-            return
+            why = f"there is no tool {call.name!r}; use {expected}"
+            messages.append(context.tool_refusal(call.id, why))
+            return None
         code = _code_of(call.arguments)
         if code is None:
-            messages.append(
-                context.tool_refusal(
-                    call.id, 'the arguments must be a JSON object with a "code" string'
-                )
-            )
-            return
+            why = 'the arguments must be a JSON object with a "code" string'
+            messages.append(context.tool_refusal(call.id, why))
+            return None
         if self.cells >= self.limits.max_steps:
-            messages.append(
-                context.tool_refusal(
-                    call.id, f"the turn's limit of {self.limits.max_steps} cells is reached"
-                )
-            )
-            return
+            why = f"the turn's limit of {self.limits.max_steps} cells is reached"
+            messages.append(context.tool_refusal(call.id, why))
+            return None
         self.cells += 1
         execution = self.session.submit(code, None)
+        self.conversation.model_cells.add(execution.number)
         # No await since `submit`: this event's id comes before any of the cell's own.
         self.emit("cell", {"cell": self.cells, "execution_id": execution.id, "code": code})
         summary = CellSummary(execution.id, code)
         self.turn.summary.cells.append(summary)
-        await self._follow(execution)
-        summary.status = execution.status
+        self.conversation.save()
+        try:
+            await self._follow(execution)
+        finally:
+            summary.status = execution.status if execution.finished else "interrupted"
         rendered = context.rendered_cell(execution)
-        messages.extend(context.tool_result(call.id, rendered, self.limits.vision))
+        messages.append(context.tool_result(call.id, rendered))
+        return rendered
 
     async def _follow(self, execution: Execution) -> None:
         """Copy the cell's events into the turn up to its `done`. Stopped meanwhile, the
@@ -243,23 +269,6 @@ class TurnRunner:
                         async for record in execution.records(after=last):
                             self.turn.add(record)
             raise
-
-    def _answer_pending_calls(self) -> None:
-        """Every tool call of the last assistant message gets an answer (the API refuses a
-        conversation where one has none)."""
-        messages = self.conversation.messages
-        for index in range(len(messages) - 1, -1, -1):
-            message = messages[index]
-            if message.get("role") == "assistant":
-                answered = {m.get("tool_call_id") for m in messages[index + 1 :]}
-                for call in message.get("tool_calls") or []:
-                    if call["id"] not in answered:
-                        messages.append(
-                            context.tool_refusal(call["id"], "the turn was stopped before it ran")
-                        )
-                return
-            if message.get("role") == "user" and isinstance(message.get("content"), str):
-                return
 
 
 def _code_of(arguments: str) -> str | None:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import copy
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, get_args
 
@@ -155,6 +156,8 @@ class Conversation:
         """The turn running, or the last one this gateway ran (its events)."""
         self.told_up_to = 0
         """The person's cells up to this execution number were told to the model."""
+        self.model_cells: set[int] = set()
+        """Execution numbers of the cells the model ran since (not the person's)."""
         self.store: ConversationStore | None = None
         self.closed = False
 
@@ -162,8 +165,8 @@ class Conversation:
     def running(self) -> bool:
         return self.current is not None and not self.current.finished
 
-    def begin(self, message: str, files: list[str]) -> Turn:
-        """A new turn; 409 `turn_running` while one runs."""
+    def refuse_if_running(self) -> None:
+        """409 `turn_running` while a turn runs."""
         if self.closed:
             raise Conflict(f"session {self.id} was deleted")
         if self.running:
@@ -171,6 +174,10 @@ class Conversation:
                 f"session {self.id} is answering a message (turn {self.turns[-1].turn}); "
                 "wait for its end, or stop it (POST /sessions/{id}/chat/stop)"
             )
+
+    def begin(self, message: str, files: list[str]) -> Turn:
+        """A new turn; 409 `turn_running` while one runs."""
+        self.refuse_if_running()
         number = self.turns[-1].turn + 1 if self.turns else 1
         summary = TurnSummary(number, message, files, first_message=len(self.messages))
         self.turns.append(summary)
@@ -215,10 +222,38 @@ class Conversation:
 
     # -- durable ----------------------------------------------------------------------------
 
+    def answer_pending_calls(self) -> None:
+        """Every tool call of the last assistant message gets an answer ("not run" for one
+        that never ran): the API refuses a conversation where one has none."""
+        messages = self.messages
+        for index in range(len(messages) - 1, -1, -1):
+            message = messages[index]
+            if message.get("role") == "assistant":
+                answered = {m.get("tool_call_id") for m in messages[index + 1 :]}
+                for call in message.get("tool_calls") or []:
+                    if call.get("id") not in answered:
+                        messages.append(
+                            {
+                                "role": "tool",
+                                "tool_call_id": call.get("id"),
+                                "content": "Not run: the turn was stopped before it ran",
+                            }
+                        )
+                return
+            if message.get("role") == "user" and isinstance(message.get("content"), str):
+                return
+
     def save(self) -> None:
+        """Written as it is now (a copy: the writer's thread never sees it change)."""
         if self.store is not None and not self.closed:
+            snapshot = SavedConversation(
+                self.id,
+                copy.deepcopy(self.messages),
+                [replace(t, cells=[replace(c) for c in t.cells]) for t in self.turns],
+                self.told_up_to,
+            )
             with contextlib.suppress(ValueError):
-                self.store.save(self)
+                self.store.save(snapshot)
 
     def close(self) -> None:
         """The session ended: its turn stopped, its file removed."""
@@ -241,6 +276,10 @@ class Conversation:
             if turn.status == "running":
                 turn.status = "interrupted"
                 turn.text += "\n\n[the gateway restarted during this turn]"
+                for cell in turn.cells:
+                    if cell.status == "running":
+                        cell.status = "interrupted"
+        self.answer_pending_calls()  # a gateway killed during a cell of the model's
 
 
 @dataclass

@@ -252,6 +252,8 @@ class Session:
         saved (the session runs on)."""
         if self.hibernation is None:
             raise Conflict(f"{self.language} sessions cannot be hibernated")
+        if self.conversation.running:
+            raise SessionBusy(f"session {self.id} is answering a chat message; try after it")
         return await self.hibernation.hibernate()
 
     async def resume(self) -> ResumedData | None:

@@ -15,7 +15,7 @@ import pytest
 from kernel_gateway.chat.context import describe_file
 from kernel_gateway.chat.service import Chat
 from kernel_gateway.errors import ChatNotConfigured, Gone, QuotaExceeded, TurnRunning
-from kernel_gateway.sessions.conversation import Conversation
+from kernel_gateway.sessions.conversation import Conversation, SavedConversation
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
@@ -383,3 +383,107 @@ def test_a_table_is_described_by_its_columns() -> None:
     assert describe_file("model.bin", b"\0\1", 2).endswith("in the working directory).")
     semicolons = describe_file("t.csv", b"a;b\n1;2\n", 8)
     assert "columns: a, b" in semicolons
+
+
+async def test_a_gateway_killed_during_a_model_cell_leaves_a_conversation_that_goes_on(
+    registry: Registry, model: Model, tmp_path: Path
+) -> None:
+    folder = tmp_path / "chats"
+    model.script = lambda request: Reply(code=["sleep 30", "print never"])
+    chat = chat_for(registry, model, folder)
+    await chat.open([])
+    session = await registry.create_session(owner=ADMIN)
+    turn = await chat.ask(session, "sleep", [], "admin")
+    async for record in turn.records():
+        if record.event.name == "cell":
+            break
+    assert chat.store is not None
+    await chat.store.flush()
+    saved = json.loads((folder / f"{session.id}.json").read_text())  # as a SIGKILL leaves it
+    assert saved["messages"][-1]["tool_calls"] and saved["turns"][0]["status"] == "running"
+    await chat.close()
+    session.conversation = Conversation(session.id)
+    session.conversation.take_up(SavedConversation.from_json(saved))
+    roles = [m["role"] for m in session.conversation.messages]
+    assert roles == ["user", "assistant", "tool", "tool"]  # each call answered "not run"
+    assert session.conversation.turns[0].status == "interrupted"
+    assert session.conversation.turns[0].cells[0].status == "interrupted"
+
+
+async def test_with_vision_the_images_follow_all_the_steps_tool_messages(
+    registry: Registry, model: Model
+) -> None:
+    png = "iVBORw0KGgo="
+
+    def script(request: dict[str, Any]) -> Reply:
+        if last_tool_output(request) is None and request["messages"][-1]["role"] == "user":
+            return Reply(code=["print a", "print b"])
+        return Reply(text="seen")
+
+    model.script = script
+    chat = chat_for(registry, model, llm_vision=True)
+    session = await registry.create_session(owner=ADMIN)
+    # A cell whose display is an image: the fake kernel has none, so add one to the render.
+    end = end_of(await turn_events(chat, session, "two"))
+    assert end["status"] == "answered"
+    roles = [m["role"] for m in session.conversation.messages]
+    assert roles == ["user", "assistant", "tool", "tool", "assistant"]
+    from kernel_gateway.chat.context import images_message
+    from kernel_gateway.render import Image, Rendered
+
+    shown = [Rendered("t", [Image("image/png", png)], [], "ok")] * 2
+    message = images_message(shown)
+    assert message is not None and message["role"] == "user"
+    assert len(message["content"]) == 3
+    await chat.close()
+
+
+async def test_an_empty_answer_is_a_model_error(registry: Registry, model: Model) -> None:
+    model.script = lambda request: Reply(text="")
+    chat = chat_for(registry, model)
+    session = await registry.create_session(owner=ADMIN)
+    end = end_of(await turn_events(chat, session, "hm"))
+    assert end["status"] == "model_error" and end["error"]["type"] == "model_malformed"
+    assert all(m["role"] != "assistant" for m in session.conversation.messages)
+    await chat.close()
+
+
+async def test_a_turn_stopped_before_it_ran_still_ends(registry: Registry, model: Model) -> None:
+    model.script = lambda request: Reply(text="never")
+    chat = chat_for(registry, model)
+    session = await registry.create_session(owner=ADMIN)
+    turn = await chat.ask(session, "now", [], "admin")
+    assert session.conversation.stop() is True  # before its task took its first step
+    records = [r async for r in turn.records()]
+    assert [r.event.name for r in records] == ["end"]
+    assert end_of(records)["status"] == "interrupted" and not session.conversation.running
+    await chat.close()
+
+
+async def test_the_person_s_cells_during_a_turn_are_told_next_time(
+    registry: Registry, model: Model
+) -> None:
+    model.script = lambda request: (
+        Reply(code=["sleep 0.5"]) if last_tool_output(request) is None else Reply(text="ok")
+    )
+    chat = chat_for(registry, model)
+    session = await registry.create_session(owner=ADMIN)
+    turn = await chat.ask(session, "wait", [], "admin")
+    async for record in turn.records():
+        if record.event.name == "cell":
+            break
+    mine = session.submit("print by hand", None)
+    async for _ in turn.records():
+        pass
+    async for _ in mine.records():
+        pass
+    model.script = lambda request: Reply(text="ok")
+    await turn_events(chat, session, "what did I run?")
+    told = model.requests[-1]["messages"][-1]["content"]
+    assert "print by hand" in told and "sleep 0.5" not in told
+    await chat.close()
+
+
+def test_an_odd_table_is_described_at_once() -> None:
+    head = (',"a' * 21000).encode()
+    assert "columns" in describe_file("odd.csv", head, len(head))

@@ -48,8 +48,6 @@ async def ask(request: Request) -> Response:
     body = await read_model(request, shapes.ChatRequest, settings.max_body_bytes, settings)
     principal = principal_of(request)
     caller = principal.key_id or ADMIN.name
-    if session.hibernated:
-        await session.resume()
     turn = await chat.ask(session, body.message, list(body.files or ()), caller, principal.name)
     return _stream(session, turn, None)
 
