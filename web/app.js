@@ -232,6 +232,14 @@ function connect() {
 
 async function* sseEvents(response) {
   const reader = response.body.getReader();
+  try {
+    yield* sseRead(reader);
+  } finally {
+    reader.cancel().catch(() => {}); // a stream left (or replaced) is closed, not read on
+  }
+}
+
+async function* sseRead(reader) {
   const decoder = new TextDecoder();
   let buffer = "";
   let name = "";
@@ -714,7 +722,8 @@ async function follow(answer, sessionId, execution, response, signal) {
 }
 
 // Reads a stream of events into `view` until the `last` one, resuming a broken stream
-// from the last event id seen (GET `url` with Last-Event-ID).
+// from the last event id seen (GET `url` with Last-Event-ID). An event the page fails
+// to draw is not a broken stream: the failure is shown and the events after it drawn.
 async function followEvents(url, view, last, response, signal, resumable = true) {
   let lastId = "";
   let failures = 0;
@@ -726,7 +735,11 @@ async function followEvents(url, view, last, response, signal, resumable = true)
       for await (const event of sseEvents(response)) {
         if (event.id) lastId = event.id;
         failures = 0;
-        view.handle(event);
+        try {
+          view.handle(event);
+        } catch (err) {
+          drawFailed(view, err);
+        }
         if (event.event === last) return;
       }
     } catch (err) {
@@ -740,6 +753,14 @@ async function followEvents(url, view, last, response, signal, resumable = true)
     await new Promise((resolve) => setTimeout(resolve, Math.min(2000, 250 * failures)));
     setState("running", "busy");
   }
+}
+
+function drawFailed(view, err) {
+  console.error("could not draw an event:", err);
+  if (view.drawFailed) return; // told once per answer
+  view.drawFailed = true;
+  const box = view.reply || view.outputs;
+  box?.appendChild(el("pre", "error-block", `Part of this answer could not be shown: ${err.message}`));
 }
 
 // After a reload: show the cell that was running (or finished meanwhile) in full.
@@ -821,22 +842,47 @@ async function newSession(language = state.language) {
 const MD_LIST_ITEM = /^( *)([-*+]|\d{1,9}[.)])(?:[ \t]+(.*))?$/;
 const MD_TABLE_RULE = /^ *\|? *:?-+:? *(\| *:?-+:? *)*\|? *$/;
 const MD_BLOCK_START = /^ {0,3}(```|~~~|#{1,6}(\s|$)|>|([-*+]|\d{1,9}[.)])\s)/;
+const MD_MAX_DEPTH = 20; // quotes, lists and emphasis nested deeper are shown as plain text
+
+function mdNormalize(source) {
+  return source.replace(/\r\n?/g, "\n").replace(/\t/g, "    ");
+}
 
 function markdown(source) {
   const fragment = document.createDocumentFragment();
-  mdBlocks(source.replace(/\r\n?/g, "\n").replace(/\t/g, "    ").split("\n"), fragment);
+  mdRender(mdNormalize(source).split("\n"), fragment);
   return fragment;
+}
+
+// Draws `lines` into `parent` (top-level blocks: their first lines go to `starts`); on any
+// failure the words are shown as they are, as plain text.
+function mdRender(lines, parent, starts = null) {
+  try {
+    mdBlocks(lines, parent, 0, starts);
+  } catch (err) {
+    console.error("markdown:", err);
+    parent.replaceChildren(el("p", "", lines.join("\n")));
+    if (starts) starts.splice(0, starts.length, 0);
+  }
 }
 
 function indentOf(line) {
   return line.length - line.trimStart().length;
 }
 
-function mdBlocks(lines, parent) {
+// Each block it draws is one node of `parent`; `starts` (at the top level) gets the index
+// of each block's first line.
+function mdBlocks(lines, parent, depth = 0, starts = null) {
+  if (depth > MD_MAX_DEPTH) {
+    const text = lines.join("\n").trim();
+    if (text) parent.appendChild(el("p", "", text));
+    return;
+  }
   let i = 0;
   while (i < lines.length) {
     const line = lines[i];
     let m;
+    if (line.trim() && starts) starts.push(i);
     if (!line.trim()) {
       i++;
     } else if ((m = /^ {0,3}(`{3,}|~{3,}) *([^`\s]*)/.exec(line))) {
@@ -852,7 +898,7 @@ function mdBlocks(lines, parent) {
       parent.appendChild(pre);
     } else if ((m = /^ {0,3}(#{1,6})(?:\s+(.*?))?(?:\s+#+)?\s*$/.exec(line))) {
       const heading = el(`h${m[1].length}`);
-      mdInline(m[2] || "", heading);
+      mdInline(m[2] || "", heading, depth);
       parent.appendChild(heading);
       i++;
     } else if (/^ {0,3}([-*_])( *\1){2,} *$/.test(line)) {
@@ -862,25 +908,25 @@ function mdBlocks(lines, parent) {
       const quoted = [];
       while (i < lines.length && /^ {0,3}>/.test(lines[i])) quoted.push(lines[i++].replace(/^ {0,3}> ?/, ""));
       const quote = el("blockquote");
-      mdBlocks(quoted, quote);
+      mdBlocks(quoted, quote, depth + 1);
       parent.appendChild(quote);
     } else if (MD_LIST_ITEM.test(line) && indentOf(line) < 4) {
-      i = mdList(lines, i, parent);
+      i = mdList(lines, i, parent, depth);
     } else if (line.includes("|") && i + 1 < lines.length && MD_TABLE_RULE.test(lines[i + 1])) {
-      i = mdTable(lines, i, parent);
+      i = mdTable(lines, i, parent, depth);
     } else {
       const text = [];
       while (i < lines.length && lines[i].trim() && !(text.length && MD_BLOCK_START.test(lines[i]))) {
         text.push(lines[i++].trim());
       }
       const paragraph = el("p");
-      mdInline(text.join("\n"), paragraph);
+      mdInline(text.join("\n"), paragraph, depth);
       parent.appendChild(paragraph);
     }
   }
 }
 
-function mdList(lines, i, parent) {
+function mdList(lines, i, parent, depth) {
   const first = MD_LIST_ITEM.exec(lines[i]);
   const indent = first[1].length;
   const ordered = /\d/.test(first[2]);
@@ -918,7 +964,7 @@ function mdList(lines, i, parent) {
   }
   for (const { lines: body } of items) {
     const li = el("li");
-    mdBlocks(body, li);
+    mdBlocks(body, li, depth + 1);
     const head = li.firstChild;
     if (!loose && head && head.tagName === "P") head.replaceWith(...head.childNodes);
     list.appendChild(li);
@@ -934,7 +980,7 @@ function mdRow(line) {
   return text.split(/(?<!\\)\|/).map((cell) => cell.trim().replace(/\\\|/g, "|"));
 }
 
-function mdTable(lines, i, parent) {
+function mdTable(lines, i, parent, depth) {
   const header = mdRow(lines[i]);
   const align = mdRow(lines[i + 1]).map((rule) =>
     rule.endsWith(":") ? (rule.startsWith(":") ? "center" : "right") : rule.startsWith(":") ? "left" : "",
@@ -945,7 +991,7 @@ function mdTable(lines, i, parent) {
     header.forEach((_, column) => {
       const cell = el(tag);
       if (align[column]) cell.style.textAlign = align[column];
-      mdInline(cells[column] ?? "", cell);
+      mdInline(cells[column] ?? "", cell, depth);
       tr.appendChild(cell);
     });
     return tr;
@@ -964,19 +1010,45 @@ function mdTable(lines, i, parent) {
 }
 
 const MD_INLINE = [
-  // [pattern, tag, whether it may not touch a word character before it]
-  [/^\*\*(?=\S)([\s\S]*?\S)\*\*/, "strong", false],
-  [/^__(?=\S)([\s\S]*?\S)__(?!\w)/, "strong", true],
-  [/^\*(?=[^\s*])([\s\S]*?[^\s*])\*(?!\*)/, "em", false],
-  [/^_(?=[^\s_])([\s\S]*?[^\s_])_(?!\w)/, "em", true],
-  [/^~~(?=\S)([\s\S]*?\S)~~/, "del", false],
+  // [opening mark, pattern, tag, whether it may not touch a word character before it,
+  // where it may close (the character before the closing mark, then the mark), how far
+  // after the opening mark's first character that character is at the nearest]
+  ["**", /^\*\*(?=\S)([\s\S]*?\S)\*\*/, "strong", false, /\S\*\*/y, 2],
+  ["__", /^__(?=\S)([\s\S]*?\S)__(?!\w)/, "strong", true, /\S__(?!\w)/y, 2],
+  ["*", /^\*(?=[^\s*])([\s\S]*?[^\s*])\*(?!\*)/, "em", false, /[^\s*]\*(?!\*)/y, 1],
+  ["_", /^_(?=[^\s_])([\s\S]*?[^\s_])_(?!\w)/, "em", true, /[^\s_]_(?!\w)/y, 1],
+  ["~~", /^~~(?=\S)([\s\S]*?\S)~~/, "del", false, /\S~~/y, 2],
 ];
 
-function mdInline(text, parent) {
+// The last position in `text` where `closing` matches (-1: none).
+function mdLastMatch(text, closing) {
+  for (let k = text.length - 1; k >= 0; k--) {
+    closing.lastIndex = k;
+    if (closing.test(text)) return k;
+  }
+  return -1;
+}
+
+// An opening mark with no possible closing mark after it is not tried: each such try
+// scanned to the end of the text, and a long run of them took quadratic time.
+function mdInline(text, parent, depth = 0) {
+  if (depth > MD_MAX_DEPTH) {
+    if (text) parent.appendChild(document.createTextNode(text));
+    return;
+  }
   let plain = "";
   const flush = () => {
     if (plain) parent.appendChild(document.createTextNode(plain));
     plain = "";
+  };
+  const lastClosing = new Map(); // MD_INLINE index -> mdLastMatch, found when first needed
+  let backtickRuns = null; // length of a run of backticks -> where the last such run starts
+  const codeMayClose = (i, run) => {
+    if (!backtickRuns) {
+      backtickRuns = new Map();
+      for (const m of text.matchAll(/`+/g)) backtickRuns.set(m[0].length, m.index);
+    }
+    return (backtickRuns.get(run) ?? -1) > i + run;
   };
   let i = 0;
   outer: while (i < text.length) {
@@ -989,18 +1061,22 @@ function mdInline(text, parent) {
       i += 2;
       continue;
     }
-    if (c === "`" && (m = /^(`+)(?!`)([\s\S]*?[^`])\1(?!`)/.exec(rest))) {
+    if (c === "`" && codeMayClose(i, /^`+/.exec(rest)[0].length) && (m = /^(`+)(?!`)([\s\S]*?[^`])\1(?!`)/.exec(rest))) {
       flush();
       parent.appendChild(el("code", "", m[2].replace(/^ ([\s\S]*) $/, "$1")));
       i += m[0].length;
       continue;
     }
     if (c === "*" || c === "_" || c === "~") {
-      for (const [pattern, tag, notAfterWord] of MD_INLINE) {
-        if ((m = pattern.exec(rest)) && !(notAfterWord && afterWord)) {
+      for (let k = 0; k < MD_INLINE.length; k++) {
+        const [mark, pattern, tag, notAfterWord, closing, gap] = MD_INLINE[k];
+        if (!rest.startsWith(mark) || (notAfterWord && afterWord)) continue;
+        if (!lastClosing.has(k)) lastClosing.set(k, mdLastMatch(text, closing));
+        if (lastClosing.get(k) < i + gap) continue;
+        if ((m = pattern.exec(rest))) {
           flush();
           const node = el(tag);
-          mdInline(m[1], node);
+          mdInline(m[1], node, depth + 1);
           parent.appendChild(node);
           i += m[0].length;
           continue outer;
@@ -1009,7 +1085,7 @@ function mdInline(text, parent) {
     }
     if (c === "[" && (m = /^\[((?:[^[\]\\]|\\.)*)\]\(\s*<?([^\s<>()]*(?:\([^\s<>()]*\)[^\s<>()]*)*)>?(?:\s+(?:"[^"]*"|'[^']*'))?\s*\)/.exec(rest))) {
       flush();
-      mdLink(m[2], m[1], parent);
+      mdLink(m[2], m[1], parent, depth);
       i += m[0].length;
       continue;
     }
@@ -1026,7 +1102,7 @@ function mdInline(text, parent) {
 }
 
 // A link only to http(s): anything else (javascript:, data:, relative) stays words.
-function mdLink(href, label, parent) {
+function mdLink(href, label, parent, depth = 0) {
   let url = null;
   try {
     url = new URL(href);
@@ -1035,7 +1111,7 @@ function mdLink(href, label, parent) {
   }
   if (!url || (url.protocol !== "http:" && url.protocol !== "https:")) {
     if (label === null) parent.appendChild(document.createTextNode(href));
-    else mdInline(label, parent);
+    else mdInline(label, parent, depth + 1);
     return;
   }
   const link = el("a");
@@ -1043,7 +1119,7 @@ function mdLink(href, label, parent) {
   link.target = "_blank";
   link.rel = "noopener noreferrer";
   if (label === null) link.textContent = href;
-  else mdInline(label, link);
+  else mdInline(label, link, depth + 1);
   parent.appendChild(link);
 }
 
@@ -1199,7 +1275,11 @@ class ChatTurn {
     $("chat").appendChild(this.turn);
     this.answer = this; // what the queue tells when the turn cannot start
     this.words = null; // the Markdown block the model's words go to now
-    this.buffer = "";
+    this.buffer = ""; // its words so far (line ends and tabs normalized)
+    this.carriageReturn = false; // whether the last piece ended in \r (a \n may follow)
+    this.drawn = 0; // how much of the buffer is in blocks that more words cannot change
+    this.open = []; // the nodes of the blocks after those, drawn again as words come
+    this.frame = 0; // the animation frame that draws them
     this.modelCell = null; // the Answer of the cell the model runs now
   }
 
@@ -1207,21 +1287,63 @@ class ChatTurn {
     const { event: name, data } = event;
     if (name === "turn") return;
     if (name === "text") {
-      if (!this.words) {
-        this.words = this.reply.appendChild(el("div", "md"));
-        this.buffer = "";
-      }
-      this.buffer += data.text;
-      this.words.replaceChildren(markdown(this.buffer));
-      scrollDown();
+      this.addWords(data.text || "");
     } else if (name === "cell") {
-      this.words = null;
+      this.endWords();
       this.modelCell = this.addCell(data.code);
     } else if (name === "end") {
-      this.end(data);
+      try {
+        this.endWords();
+      } finally {
+        this.end(data);
+      }
     } else if (this.modelCell) {
       this.modelCell.handle(event);
       if (name === "done") this.modelCell = null;
+    }
+  }
+
+  // The model's words come in small pieces, thousands a turn: they are drawn at most once
+  // a frame, and only the blocks still open (the last ones) are drawn again.
+  addWords(text) {
+    if (!this.words) {
+      this.words = this.reply.appendChild(el("div", "md"));
+      Object.assign(this, { buffer: "", carriageReturn: false, drawn: 0, open: [] });
+    }
+    if (this.carriageReturn && text.startsWith("\n")) text = text.slice(1);
+    if (text) this.carriageReturn = text.endsWith("\r");
+    this.buffer += mdNormalize(text);
+    if (!this.frame) this.frame = requestAnimationFrame(() => this.drawWords(false));
+  }
+
+  // Draws the words after the blocks already final; `last`: the words are all there.
+  drawWords(last) {
+    if (this.frame) cancelAnimationFrame(this.frame);
+    this.frame = 0;
+    if (!this.words) return;
+    const lines = this.buffer.slice(this.drawn).split("\n");
+    const fragment = document.createDocumentFragment();
+    const starts = [];
+    mdRender(lines, fragment, starts);
+    // A block is final once the block after it starts on a complete line (the lines a
+    // block's end depends on are then all there, and drawing from there on is the same).
+    let final = 0;
+    while (!last && final + 1 < starts.length && starts[final + 1] < lines.length - 1) final++;
+    const nodes = [...fragment.childNodes];
+    for (const node of this.open) node.remove();
+    this.words.append(...nodes);
+    this.open = nodes.slice(final);
+    if (final) {
+      for (let line = 0; line < starts[final]; line++) this.drawn += lines[line].length + 1;
+    }
+    scrollDown();
+  }
+
+  endWords() {
+    try {
+      this.drawWords(true);
+    } finally {
+      this.words = null;
     }
   }
 
@@ -1257,6 +1379,11 @@ class ChatTurn {
   }
 
   fail(message) {
+    try {
+      this.endWords();
+    } catch (err) {
+      console.error(err);
+    }
     this.reply.classList.remove("running");
     this.reply.appendChild(el("pre", "error-block", message));
     this.reply.dataset.status = "failed";

@@ -26,6 +26,19 @@ CHART = (
     "print('total', sales['amount'].sum())"
 )
 CSV = "month,amount\n1,10\n2,30\n3,20\n"
+# A long answer that drew slowly (every piece drew it all again; a run of `*a` took
+# quadratic time) or not at all (a deep nest of quotes overflowed the stack).
+LONG = (
+    "".join(
+        f"{n}. **bold {n}** and *em* and _under_ and `code` and ~~gone~~, *a *a __b\n"
+        for n in range(1, 301)
+    )
+    + "\n"
+    + "*a " * 4000
+    + "\n\n"
+    + ">" * 5000
+    + " deep\n\n- last *list*\n  - nested **item**\n\nTHE END"
+)
 
 
 def script(request: dict[str, Any]) -> Reply:
@@ -35,6 +48,8 @@ def script(request: dict[str, Any]) -> Reply:
             return Reply(text="Working on it.", code=["import time\ntime.sleep(60)"])
         if "break" in last_user_text(request):
             return Reply(status=500)
+        if "long answer" in last_user_text(request):
+            return Reply(text=LONG)
         if "hello" in last_user_text(request):
             return Reply(text="Hello **there**.")
         return Reply(
@@ -154,6 +169,53 @@ def test_a_running_turn_is_picked_up_after_a_reload(page: Any) -> None:
     assert resumed.locator(".md").first.inner_text() == "Working on it."
     page.click("#interrupt")
     resumed.locator(".reply[data-status='interrupted']").wait_for(timeout=20_000)
+
+
+def test_a_long_answer_streams_without_freezing_the_page(page: Any) -> None:
+    assert len(LONG) > 30_000
+    turn = ask(page, "a long answer please")
+    turn.locator(".reply[data-status='answered']").wait_for(timeout=120_000)
+    words = turn.locator(".md")
+    assert words.count() == 1
+    assert words.locator("p").last.inner_text() == "THE END"
+    assert words.locator("strong:has-text('bold 300')").count() == 1
+    # quotes nested deeper than the renderer draws are words
+    assert 15 <= words.locator("blockquote").count() <= 25
+    assert words.locator("blockquote p").last.inner_text().endswith("> deep")
+    # drawn piece by piece, the answer is what drawing it whole gives
+    same = page.evaluate(
+        """([words, text]) => {
+            const box = document.createElement("div");
+            box.appendChild(markdown(text));
+            return box.innerHTML === words.innerHTML;
+        }""",
+        [words.element_handle(), LONG],
+    )
+    assert same
+    again = ask(page, "hello")
+    again.locator(".reply[data-status='answered']").wait_for(timeout=30_000)
+    assert again.locator(".md strong").inner_text() == "there"
+
+
+def test_a_part_that_cannot_be_drawn_is_shown_and_the_rest_drawn(page: Any) -> None:
+    resumes: list[str] = []
+    page.on("request", lambda r: resumes.append(r.url) if "/chat/events" in r.url else None)
+    page.evaluate(
+        """() => {
+            const addWords = ChatTurn.prototype.addWords;
+            let pieces = 0;
+            ChatTurn.prototype.addWords = function (text) {
+                if (++pieces === 2) throw new Error("cannot draw this");
+                return addWords.call(this, text);
+            };
+        }"""
+    )
+    turn = ask(page, "hello")
+    turn.locator(".reply[data-status='answered']").wait_for(timeout=30_000)
+    assert "cannot draw this" in turn.locator(".error-block").inner_text()
+    assert turn.locator(".md").inner_text().startswith("Hello ")  # the pieces after it
+    assert turn.locator(".md").inner_text().endswith(".")
+    assert resumes == []  # not taken for a broken stream
 
 
 def test_a_model_error_is_shown_and_the_session_stays_usable(page: Any) -> None:
