@@ -12,6 +12,7 @@
     │   ├── TemplateNotFound          404 template_not_found
     │   ├── SnapshotNotFound          404 snapshot_not_found
     │   ├── VolumeNotFound            404 volume_not_found
+    │   ├── SecretNotFound            404 secret_not_found    (or another key's)
     │   └── KeyNotFound               404 key_not_found       (or another key's: never 403)
     ├── Conflict                      409 conflict
     │   ├── SessionBusy               409 session_busy        (too many queued executions)
@@ -37,6 +38,7 @@
     │   └── HibernationFailed         503 hibernation_failed  (not saved: the session runs on;
     │                                                          also a snapshot or fork's save)
     ├── ChatNotConfigured             501 chat_not_configured (no --llm-url: no model to ask)
+    ├── SecretsNotConfigured          501 secrets_not_configured (no --secrets-key-file)
     ├── BadGateway                    502 bad_gateway         (router: a node's answer was broken)
     ├── ShuttingDown                  503 shutting_down       (+ Retry-After: the gateway drains)
     │   └── NodeUnavailable           503 node_unavailable    (router: a node restarts; Retry-After)
@@ -118,6 +120,10 @@ class VolumeNotFound(NotFound):
 
 class KeyNotFound(NotFound):
     error_type = "key_not_found"
+
+
+class SecretNotFound(NotFound):
+    error_type = "secret_not_found"
 
 
 class Gone(GatewayError):
@@ -257,6 +263,13 @@ class ChatNotConfigured(GatewayError):
 
     status_code = 501
     error_type = "chat_not_configured"
+
+
+class SecretsNotConfigured(GatewayError):
+    """The gateway keeps no secrets (`--secrets-key-file`)."""
+
+    status_code = 501
+    error_type = "secrets_not_configured"
 
 
 class BadGateway(GatewayError):

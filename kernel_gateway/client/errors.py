@@ -21,6 +21,7 @@
         │   ├── TemplateNotFoundError   404 template_not_found
         │   ├── SnapshotNotFoundError   404 snapshot_not_found
         │   ├── VolumeNotFoundError     404 volume_not_found
+        │   ├── SecretNotFoundError     404 secret_not_found
         │   └── KeyNotFoundError        404 key_not_found
         ├── MethodNotAllowedError       405 method_not_allowed
         ├── GoneError                   410 gone
@@ -42,6 +43,7 @@
         │       └── RateLimitedError    429 rate_limited (the key's requests a minute)
         └── ServerError                 500 internal_error (and any other 5xx)
             ├── ChatNotConfiguredError  501 chat_not_configured (the gateway has no model)
+            ├── SecretsNotConfiguredError 501 secrets_not_configured (no --secrets-key-file)
             ├── BadGatewayError         502 bad_gateway (a cluster router: a node's answer broke)
             └── UnavailableError        503 (retry_after)
                 ├── KernelUnavailableError   503 kernel_unavailable
@@ -184,6 +186,10 @@ class VolumeNotFoundError(NotFoundError):
     """404: no volume with this id or name."""
 
 
+class SecretNotFoundError(NotFoundError):
+    """404: no secret of this name (or id) for this key."""
+
+
 class KeyNotFoundError(NotFoundError):
     """404: no API key with this id (or it was revoked)."""
 
@@ -269,6 +275,10 @@ class ChatNotConfiguredError(ServerError):
     """501: the gateway has no model to ask (it was started without `--llm-url`)."""
 
 
+class SecretsNotConfiguredError(ServerError):
+    """501: the gateway keeps no secrets (it was started without `--secrets-key-file`)."""
+
+
 class BadGatewayError(ServerError):
     """502: (through a cluster router) the node's answer broke off; a POST may or may not
     have been carried out."""
@@ -331,6 +341,8 @@ BY_TYPE: dict[str, type[APIError]] = {
     "template_conflict": TemplateConflictError,
     "turn_running": TurnRunningError,
     "chat_not_configured": ChatNotConfiguredError,
+    "secrets_not_configured": SecretsNotConfiguredError,
+    "secret_not_found": SecretNotFoundError,
     "too_many_sessions": RateLimitError,
     "too_many_templates": TooManyTemplatesError,
     "too_many_snapshots": TooManySnapshotsError,

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 import zmq.asyncio
@@ -42,6 +43,7 @@ from kernel_gateway.templates.builtin import start_builtin
 from kernel_gateway.templates.service import Templates
 from kernel_gateway.tenants.keys import KeyStore
 from kernel_gateway.tenants.principal import ADMIN
+from kernel_gateway.tenants.secrets import SecretStore
 from kernel_gateway.tenants.usage import UsageCollector
 from kernel_gateway.types import JSON
 
@@ -65,6 +67,7 @@ class State(TypedDict):
     keys: KeyStore
     auth: Authenticator
     chat: Chat
+    secrets: SecretStore
     openapi: Callable[[], JSON]
 
 
@@ -137,6 +140,10 @@ def create_app(settings: Settings) -> Starlette:
                 from kernel_gateway.kernels.egress.proxy import start_egress
 
                 egress = await start_egress(settings, backend, runtime)
+            secrets = SecretStore(runtime.root / "secrets.json", settings.secrets_key_file)
+            await asyncio.to_thread(secrets.open)
+            if egress is not None:
+                await asyncio.to_thread(give_secrets, egress, secrets, settings, runtime.root)
             if backend.images is not None:
                 templates = Templates(settings, backend, runtime, context)
                 await asyncio.to_thread(templates.open)
@@ -197,6 +204,7 @@ def create_app(settings: Settings) -> Starlette:
                     "keys": keys,
                     "auth": auth,
                     "chat": chat,
+                    "secrets": secrets,
                     "openapi": document,
                     **protocols,
                 }
@@ -233,6 +241,19 @@ def create_app(settings: Settings) -> Starlette:
     )
     app.state.lifecycle = durable  # its stop_requested is the server's on_stop (cli/main.py)
     return app
+
+
+def give_secrets(egress: EgressProxy, secrets: SecretStore, settings: Settings, root: Path) -> None:
+    """The egress proxy's relays get the secrets, the CA they show sandboxes (made once per
+    runtime dir), and the CAs they trust besides the system's (`--egress-ca-file`)."""
+    if not secrets.enabled:
+        return
+    from kernel_gateway.kernels.egress.authority import Authority
+
+    egress.secrets = secrets
+    egress.authority = Authority(root / "egress-ca")
+    if settings.egress_ca_file is not None:
+        egress.upstream_tls.load_verify_locations(cafile=str(settings.egress_ca_file))
 
 
 def owner_name(registry: Registry, keys: KeyStore, session_id: str) -> str | None:

@@ -7,19 +7,28 @@ a relay at its other end that speaks for this session alone (`kernels/egress/rel
 the proxy variables in the kernel's environment (`HTTP_PROXY`, `HTTPS_PROXY`, their
 lower-case twins, `NO_PROXY`; Java's proxy properties), and an entry in the proxy's policy:
 its id, a secret only the relay knows, its patterns.
+
+A session that uses secrets (`use_secrets`) also gets, in each kernel, a placeholder per
+secret in its environment (`NAME=kg-secret:NAME`) and the gateway CA's certificate as the
+trust of its TLS clients (`SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, `CURL_CA_BUNDLE`,
+`NODE_EXTRA_CA_CERTS`, `GIT_SSL_CAINFO`, `PIP_CERT`, in `/conn/egress/`, a folder the
+kernel cannot write); its relay opens its HTTPS to put the values in (`interception.py`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 import secrets
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernel_gateway import logs
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.egress.forwarder import PORT, proxy_environment
-from kernel_gateway.kernels.egress.relay import Decision, Relay
+from kernel_gateway.kernels.egress.relay import Decision, Interception, Relay
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import ENV_LANGUAGES, PYTHON, env_code
 from kernel_gateway.metrics import Metrics
@@ -60,6 +69,27 @@ def proxy_setup_code(language: str) -> str:
     return env_code(language, env)
 
 
+CA_FILE = "/conn/egress/ca.pem"
+"""Where a kernel finds the gateway CA's certificate (its relay's folder, read-only to it)."""
+CA_VARIABLES = (
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "PIP_CERT",
+)
+
+
+def secrets_setup_code(language: str, names: tuple[str, ...], placeholder: str) -> str:
+    """Silent code that gives `language`'s kernel the placeholders and the gateway's CA."""
+    if language not in ENV_LANGUAGES:
+        raise KernelUnavailable(f"secrets are not supported for {language} kernels")
+    env: dict[str, str | None] = dict.fromkeys(CA_VARIABLES, CA_FILE)
+    env.update({name: placeholder.format(name=name) for name in names})
+    return env_code(language, env)
+
+
 class SessionNetwork:
     """One session's allowlist and its way out, for each kernel the session has."""
 
@@ -72,6 +102,11 @@ class SessionNetwork:
         self._metrics = metrics
         self._secret = secrets.token_urlsafe(24)
         self._relay: Relay | None = None
+        self.secret_names: tuple[str, ...] = ()
+        """The secrets its code may use (their values go only where each belongs)."""
+        self.placeholder = "kg-secret:{name}"
+        """How its environment spells a secret (E2B's sandboxes: `${{e2b.secrets.{name}}}`)."""
+        self._owner: str | None = None
         self._before = 0
         """Bytes its closed relays passed (its earlier kernels')."""
 
@@ -82,6 +117,39 @@ class SessionNetwork:
 
     def to_json(self) -> dict[str, Any]:
         return {"allow": self.allow}
+
+    def _interception(self) -> Interception | None:
+        proxy = self._proxy
+        store, authority = proxy.secrets, proxy.authority
+        if not self.secret_names or store is None or authority is None:
+            return None
+        names, owner = self.secret_names, self._owner
+        return Interception(authority, proxy.upstream_tls, lambda: store.opened(names, owner))
+
+    def keep_secrets(self, names: list[str], owner: str | None, placeholder: str) -> None:
+        """An adopted session's secrets (its kernel already has their placeholders)."""
+        self.secret_names, self._owner, self.placeholder = tuple(names), owner, placeholder
+
+    async def use_secrets(
+        self, names: list[str], owner: str | None, kernel: Kernel | None, placeholder: str
+    ) -> None:
+        """From now on its code may use these secrets of `owner`'s (`kernel`: the one it has
+        now, given the placeholders and the CA at once)."""
+        self.secret_names, self._owner, self.placeholder = tuple(names), owner, placeholder
+        if self._relay is not None:
+            self._relay.intercept = self._interception()
+        if kernel is not None:
+            await self._configure_secrets(kernel)
+
+    async def _configure_secrets(self, kernel: Kernel) -> None:
+        if not self.secret_names or self._relay is None or self._proxy.authority is None:
+            return
+        pem = self._proxy.authority.certificate_pem
+        ca = self._relay.listen.parent / "ca.pem"
+        await asyncio.to_thread(_write_readable, ca, pem)
+        code = secrets_setup_code(kernel.language, self.secret_names, self.placeholder)
+        if not await kernel.run_silent(code, SETUP_SECONDS):
+            raise KernelUnavailable("the kernel did not take its secrets' placeholders")
 
     async def open(self) -> None:
         """Enter the session in the proxy's policy."""
@@ -100,13 +168,21 @@ class SessionNetwork:
         already is, and may be busy with a cell)."""
         await self._close_relay()
         listen = await kernel.process.start_egress_forwarder(PORT)
-        relay = Relay(listen, self._proxy.socket, self.session_id, self._secret, self._observe)
+        relay = Relay(
+            listen,
+            self._proxy.socket,
+            self.session_id,
+            self._secret,
+            self._observe,
+            intercept=self._interception(),
+        )
         await relay.start()
         self._relay = relay
         if not configure:
             return
         if not await kernel.run_silent(proxy_setup_code(kernel.language), SETUP_SECONDS):
             raise KernelUnavailable("the kernel did not take its proxy settings")
+        await self._configure_secrets(kernel)
 
     async def close(self) -> None:
         await self._close_relay()
@@ -143,3 +219,12 @@ class SessionNetwork:
                 }
             },
         )
+
+
+def _write_readable(path: Path, data: bytes) -> None:
+    """`data` at `path`, readable by the kernel's user, written whole or not at all."""
+    temporary = path.with_name(path.name + ".tmp")
+    fd = os.open(temporary, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(temporary, path)

@@ -11,10 +11,18 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from kernel_gateway.errors import BadRequest, InvalidRequest, KernelUnavailable, NetworkNotAllowed
+from kernel_gateway.errors import (
+    BadRequest,
+    InvalidRequest,
+    KernelUnavailable,
+    NetworkNotAllowed,
+    SecretsNotConfigured,
+)
 from kernel_gateway.in_proxy.policy import BadPattern, normalize, outside
+from kernel_gateway.kernels.languages import ENV_LANGUAGES
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.sessions.network import NETWORK_LANGUAGES, SessionNetwork
+from kernel_gateway.sessions.persistence import SessionRecord
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
 
@@ -113,7 +121,7 @@ async def change(
 
 async def restore(
     session: Session,
-    allow: list[str],
+    record: SessionRecord,
     settings: Settings,
     egress: EgressProxy | None,
     metrics: Metrics,
@@ -121,6 +129,7 @@ async def restore(
     """An adopted session's policy, within today's `--egress-allow` (narrowed if the
     operator narrowed it). It fails closed: whatever goes wrong, the kernel has no
     network of its own, and the record keeps the policy for the next gateway."""
+    allow = record.network
     kept = [p for p in allow if not outside(settings.egress_ceiling, [p])]
     if kept != allow:
         logger.warning(
@@ -134,6 +143,7 @@ async def restore(
         logger.error("session %s may reach %s, but no egress proxy runs", session.id, kept)
         return
     network = SessionNetwork(session.id, kept, egress, metrics)
+    network.keep_secrets(record.secrets, session.owner, record.placeholder)
     session.use_network(network)  # kept in the record even if what follows fails
     kernel = session.slot.kernel
     try:
@@ -142,3 +152,40 @@ async def restore(
             await network.attach(kernel, configure=False)
     except Exception as exc:
         logger.error("session %s: its network was not restored: %s", session.id, exc)
+
+
+async def use_secrets(
+    session: Session, names: list[str], egress: EgressProxy | None, placeholder: str
+) -> None:
+    """`session`'s code may use these secrets of its owner's from now on: each must exist,
+    and its domains be within the session's network allowlist (403 otherwise: a secret
+    whose domains the session cannot reach would be refused at every request anyway)."""
+    if not names:
+        return
+    store = egress.secrets if egress is not None else None
+    if store is None or not store.enabled:
+        raise SecretsNotConfigured(
+            "this gateway keeps no secrets: start it with --secrets-key-file (and "
+            "--egress-allow: secrets are sent through the egress proxy)"
+        )
+    network = session.network
+    owned = store.names_of(session.owner)
+    missing = [n for n in names if n not in owned]
+    if missing:
+        raise InvalidRequest(f"'secrets': no secret {', '.join(map(repr, missing))} (GET /secrets)")
+    allow = network.allow if network is not None else []
+    for opened in store.opened(tuple(names), session.owner):
+        wide = outside(allow, list(opened.domains))
+        if wide:
+            raise NetworkNotAllowed(
+                f"the secret {opened.name!r} is for {', '.join(wide)}, which this session's "
+                f"network policy does not allow ({', '.join(allow) or 'no network'}): ask "
+                "for them in 'network'"
+            )
+    if session.language not in ENV_LANGUAGES:
+        raise BadRequest(f"secrets are not supported for {session.language} kernels")
+    assert network is not None  # a secret has domains: `allow` covered them
+    await network.use_secrets(
+        list(dict.fromkeys(names)), session.owner, session.slot.kernel, placeholder
+    )
+    session.persist()

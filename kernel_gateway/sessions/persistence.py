@@ -94,6 +94,10 @@ class SessionRecord:
     owner: str | None = None
     """The id of the API key that made it (None: the admin, and records written before
     keys existed)."""
+    secrets: list[str] = field(default_factory=list)
+    """The names of the secrets its code may use (never their values)."""
+    placeholder: str = "kg-secret:{name}"
+    """How its kernels' environment spells a secret."""
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self)}
@@ -128,6 +132,8 @@ class SessionRecord:
             carrier=str(data["carrier"]) if data.get("carrier") else None,
             mounts=[[str(part) for part in m] for m in data.get("mounts") or []],
             owner=str(data["owner"]) if data.get("owner") else None,
+            secrets=[str(n) for n in data.get("secrets") or []],
+            placeholder=str(data.get("placeholder") or "kg-secret:{name}"),
             running=None
             if running is None
             else RunningCell(

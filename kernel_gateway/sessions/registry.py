@@ -225,7 +225,7 @@ class Registry:
         session.restore(record, carrier)
         self._sessions[session.id] = session
         if record.network:
-            await self._restore_network(session, record.network)
+            await self._restore_network(session, record)
         return session
 
     async def add_hibernated(self, record: SessionRecord, storage: SessionStorage) -> Session:
@@ -245,7 +245,7 @@ class Registry:
         session.restore(record)
         self._sessions[session.id] = session
         if record.network:
-            await self._restore_network(session, record.network)
+            await self._restore_network(session, record)
         return session
 
     def mark_lost(self, session_id: str, reason: str, owner: str | None = None) -> None:
@@ -281,9 +281,9 @@ class Registry:
         `--egress-allow`, or `--egress-default` when it asks nothing."""
         return network_policy.allowlist(asked, self.settings, self.egress)
 
-    async def _restore_network(self, session: Session, allow: list[str]) -> None:
-        """An adopted session's policy (`network_policy.restore`: it fails closed)."""
-        await network_policy.restore(session, allow, self.settings, self.egress, self.warm.metrics)
+    async def _restore_network(self, session: Session, record: SessionRecord) -> None:
+        """An adopted session's policy and secrets (`network_policy.restore`: fails closed)."""
+        await network_policy.restore(session, record, self.settings, self.egress, self.warm.metrics)
 
     async def _give_network(self, session: Session, allow: list[str]) -> None:
         assert self.egress is not None  # its way out, now and for each later kernel

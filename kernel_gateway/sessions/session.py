@@ -359,6 +359,7 @@ class Session:
             "network": {"allow": network.allow}
             if network is not None and network.allow
             else "none",
+            "secrets": list(network.secret_names) if network is not None else [],
             "hibernation": self.hibernation.to_json() if self.hibernation is not None else None,
             "template": self.template.to_json() if self.template is not None else None,
             "volumes": {m.target: m.name for m in self.mounts},
@@ -393,6 +394,10 @@ class Session:
             template=self.template.key if self.template is not None else None,
             mounts=[[m.volume_id, m.name, str(m.source), m.target] for m in self.mounts],
             owner=self.owner,
+            secrets=list(self._network.secret_names) if self._network is not None else [],
+            placeholder=self._network.placeholder
+            if self._network is not None
+            else "kg-secret:{name}",
         )
 
     def restore(self, record: SessionRecord, carrier: SessionStorage | None = None) -> None:

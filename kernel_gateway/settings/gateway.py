@@ -592,6 +592,19 @@ class Settings:
         doc="the [MCP](mcp.md) tools take a `template` (a sandbox on one of the gateway's "
         "[templates](templates.md)); off, their schemas do not offer it. Docker backend",
     )
+    secrets_key_file: Path | None = setting(
+        None,
+        "the key secrets are sealed with at rest (a file of random bytes); unset, no secrets",
+        doc="the key the [secrets](secrets.md) are sealed with at rest (AES-256-GCM; the "
+        "file's bytes, hashed): a file of at least 16 random bytes the operator keeps. "
+        "Unset, the secrets routes answer 501",
+    )
+    egress_ca_file: Path | None = setting(
+        None,
+        "more CAs (PEM) the egress relay trusts for the hosts it opens HTTPS to (secrets)",
+        doc="more CAs (a PEM file) trusted, besides the system's, for the hosts the egress "
+        "relay opens HTTPS to for sessions that use [secrets](secrets.md) (a company CA)",
+    )
     # -- the chat: a model writes the code ------------------------------------------------
     llm_url: str | None = setting(
         None,

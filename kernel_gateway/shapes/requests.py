@@ -275,6 +275,9 @@ VolumeMounts = Annotated[
 ]
 
 
+SECRETS = Field(max_length=32, description="Secrets (`GET /secrets`) its code may use.")
+
+
 class NewSession(RequestModel):
     """A new session: send an empty object (or no body) for Python."""
 
@@ -293,6 +296,7 @@ class NewSession(RequestModel):
         ),
     ] = None
     volumes: VolumeMounts = None
+    secrets: Annotated[list[Annotated[str, Field(pattern=r"^\w{1,128}$")]] | None, SECRETS] = None
 
 
 class NewVolume(RequestModel):

@@ -132,6 +132,10 @@ class Session(TypedDict):
         str | None,
         field(description="The id of the API key that made it; null: the admin token."),
     ]
+    secrets: Annotated[
+        list[str],
+        field(description="The secrets its code may use, by name (never their values)."),
+    ]
 
 
 @closed

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,11 @@ from kernel_gateway.kernels.backends.base import Backend
 from kernel_gateway.kernels.backends.docker import DockerBackend
 from kernel_gateway.kernels.backends.labels import container_labels
 from kernel_gateway.kernels.egress import squid_conf
+from kernel_gateway.kernels.egress.authority import Authority
 from kernel_gateway.kernels.egress.images import egress_image
 from kernel_gateway.kernels.runtime_dir import RuntimeDir
 from kernel_gateway.settings import Settings
+from kernel_gateway.tenants.secrets import SecretStore
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +64,13 @@ class EgressProxy:
         self._networks = networks or ["bridge"]
         self._sessions: dict[str, dict[str, Any]] = {}
         self._write_lock = asyncio.Lock()
+        self.secrets: SecretStore | None = None
+        """The gateway's secrets, for the relays of sessions that use some."""
+        self.authority: Authority | None = None
+        """The CA those relays show sandboxes (made with the secret store)."""
+        self.upstream_tls = ssl.create_default_context()
+        """How those relays verify the real hosts: the system's CAs (and --egress-ca-file)."""
+        self.upstream_tls.set_alpn_protocols(["http/1.1"])
         instance = backend.runtime.instance
         self.name = f"kg-egress-{instance}"
 

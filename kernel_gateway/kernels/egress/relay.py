@@ -11,7 +11,10 @@ line gets the reason, where clients that print no body (a failed CONNECT) print 
 bytes flow both ways untouched.
 
 Not a proxy: no HTTP semantics beyond one request head and one response head per
-connection; squid decides everything.
+connection; squid decides everything. Except for a session that uses secrets
+(`Interception`): its CONNECTs, once squid allowed them, are opened here and their
+requests passed one at a time (`interception.py`), and a plain-HTTP request carrying a
+secret's placeholder is refused (secrets travel over TLS only).
 """
 
 from __future__ import annotations
@@ -21,10 +24,15 @@ import base64
 import contextlib
 import logging
 import os
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from kernel_gateway.kernels.egress import interception
+from kernel_gateway.kernels.egress.authority import Authority
+from kernel_gateway.tenants.secrets import Opened
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +68,16 @@ class Decision:
 Observer = Callable[[Decision], None]
 
 
+@dataclass(frozen=True)
+class Interception:
+    """What a relay needs to open a session's HTTPS and put its secrets in: the CA it shows
+    the sandbox, how it verifies the real hosts, the session's secrets as they are now."""
+
+    authority: Authority
+    upstream_tls: ssl.SSLContext
+    secrets: Callable[[], list[Opened]]
+
+
 class Relay:
     """Listens at `listen` for one session's kernel; hands each connection to the proxy
     at `upstream` as `user` (with `secret`)."""
@@ -72,8 +90,11 @@ class Relay:
         secret: str,
         observe: Observer,
         owner: str = "session",
+        intercept: Interception | None = None,
     ) -> None:
         self.listen = listen
+        self.intercept = intercept
+        """Set for a session that uses secrets (it may change: a session's secrets can)."""
         self.transferred = 0
         """Bytes passed each way since it started (requests, answers, TLS: all of it)."""
         self.owner = owner
@@ -143,6 +164,13 @@ class Relay:
         if not method:
             writer.write(_answer(400, "Bad Request", "not an HTTP request to a proxy"))
             return
+        intercept = self.intercept
+        opened = intercept.secrets() if intercept is not None else []
+        if opened and method != "CONNECT" and interception.PLACEHOLDERS.search(head):
+            reason = "secrets are sent over HTTPS only"
+            self._decided(method, host, "refused", reason)
+            writer.write(_answer(403, "Forbidden by secrets policy", reason))
+            return
         try:
             up_reader, up_writer = await asyncio.open_unix_connection(
                 str(self._upstream), limit=HEAD_LIMIT
@@ -153,6 +181,9 @@ class Relay:
             return
         try:
             up_writer.write(self._with_credentials(head))
+            if opened and intercept is not None and method == "CONNECT":
+                await self._intercepted(host, (reader, writer), (up_reader, up_writer), intercept)
+                return
             outgoing = asyncio.ensure_future(_pump(reader, up_writer, self))  # a body, or TLS
             try:
                 answer = await up_reader.readuntil(b"\r\n\r\n")
@@ -168,6 +199,47 @@ class Relay:
         finally:
             with contextlib.suppress(OSError):
                 up_writer.close()
+
+    async def _intercepted(
+        self,
+        host: str,
+        client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        intercept: Interception,
+    ) -> None:
+        """A CONNECT of a session with secrets: squid's decision, then TLS to the sandbox as
+        `host` and TLS of our own to the real `host`, and the requests in between."""
+        (reader, writer), (up_reader, up_writer) = client, upstream
+        try:
+            answer = await up_reader.readuntil(b"\r\n\r\n")
+        except (asyncio.LimitOverrunError, asyncio.IncompleteReadError):
+            self._decided("CONNECT", host, "failed", "no answer from the egress proxy")
+            writer.write(_answer(502, "Bad Gateway", "the egress proxy gave no answer"))
+            return
+        decided = self._decide("CONNECT", host, answer)
+        writer.write(decided)
+        await writer.drain()
+        if b" 200 " not in decided.split(b"\r\n", 1)[0] + b" ":
+            return  # refused or failed: the sandbox has squid's answer
+        context = await asyncio.to_thread(intercept.authority.server_context, host)
+        await writer.start_tls(context)
+        try:
+            await up_writer.start_tls(intercept.upstream_tls, server_hostname=host)
+        except (ssl.SSLError, ssl.CertificateError, OSError) as exc:
+            reason = f"TLS to {host} failed: {getattr(exc, 'verify_message', None) or exc}"
+            self._decided("CONNECT", host, "failed", reason)
+            with contextlib.suppress(asyncio.IncompleteReadError, TimeoutError, OSError):
+                await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            writer.write(interception.refusal(502, "Bad Gateway", reason))
+            await writer.drain()
+            return
+
+        def observe(outcome: str, reason: str) -> None:
+            self._decided("SECRET", host, "refused" if outcome == "refused" else "allowed", reason)
+
+        await interception.exchange(
+            (reader, writer), (up_reader, up_writer), host, intercept.secrets, observe
+        )
 
     def _with_credentials(self, head: bytes) -> bytes:
         lines = head[:-4].split(b"\r\n")

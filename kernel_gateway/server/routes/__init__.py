@@ -21,6 +21,7 @@ from kernel_gateway.server.routes import (
     keys,
     metrics,
     openapi,
+    secrets,
     session_metrics,
     session_network,
     sessions,
@@ -44,6 +45,7 @@ OPERATIONS: tuple[Operation, ...] = (
     *files.OPERATIONS,
     *templates.OPERATIONS,
     *keys.OPERATIONS,
+    *secrets.OPERATIONS,
     *cluster_keys.OPERATIONS,
 )
 SURFACES: tuple[Surface, ...] = (

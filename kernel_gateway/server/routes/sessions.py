@@ -22,6 +22,7 @@ from kernel_gateway.server.routes.fragments import (
 )
 from kernel_gateway.server.routes.snapshots import restored_json
 from kernel_gateway.server.routes.streaming import respond
+from kernel_gateway.sessions import network_policy
 from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.sessions.snapshots import SavedSessions
@@ -32,6 +33,8 @@ from kernel_gateway.shapes.requests import (
     StatelessExecuteRequest,
     network_asked,
 )
+from kernel_gateway.tenants.principal import ADMIN
+from kernel_gateway.tenants.secrets import PLACEHOLDER
 
 
 def _registry(request: Request) -> Registry:
@@ -59,6 +62,7 @@ async def create(request: Request) -> JSONResponse[responses.RestoredSession]:
                 mounts,
                 owner=principal_of(request),
             )
+            await _with_secrets(registry, restored.session, body.secrets)
             answer = restored_json(restored)
         else:
             session = await registry.create_session(
@@ -68,12 +72,24 @@ async def create(request: Request) -> JSONResponse[responses.RestoredSession]:
                 mounts,
                 owner=principal_of(request),
             )
+            await _with_secrets(registry, session, body.secrets)
             answer = {**session.to_json(), "restored": None}
     except (TooManySessions, KernelUnavailable) as exc:
         _metrics(request).session_rejections.labels(_rejection(exc)).inc()
         raise
     logs.bind(session_id=answer["id"])
     return JSONResponse(answer, status_code=201, headers={"Location": f"/sessions/{answer['id']}"})
+
+
+async def _with_secrets(registry: Registry, session: Session, names: list[str] | None) -> None:
+    """The secrets the new session may use; a session they cannot be given is not kept."""
+    if not names:
+        return
+    try:
+        await network_policy.use_secrets(session, names, registry.egress, PLACEHOLDER)
+    except BaseException:
+        await registry.delete_session(session.id, ADMIN)
+        raise
 
 
 async def list_all(request: Request) -> JSONResponse[responses.SessionList]:

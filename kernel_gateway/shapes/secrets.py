@@ -1,0 +1,114 @@
+"""The secrets' shapes: what a client sends to make or change one, and what it is shown
+(never the value)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+from pydantic_core import PydanticCustomError
+from typing_extensions import TypedDict
+
+from kernel_gateway.in_proxy.policy import BadPattern, normalize
+from kernel_gateway.shapes.meta import closed
+from kernel_gateway.shapes.requests import RequestModel, valid_unicode
+
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+HEADER_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$"
+MAX_VALUE = 16 * 1024
+MAX_DOMAINS = 32
+
+
+def _header_safe(value: str) -> str:
+    """A value that goes into an HTTP header: no CR, LF or NUL (they would end the header and
+    start another one the sandbox chose)."""
+    valid_unicode(value)
+    if any(c in value for c in "\r\n\0"):
+        raise PydanticCustomError("header_safe", "may not hold CR, LF or NUL")
+    return value
+
+
+def _format(value: str) -> str:
+    _header_safe(value)
+    if "{value}" not in value:
+        raise PydanticCustomError("format", "must hold {value}, where the secret goes")
+    return value
+
+
+def _domains(value: list[str]) -> list[str]:
+    try:
+        return list(dict.fromkeys(normalize(d) for d in value))
+    except BadPattern as exc:
+        raise PydanticCustomError("domain", "{reason}", {"reason": str(exc)}) from None
+
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN, description="An environment variable's name.")]
+Value = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_VALUE, description="The secret itself: never shown."),
+    AfterValidator(_header_safe),
+]
+Domains = Annotated[
+    list[str],
+    Field(
+        min_length=1,
+        max_length=MAX_DOMAINS,
+        description="Where its value may be sent: domain patterns as the network policy's "
+        "(`api.github.com`, `*.example.org`).",
+    ),
+    AfterValidator(_domains),
+]
+Header = Annotated[
+    str,
+    Field(
+        pattern=HEADER_PATTERN,
+        description="A header the egress proxy adds to every request to its domains that "
+        "lacks it (`Authorization`).",
+    ),
+]
+Format = Annotated[
+    str,
+    Field(max_length=256, description="The header's value, `{value}` for the secret."),
+    AfterValidator(_format),
+]
+
+
+class NewSecret(RequestModel):
+    """A secret: its value goes only to its domains, in requests from sessions that name it."""
+
+    name: Name
+    value: Value
+    domains: Domains
+    header: Header | None = None
+    format: Format = "{value}"
+
+
+class SecretChange(RequestModel):
+    """A new value (a rotation), and/or new domains, header or format."""
+
+    value: Value | None = None
+    domains: Domains | None = None
+    header: Header | None = None
+    format: Format | None = None
+
+
+@closed
+class SecretInfo(TypedDict):
+    id: str
+    name: str
+    domains: list[str]
+    header: str | None
+    format: str
+    version: int
+    """1, then one more at each change: a rotation reaches the next request."""
+    placeholder: str
+    """What a session's environment holds for it (`kg-secret:NAME`)."""
+    created_at: float
+    updated_at: float
+    owner: str | None
+    """The id of the API key that made it (null: the admin)."""
+
+
+@closed
+class SecretList(TypedDict):
+    secrets: list[SecretInfo]
