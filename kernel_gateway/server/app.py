@@ -190,7 +190,7 @@ def create_app(settings: Settings) -> Starlette:
             chat = Chat(settings, runtime.path / "chats" if settings.persist_sessions else None)
             await chat.open(registry.sessions())
             async with protocol_state(
-                settings, registry, snapshots, usage, volumes, auth, records
+                settings, registry, snapshots, usage, volumes, auth, records, secrets
             ) as protocols:
                 document = functools.cache(functools.partial(build, settings, list(languages)))
                 yield {

@@ -21,6 +21,7 @@ from kernel_gateway.sessions.registry import Registry
 from kernel_gateway.sessions.snapshots import SavedSessions
 from kernel_gateway.sessions.usage import UsageSampler
 from kernel_gateway.settings import Settings
+from kernel_gateway.tenants.secrets import SecretStore
 
 
 class ProtocolState(TypedDict):
@@ -38,6 +39,7 @@ async def protocol_state(
     volumes: Volumes,
     auth: Authenticator,
     records: Path | None = None,
+    secrets: SecretStore | None = None,
 ) -> AsyncIterator[ProtocolState]:
     """`records`: where front doors keep what must outlive the gateway (E2B's sandboxes),
     with `--persist-sessions`; None without."""
@@ -51,6 +53,7 @@ async def protocol_state(
         volumes,
         auth,
         records / "e2b" if records is not None else None,
+        secrets,
     )
     async with AsyncExitStack() as stack:
         stack.push_async_callback(jupyter.close)

@@ -22,16 +22,19 @@ import json
 import logging
 import os
 import secrets
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernel_gateway import logs
 from kernel_gateway.errors import KernelUnavailable
 from kernel_gateway.kernels.egress.forwarder import PORT, proxy_environment
+from kernel_gateway.kernels.egress.interception import Rule
 from kernel_gateway.kernels.egress.relay import Decision, Interception, Relay
 from kernel_gateway.kernels.kernel import Kernel
 from kernel_gateway.kernels.languages import ENV_LANGUAGES, PYTHON, env_code
 from kernel_gateway.metrics import Metrics
+from kernel_gateway.tenants.secrets import PLACEHOLDER, Opened
 
 if TYPE_CHECKING:  # the proxy's module loads the Docker SDK: only when egress is on
     from kernel_gateway.kernels.egress.proxy import EgressProxy
@@ -81,6 +84,11 @@ CA_VARIABLES = (
 )
 
 
+def trust_environment() -> dict[str, str]:
+    """The variables that point a sandbox's TLS clients at the gateway's CA."""
+    return dict.fromkeys(CA_VARIABLES, CA_FILE)
+
+
 def secrets_setup_code(language: str, names: tuple[str, ...], placeholder: str) -> str:
     """Silent code that gives `language`'s kernel the placeholders and the gateway's CA."""
     if language not in ENV_LANGUAGES:
@@ -104,8 +112,10 @@ class SessionNetwork:
         self._relay: Relay | None = None
         self.secret_names: tuple[str, ...] = ()
         """The secrets its code may use (their values go only where each belongs)."""
-        self.placeholder = "kg-secret:{name}"
+        self.placeholder = PLACEHOLDER
         """How its environment spells a secret (E2B's sandboxes: `${{e2b.secrets.{name}}}`)."""
+        self.rules: tuple[Rule, ...] = ()
+        """E2B's per-host header rules (their placeholders may go to their hosts)."""
         self._owner: str | None = None
         self._before = 0
         """Bytes its closed relays passed (its earlier kernels')."""
@@ -123,19 +133,37 @@ class SessionNetwork:
         store, authority = proxy.secrets, proxy.authority
         if not self.secret_names or store is None or authority is None:
             return None
-        names, owner = self.secret_names, self._owner
-        return Interception(authority, proxy.upstream_tls, lambda: store.opened(names, owner))
+        names, owner, rules = self.secret_names, self._owner, self.rules
+        granted: dict[str, tuple[str, ...]] = {}
+        for rule in rules:
+            for name in rule.names():
+                granted[name] = (*granted.get(name, ()), rule.pattern)
 
-    def keep_secrets(self, names: list[str], owner: str | None, placeholder: str) -> None:
+        def opened() -> list[Opened]:
+            """The secrets now, each also allowed where a rule sends it."""
+            found = store.opened(names, owner)
+            return [replace(o, domains=o.domains + granted.get(o.name, ())) for o in found]
+
+        return Interception(authority, proxy.upstream_tls, opened, rules)
+
+    def keep_secrets(
+        self, names: list[str], owner: str | None, placeholder: str, rules: tuple[Rule, ...] = ()
+    ) -> None:
         """An adopted session's secrets (its kernel already has their placeholders)."""
         self.secret_names, self._owner, self.placeholder = tuple(names), owner, placeholder
+        self.rules = rules
 
     async def use_secrets(
-        self, names: list[str], owner: str | None, kernel: Kernel | None, placeholder: str
+        self,
+        names: list[str],
+        owner: str | None,
+        kernel: Kernel | None,
+        placeholder: str,
+        rules: tuple[Rule, ...] = (),
     ) -> None:
         """From now on its code may use these secrets of `owner`'s (`kernel`: the one it has
         now, given the placeholders and the CA at once)."""
-        self.secret_names, self._owner, self.placeholder = tuple(names), owner, placeholder
+        self.keep_secrets(names, owner, placeholder, rules)
         if self._relay is not None:
             self._relay.intercept = self._interception()
         if kernel is not None:
@@ -147,7 +175,12 @@ class SessionNetwork:
         pem = self._proxy.authority.certificate_pem
         ca = self._relay.listen.parent / "ca.pem"
         await asyncio.to_thread(_write_readable, ca, pem)
-        code = secrets_setup_code(kernel.language, self.secret_names, self.placeholder)
+        names = (  # E2B's sandboxes get no variables: their rules send the values
+            tuple(n for n in self.secret_names if n.isidentifier())
+            if self.placeholder == PLACEHOLDER
+            else ()
+        )
+        code = secrets_setup_code(kernel.language, names, self.placeholder)
         if not await kernel.run_silent(code, SETUP_SECONDS):
             raise KernelUnavailable("the kernel did not take its secrets' placeholders")
 

@@ -19,6 +19,7 @@ from kernel_gateway.errors import (
     SecretsNotConfigured,
 )
 from kernel_gateway.in_proxy.policy import BadPattern, normalize, outside
+from kernel_gateway.kernels.egress.interception import Rule
 from kernel_gateway.kernels.languages import ENV_LANGUAGES
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.sessions.network import NETWORK_LANGUAGES, SessionNetwork
@@ -143,7 +144,8 @@ async def restore(
         logger.error("session %s may reach %s, but no egress proxy runs", session.id, kept)
         return
     network = SessionNetwork(session.id, kept, egress, metrics)
-    network.keep_secrets(record.secrets, session.owner, record.placeholder)
+    rules = tuple(Rule(p, tuple(h.items())) for p, h in record.secret_rules)
+    network.keep_secrets(record.secrets, session.owner, record.placeholder, rules)
     session.use_network(network)  # kept in the record even if what follows fails
     kernel = session.slot.kernel
     try:
@@ -155,11 +157,16 @@ async def restore(
 
 
 async def use_secrets(
-    session: Session, names: list[str], egress: EgressProxy | None, placeholder: str
+    session: Session,
+    names: list[str],
+    egress: EgressProxy | None,
+    placeholder: str,
+    rules: tuple[Rule, ...] = (),
 ) -> None:
     """`session`'s code may use these secrets of its owner's from now on: each must exist,
     and its domains be within the session's network allowlist (403 otherwise: a secret
     whose domains the session cannot reach would be refused at every request anyway)."""
+    names = list(dict.fromkeys([*names, *(n for r in rules for n in sorted(r.names()))]))
     if not names:
         return
     store = egress.secrets if egress is not None else None
@@ -174,6 +181,12 @@ async def use_secrets(
     if missing:
         raise InvalidRequest(f"'secrets': no secret {', '.join(map(repr, missing))} (GET /secrets)")
     allow = network.allow if network is not None else []
+    for rule in rules:
+        if outside(allow, [rule.pattern]):
+            raise NetworkNotAllowed(
+                f"a rule for {rule.pattern}, which this session's network policy does not "
+                f"allow ({', '.join(allow) or 'no network'}): add it to 'allowOut'"
+            )
     for opened in store.opened(tuple(names), session.owner):
         wide = outside(allow, list(opened.domains))
         if wide:
@@ -184,8 +197,7 @@ async def use_secrets(
             )
     if session.language not in ENV_LANGUAGES:
         raise BadRequest(f"secrets are not supported for {session.language} kernels")
-    assert network is not None  # a secret has domains: `allow` covered them
-    await network.use_secrets(
-        list(dict.fromkeys(names)), session.owner, session.slot.kernel, placeholder
-    )
+    if network is None:
+        raise NetworkNotAllowed("a session with secrets needs a network policy (their domains)")
+    await network.use_secrets(names, session.owner, session.slot.kernel, placeholder, rules)
     session.persist()

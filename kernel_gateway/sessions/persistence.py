@@ -98,6 +98,8 @@ class SessionRecord:
     """The names of the secrets its code may use (never their values)."""
     placeholder: str = "kg-secret:{name}"
     """How its kernels' environment spells a secret."""
+    secret_rules: list[list[Any]] = field(default_factory=list)
+    """E2B's header rules: `[host pattern, {header: value with placeholders}]` each."""
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self)}
@@ -134,6 +136,10 @@ class SessionRecord:
             owner=str(data["owner"]) if data.get("owner") else None,
             secrets=[str(n) for n in data.get("secrets") or []],
             placeholder=str(data.get("placeholder") or "kg-secret:{name}"),
+            secret_rules=[
+                [str(p), {str(k): str(v) for k, v in h.items()}]
+                for p, h in data.get("secret_rules") or []
+            ],
             running=None
             if running is None
             else RunningCell(

@@ -398,6 +398,9 @@ class Session:
             placeholder=self._network.placeholder
             if self._network is not None
             else "kg-secret:{name}",
+            secret_rules=[[r.pattern, dict(r.headers)] for r in self._network.rules]
+            if self._network is not None
+            else [],
         )
 
     def restore(self, record: SessionRecord, carrier: SessionStorage | None = None) -> None:

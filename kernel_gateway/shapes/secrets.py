@@ -19,6 +19,22 @@ MAX_VALUE = 16 * 1024
 MAX_DOMAINS = 32
 
 
+RESERVED = frozenset(
+    {
+        "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy",
+        "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+        "GIT_SSL_CAINFO", "PIP_CERT", "PATH", "HOME", "PYTHONPATH", "LD_PRELOAD",
+    }
+)  # fmt: skip
+"""Names a secret may not take: its placeholder variable would replace the gateway's."""
+
+
+def _not_reserved(value: str) -> str:
+    if value in RESERVED:
+        raise PydanticCustomError("reserved", "is a variable the gateway sets itself")
+    return value
+
+
 def _header_safe(value: str) -> str:
     """A value that goes into an HTTP header: no CR, LF or NUL (they would end the header and
     start another one the sandbox chose)."""
@@ -42,7 +58,11 @@ def _domains(value: list[str]) -> list[str]:
         raise PydanticCustomError("domain", "{reason}", {"reason": str(exc)}) from None
 
 
-Name = Annotated[str, Field(pattern=NAME_PATTERN, description="An environment variable's name.")]
+Name = Annotated[
+    str,
+    Field(pattern=NAME_PATTERN, description="An environment variable's name."),
+    AfterValidator(_not_reserved),
+]
 Value = Annotated[
     str,
     Field(min_length=1, max_length=MAX_VALUE, description="The secret itself: never shown."),

@@ -63,6 +63,8 @@ class Secret:
     updated_at: float
     sealed: str
     """nonce + AES-GCM ciphertext of the value, base64."""
+    metadata: tuple[tuple[str, str], ...] = ()
+    """E2B's customer metadata: what its SDK shows."""
 
     def to_json(self) -> dict[str, Any]:
         """As the API shows it: never the value, sealed or not."""
@@ -80,7 +82,7 @@ class Secret:
         }
 
     def record(self) -> dict[str, Any]:
-        return {**self.to_json(), "sealed": self.sealed}
+        return {**self.to_json(), "sealed": self.sealed, "metadata": dict(self.metadata)}
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> Secret:
@@ -95,6 +97,7 @@ class Secret:
             created_at=float(data["created_at"]),
             updated_at=float(data["updated_at"]),
             sealed=str(data["sealed"]),
+            metadata=tuple((str(k), str(v)) for k, v in (data.get("metadata") or {}).items()),
         )
 
 
@@ -150,13 +153,16 @@ class SecretStore:
     def find(self, name: str, owner: str | None, admin: bool) -> Secret:
         """A secret by name (or id): the caller's own; the admin's view prefers its own,
         then any one of that name."""
-        mine = [s for s in self._secrets.values() if s.owner == owner and name in (s.name, s.id)]
+        held = self._secrets
+        mine = [s for s in held.values() if s.owner == owner and name in (s.name, s.id)]
         if mine:
             return mine[0]
         if admin:
-            for secret in self._secrets.values():
-                if name in (secret.name, secret.id):
-                    return secret
+            found = [s for s in held.values() if name in (s.name, s.id)]
+            if len(found) > 1:
+                raise Conflict(f"several keys have a secret named {name!r}: name it by its id")
+            if found:
+                return found[0]
         raise SecretNotFound(f"no secret {name!r}")
 
     def create(
@@ -167,7 +173,10 @@ class SecretStore:
         header: str | None,
         format: str,
         owner: str | None,
+        metadata: dict[str, str] | None = None,
     ) -> Secret:
+        """A new secret; `domains` may be empty (E2B's: its sandboxes' rules say where it
+        goes)."""
         aead = self._need()
         with self._lock:
             if any(s.name == name and s.owner == owner for s in self._secrets.values()):
@@ -175,11 +184,22 @@ class SecretStore:
             if len(self._secrets) >= MAX_SECRETS:
                 raise Conflict(f"the gateway holds {MAX_SECRETS} secrets, its most")
             now = time.time()
-            secret_id = "sec-" + token_source.token_hex(10)
-            secret = Secret(secret_id, name, owner, tuple(domains), header, format, 1, now, now, "")
+            secret_id = "sec_" + token_source.token_hex(10)
+            secret = Secret(
+                secret_id,
+                name,
+                owner,
+                tuple(domains),
+                header,
+                format,
+                1,
+                now,
+                now,
+                "",
+                tuple((metadata or {}).items()),
+            )
             secret = replace(secret, sealed=_seal(aead, secret, value))
-            self._secrets[secret.id] = secret
-            self._write()
+            self._replace({**self._secrets, secret.id: secret})
             return secret
 
     def change(
@@ -189,6 +209,7 @@ class SecretStore:
         domains: list[str] | None,
         header: str | None,
         format: str | None,
+        metadata: dict[str, str] | None = None,
     ) -> Secret:
         """A new value (a rotation) and/or new domains, header, format; `version` + 1."""
         aead = self._need()
@@ -202,21 +223,21 @@ class SecretStore:
                 domains=tuple(domains) if domains is not None else current.domains,
                 header=header if header is not None else current.header,
                 format=format if format is not None else current.format,
+                metadata=tuple(metadata.items()) if metadata is not None else current.metadata,
                 version=current.version + 1,
                 updated_at=time.time(),
             )
             changed = replace(
                 changed, sealed=_seal(aead, changed, value if value is not None else old_value)
             )
-            self._secrets[changed.id] = changed
-            self._write()
+            self._replace({**self._secrets, changed.id: changed})
             return changed
 
     def delete(self, secret: Secret) -> None:
         with self._lock:
-            if self._secrets.pop(secret.id, None) is None:
+            if secret.id not in self._secrets:
                 raise SecretNotFound(f"no secret {secret.name!r}")
-            self._write()
+            self._replace({k: v for k, v in self._secrets.items() if k != secret.id})
 
     # -- what the egress relay asks ------------------------------------------------------------
 
@@ -225,10 +246,9 @@ class SecretStore:
         read at every request, so a rotation takes effect on the next one). A secret
         deleted since is left out: its placeholder is then sent to no one."""
         found = []
+        held = self._secrets
         for name in names:
-            secret = next(
-                (s for s in self._secrets.values() if s.name == name and s.owner == owner), None
-            )
+            secret = next((s for s in held.values() if s.name == name and s.owner == owner), None)
             if secret is not None:
                 found.append(
                     Opened(name, self._open(secret), secret.domains, secret.header, secret.format)
@@ -258,8 +278,14 @@ class SecretStore:
                 f"the secret {secret.name!r} does not open with this --secrets-key-file"
             ) from None
 
-    def _write(self) -> None:
-        data = {"format": FORMAT, "secrets": [s.record() for s in self._secrets.values()]}
+    def _replace(self, secrets: dict[str, Secret]) -> None:
+        """The store becomes `secrets`, on disk first (readers on the event loop see the old
+        dict or the new one, never one changing under them)."""
+        self._write(secrets)
+        self._secrets = secrets
+
+    def _write(self, secrets: dict[str, Secret]) -> None:
+        data = {"format": FORMAT, "secrets": [s.record() for s in secrets.values()]}
         temporary = self.path.with_suffix(".tmp")
         fd = os.open(temporary, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as f:

@@ -231,6 +231,7 @@ def test_a_placeholder_sent_elsewhere_is_refused_and_nothing_arrives(
             "get('https://other.test/echo')]))",
         )
     )
+    print(json.dumps(out))
     elsewhere, plain_http, in_url, redirected, clean = out
     assert elsewhere["status"] == 403 and "only to allowed.test" in elsewhere["body"], elsewhere
     assert plain_http["status"] == 403 and "HTTPS only" in plain_http["body"], plain_http
@@ -328,3 +329,46 @@ def test_the_values_are_nowhere_the_gateway_writes_or_answers(
         assert value not in logged
         assert all(value not in answer for answer in answers)
         assert all(value not in text for text in on_disk)
+
+
+def test_e2bs_sdk_makes_a_secret_and_a_sandbox_whose_rules_send_it(
+    gw: ServerThread, upstream: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E2B's SDK, unchanged: `Secret.create`, a sandbox whose `network.rules` add a header
+    holding `Secret.fill(...)` for one host, code that never sees the value, and a rotation
+    (`Secret.update`) that the next request carries."""
+    e2b = pytest.importorskip("e2b")
+    from e2b_code_interpreter import Sandbox
+
+    monkeypatch.setenv("E2B_API_URL", gw.url + "/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", gw.url + "/e2b")
+    monkeypatch.setenv("E2B_API_KEY", "e2b_" + "0" * 40)
+    first, second = "e2b-" + secrets.token_hex(12), "e2b-" + secrets.token_hex(12)
+    info = e2b.Secret.create(name="Upstream-Key", value=first)
+    assert info.name == "upstream-key" and info.secret_id.startswith("sec_")
+    assert [s.name for s in e2b.Secret.list().next_items()].count("upstream-key") == 1
+    rule = {"transform": {"headers": {"X-Upstream-Key": e2b.Secret.fill("upstream-key")}}}
+    sandbox = Sandbox.create(
+        network={"allow_out": ["allowed.test", "other.test"], "rules": {"allowed.test": [rule]}}
+    )
+    code = (
+        "import os, requests\n"
+        "r = requests.get('https://allowed.test/echo', timeout=15)\n"
+        "print(r.status_code, 'X-Upstream-Key' in r.text)\n"
+        "print(requests.get('https://other.test/echo', timeout=15).status_code)\n"
+    )
+    try:
+        out = sandbox.run_code(code)
+        assert out.error is None, out.error
+        assert "".join(out.logs.stdout) == "200 True\n200\n"
+        assert requests_to(upstream, "allowed.test")[-1]["headers"]["X-Upstream-Key"] == first
+        assert "X-Upstream-Key" not in requests_to(upstream, "other.test")[-1]["headers"]
+        assert first not in json.dumps(requests_to(upstream, "other.test"))
+        e2b.Secret.update("upstream-key", value=second)
+        assert sandbox.run_code(code).error is None
+        assert requests_to(upstream, "allowed.test")[-1]["headers"]["X-Upstream-Key"] == second
+        shown = sandbox.commands.run("env; cat /proc/self/environ")
+        assert first not in shown.stdout and second not in shown.stdout
+    finally:
+        sandbox.kill()
+        e2b.Secret.destroy("upstream-key")

@@ -10,15 +10,26 @@ import pytest
 
 from kernel_gateway.errors import Conflict, SecretNotFound, SecretsNotConfigured
 from kernel_gateway.kernels.egress.authority import Authority
-from kernel_gateway.kernels.egress.interception import Redactor, Refused, rewrite
+from kernel_gateway.kernels.egress.interception import (
+    Head,
+    Malformed,
+    Redactor,
+    Refused,
+    framing,
+    parse_head,
+    rewrite,
+)
 from kernel_gateway.tenants.secrets import Opened, SecretStore
 
 TOKEN = Opened("TOKEN", "t0ps3cret", ("api.example.org",), None, "{value}")
 KEYED = Opened("KEYED", "k3y", ("*.example.org",), "X-Api-Key", "Key {value}")
 
 
-def head(*lines: str) -> bytes:
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+def head(*lines: str) -> Head:
+    """A request head for api.example.org (or the Host given) as the relay parses it."""
+    if not any(line.lower().startswith("host:") for line in lines[1:]):
+        lines = (lines[0], "Host: api.example.org", *lines[1:])
+    return parse_head(("\r\n".join(lines) + "\r\n\r\n").encode())
 
 
 def test_placeholders_become_values_only_for_their_domains() -> None:
@@ -32,7 +43,9 @@ def test_placeholders_become_values_only_for_their_domains() -> None:
     e2b = rewrite(head("GET / HTTP/1.1", "X: ${e2b.secrets.TOKEN}"), "api.example.org", [TOKEN])
     assert b"X: t0ps3cret" in e2b.head
     with pytest.raises(Refused, match="only to api.example.org, not evil.test"):
-        rewrite(head("GET / HTTP/1.1", "X: kg-secret:TOKEN"), "evil.test", [TOKEN])
+        rewrite(
+            head("GET / HTTP/1.1", "Host: evil.test", "X: kg-secret:TOKEN"), "evil.test", [TOKEN]
+        )
     with pytest.raises(Refused, match="does not have"):
         rewrite(head("GET / HTTP/1.1", "X: kg-secret:OTHER"), "api.example.org", [TOKEN])
     with pytest.raises(Refused, match="URL"):
@@ -40,12 +53,65 @@ def test_placeholders_become_values_only_for_their_domains() -> None:
 
 
 def test_a_header_secret_is_added_where_missing_and_only_for_its_domains() -> None:
-    added = rewrite(head("GET / HTTP/1.1", "Host: a.example.org"), "a.example.org", [KEYED])
+    added = rewrite(
+        head("GET / HTTP/1.1", "Host: a.example.org", "Accept-Encoding: gzip", "Range: 0-3"),
+        "a.example.org",
+        [KEYED],
+    )
     assert b"X-Api-Key: Key k3y" in added.head
-    kept = rewrite(head("GET / HTTP/1.1", "x-api-key: mine"), "a.example.org", [KEYED])
+    assert b"gzip" not in added.head and b"Range" not in added.head  # a whole, plain answer
+    kept = rewrite(
+        head("GET / HTTP/1.1", "Host: a.example.org", "x-api-key: mine"), "a.example.org", [KEYED]
+    )
     assert b"k3y" not in kept.head and b"x-api-key: mine" in kept.head
-    elsewhere = rewrite(head("GET / HTTP/1.1", "Accept-Encoding: gzip"), "other.test", [KEYED])
+    elsewhere = rewrite(
+        head("GET / HTTP/1.1", "Host: other.test", "Accept-Encoding: gzip"), "other.test", [KEYED]
+    )
     assert b"k3y" not in elsewhere.head and b"Accept-Encoding: gzip" in elsewhere.head
+
+
+def test_a_tunnel_carries_requests_for_its_own_host_only() -> None:
+    for other in ("Host: attacker.example.org", "Host: api.example.org.evil"):
+        with pytest.raises(Refused, match="Host other than"):
+            rewrite(head("GET / HTTP/1.1", other, "X: kg-secret:TOKEN"), "api.example.org", [TOKEN])
+    with pytest.raises(Refused, match="another host"):
+        rewrite(head("GET https://evil.test/ HTTP/1.1"), "api.example.org", [TOKEN])
+    with pytest.raises(Malformed, match="twice"):
+        rewrite(head("GET / HTTP/1.1", "Host: a", "Host: api.example.org"), "api.example.org", [])
+    ok = rewrite(head("GET / HTTP/1.1", "Host: API.example.org:443"), "api.example.org", [])
+    assert ok.used == []
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GET / HTTP/1.1\r\nHost: a\r\n Transfer-Encoding: chunked\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\rX: y\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\nX: y\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHo st: a\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\0\r\n\r\n",
+    ],
+)
+def test_heads_two_parsers_could_read_differently_are_refused(raw: bytes) -> None:
+    with pytest.raises(Malformed):
+        parse_head(raw)
+
+
+def test_a_body_s_framing_is_one_reading_or_none() -> None:
+    def of(*fields: str) -> tuple[str, int]:
+        return framing(head("POST / HTTP/1.1", *fields))
+
+    assert of("Content-Length: 12") == ("length", 12)
+    assert of("Transfer-Encoding: chunked") == ("chunked", 0)
+    assert of() == ("close", 0)
+    for bad in (
+        ("Transfer-Encoding: chunked", "Content-Length: 3"),
+        ("Transfer-Encoding: gzip, chunked",),
+        ("Content-Length: 3", "Content-Length: 4"),
+        ("Content-Length: -1",),
+    ):
+        with pytest.raises(Malformed):
+            of(*bad)
 
 
 def test_echoed_values_are_masked_even_across_chunks() -> None:

@@ -15,6 +15,7 @@ import datetime
 import os
 import ssl
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -38,7 +39,8 @@ class Authority:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self._lock = threading.Lock()
-        self._contexts: OrderedDict[str, ssl.SSLContext] = OrderedDict()
+        self._contexts: OrderedDict[str, tuple[ssl.SSLContext, float]] = OrderedDict()
+        """Host → its context and when its certificate should be renewed (epoch seconds)."""
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         key_path, cert_path = folder / "ca.key", folder / "ca.pem"
         if key_path.exists() and cert_path.exists():
@@ -61,12 +63,13 @@ class Authority:
         """A TLS server context showing a certificate for `host` (HTTP/1.1 only)."""
         with self._lock:
             found = self._contexts.get(host)
-            if found is not None:
+            if found is not None and found[1] > time.time():
                 self._contexts.move_to_end(host)
-                return found
+                return found[0]
         context = self._make_context(host)
+        renew = time.time() + (LEAF_DAYS - 1) * 86400  # a day before it expires
         with self._lock:
-            self._contexts[host] = context
+            self._contexts[host] = (context, renew)
             while len(self._contexts) > LEAVES:
                 self._contexts.popitem(last=False)
         return context
@@ -75,9 +78,11 @@ class Authority:
         now = datetime.datetime.now(datetime.UTC)
         ca_key = self._key
         assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+        # The name is in the SAN; a CN holds at most 64 characters (long hosts exist).
+        subject = _name(host) if len(host) <= 64 else x509.Name([])
         leaf = (
             x509.CertificateBuilder()
-            .subject_name(_name(host))
+            .subject_name(subject)
             .issuer_name(self._cert.subject)
             .public_key(self._leaf_key.public_key())
             .serial_number(x509.random_serial_number())

@@ -76,6 +76,7 @@ class Interception:
     authority: Authority
     upstream_tls: ssl.SSLContext
     secrets: Callable[[], list[Opened]]
+    rules: tuple[interception.Rule, ...] = ()
 
 
 class Relay:
@@ -217,11 +218,13 @@ class Relay:
             writer.write(_answer(502, "Bad Gateway", "the egress proxy gave no answer"))
             return
         decided = self._decide("CONNECT", host, answer)
-        writer.write(decided)
-        await writer.drain()
         if b" 200 " not in decided.split(b"\r\n", 1)[0] + b" ":
+            writer.write(decided)
             return  # refused or failed: the sandbox has squid's answer
+        # The certificate first: once the sandbox has the 200 its ClientHello may come at
+        # any moment, and from then on nothing may read the connection but TLS.
         context = await asyncio.to_thread(intercept.authority.server_context, host)
+        writer.write(decided)
         await writer.start_tls(context)
         try:
             await up_writer.start_tls(intercept.upstream_tls, server_hostname=host)
@@ -237,9 +240,21 @@ class Relay:
         def observe(outcome: str, reason: str) -> None:
             self._decided("SECRET", host, "refused" if outcome == "refused" else "allowed", reason)
 
-        await interception.exchange(
-            (reader, writer), (up_reader, up_writer), host, intercept.secrets, observe
-        )
+        try:
+            await interception.exchange(
+                (reader, writer),
+                (up_reader, up_writer),
+                host,
+                intercept.secrets,
+                observe,
+                intercept.rules,
+            )
+        except (ConnectionError, OSError, ssl.SSLError, asyncio.IncompleteReadError, TimeoutError):
+            pass  # either side went away
+        except Exception as exc:  # never a traceback: its text could hold what went by
+            logger.warning(
+                "the egress relay's opened connection to %s failed (%s)", host, type(exc).__name__
+            )
 
     def _with_credentials(self, head: bytes) -> bytes:
         lines = head[:-4].split(b"\r\n")

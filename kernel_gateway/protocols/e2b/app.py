@@ -50,6 +50,7 @@ from kernel_gateway.protocols.e2b.replies import e2b_error, gone
 from kernel_gateway.protocols.e2b.sandbox import Sandbox
 from kernel_gateway.protocols.e2b.sandboxes import Sandboxes
 from kernel_gateway.protocols.e2b.sandboxes_api import control_routes
+from kernel_gateway.protocols.e2b.secrets_api import secret_routes
 from kernel_gateway.protocols.e2b.snapshots_api import snapshot_routes
 from kernel_gateway.protocols.e2b.template_files import Uploads
 from kernel_gateway.protocols.e2b.templates_api import template_routes
@@ -60,6 +61,7 @@ from kernel_gateway.sessions.snapshots import SavedSessions
 from kernel_gateway.sessions.usage import UsageSampler
 from kernel_gateway.settings import Settings
 from kernel_gateway.tenants.principal import ADMIN, Principal
+from kernel_gateway.tenants.secrets import SecretStore
 
 INTERPRETER_PORT = "49999"
 SANDBOX_IN_PATH = re.compile(r"^/+(?:v\d+/+)?sandboxes/+(?P<id>[^/]+)")
@@ -79,6 +81,7 @@ class E2BService:
         volumes: Volumes,
         auth: Authenticator,
         records: Path | None = None,
+        secrets: SecretStore | None = None,
     ) -> None:
         """`records`: the folder that keeps sandboxes for the next gateway (with
         `--persist-sessions`), or None."""
@@ -89,6 +92,8 @@ class E2BService:
         store = RecordStore(records, Sandbox.from_json) if records is not None else None
         self.sandboxes = Sandboxes(registry, snapshots, store, self._commands_running)
         self.auth = auth
+        self.secrets = secrets if secrets is not None else SecretStore(Path("/nonexistent"), None)
+        """The gateway's secrets (E2B's `/secrets`); off without --secrets-key-file."""
         self.volumes = volumes
         self.volume_tokens = VolumeTokens(settings.token)
         """Signs the tokens of the volumes' content API (volumes_api.py)."""
@@ -97,6 +102,7 @@ class E2BService:
         self._control = Router(
             routes=[
                 *api_key_routes(self),
+                *secret_routes(self),
                 *snapshot_routes(self),
                 *template_routes(self),
                 *volume_routes(self),

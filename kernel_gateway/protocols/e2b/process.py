@@ -50,6 +50,7 @@ from kernel_gateway.protocols.e2b.connect import (
     field as pick,
 )
 from kernel_gateway.protocols.e2b.envd_entries import HOME, REVIVAL_WAIT
+from kernel_gateway.sessions.network import trust_environment
 from kernel_gateway.sessions.session import Session
 
 SIGNALS: dict[object, int] = {"SIGNAL_SIGKILL": 9, 9: 9, "SIGNAL_SIGTERM": 15, 15: 15}
@@ -235,6 +236,8 @@ class Processes:
             raise ConnectError("unavailable", "the sandbox's kernel is starting; retry")
         # A sandbox allowed some domains: its commands use the proxy as its kernels do.
         proxy = proxy_environment() if session.network is not None else {}
+        if session.network is not None and session.network.secret_names:
+            proxy.update(trust_environment())  # its HTTPS is opened by the relay
         env = {"HOME": HOME, **proxy, **self._env, **envs, "PWD": cwd}  # `pwd` says /home/user
         if terminal is not None:
             env.setdefault("TERM", "xterm-256color")

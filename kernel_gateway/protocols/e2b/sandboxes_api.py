@@ -4,6 +4,7 @@ paused, resumed and killed, answered in E2B's shapes (`{"code", "message"}` erro
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,8 @@ from starlette.routing import Route
 from kernel_gateway.errors import GatewayError
 from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.bodies import query_seconds
+from kernel_gateway.in_proxy.policy import BadPattern, normalize
+from kernel_gateway.kernels.egress.interception import PLACEHOLDERS, Rule
 from kernel_gateway.kernels.volumes import VolumeMount
 from kernel_gateway.protocols.e2b.errors import SandboxError, status_for
 from kernel_gateway.protocols.e2b.replies import (
@@ -29,7 +32,8 @@ from kernel_gateway.protocols.e2b.sandboxes import ENVD_VERSION
 from kernel_gateway.sessions import network_policy
 from kernel_gateway.sessions.usage import Sample
 from kernel_gateway.settings import Settings
-from kernel_gateway.tenants.principal import Principal
+from kernel_gateway.tenants.principal import ADMIN, Principal
+from kernel_gateway.tenants.secrets import E2B_PLACEHOLDER
 
 if TYPE_CHECKING:
     from kernel_gateway.protocols.e2b.app import E2BService
@@ -138,7 +142,69 @@ async def create(request: Request, service: E2BService) -> Response:
         mounts=await _volume_mounts(body, service, principal_of(request)),
         owner=principal_of(request),
     )
+    rules, named = _rules(body), _env_secrets(body)
+    if rules or named:
+        session = service.registry.get(sandbox.id, ADMIN)
+        try:
+            await network_policy.use_secrets(
+                session, named, service.registry.egress, E2B_PLACEHOLDER, rules
+            )
+        except BaseException:
+            await service.sandboxes.kill(sandbox.id, ADMIN)
+            raise
     return JSONResponse(sandbox_json(sandbox), status_code=201)
+
+
+HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}")
+
+
+def _rules(body: dict[str, Any]) -> tuple[Rule, ...]:
+    """E2B's `network.rules` (`{host: [{"transform": {"headers": {name: value}}}]}`) as the
+    egress relay's header rules; the secrets their values name may go to those hosts."""
+    network = body.get("network") or {}
+    rules = network.get("rules") if isinstance(network, dict) else None
+    if rules is None:
+        return ()
+    if not isinstance(rules, dict):
+        raise SandboxError(400, "'network.rules' must map hosts to lists of rules")
+    found = []
+    for host, entries in rules.items():
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise SandboxError(400, f"'network.rules.{host}' must be a list of rules")
+        headers: dict[str, str] = {}
+        for entry in entries:
+            transform = entry.get("transform") or {}
+            asked = transform.get("headers") or {} if isinstance(transform, dict) else None
+            if not isinstance(asked, dict):
+                raise SandboxError(400, f"'network.rules.{host}': 'transform.headers' is a map")
+            for name, value in asked.items():
+                if not HEADER_NAME.fullmatch(str(name)) or not isinstance(value, str):
+                    raise SandboxError(400, f"'network.rules.{host}': a bad header {name!r}")
+                if any(c in value for c in "\r\n\0"):
+                    raise SandboxError(400, f"'network.rules.{host}': {name} holds CR, LF or NUL")
+                headers[str(name)] = value
+        try:
+            pattern = normalize(str(host))
+        except BadPattern as exc:
+            raise SandboxError(400, f"'network.rules': {exc}") from None
+        if headers:
+            found.append(Rule(pattern, tuple(headers.items())))
+    return tuple(found)
+
+
+def _env_secrets(body: dict[str, Any]) -> list[str]:
+    """The secrets the sandbox's `envVars` name (`${e2b.secrets.NAME}`): its code may send
+    them where its rules send them."""
+    env = body.get("envVars") or {}
+    values = env.values() if isinstance(env, dict) else []
+    return sorted(
+        {
+            (m.group(1) or m.group(2)).decode()
+            for v in values
+            if isinstance(v, str)
+            for m in PLACEHOLDERS.finditer(v.encode())
+        }
+    )
 
 
 async def _volume_mounts(
