@@ -170,13 +170,15 @@ class AsyncClient(BaseClient):
         template: str | None = None,
         snapshot: str | None = None,
         volumes: dict[str, str] | None = None,
+        secrets: list[str] | None = None,
     ) -> AsyncSession:
         """A new session; `language` one of `languages()` (default python, or the template's);
         `network` the domains it may reach (within the gateway's `--egress-allow`; default
         none); `template` one of `templates.list()` (`name`, `name:tag` or its id);
         `snapshot` a snapshot's id or name: its files, variables, language and template;
-        `volumes` volumes to mount, `{"name or id": "/mnt/data"}`."""
-        call = self._create_session(language, network, template, snapshot, volumes)
+        `volumes` volumes to mount, `{"name or id": "/mnt/data"}`; `secrets` secrets its
+        code may use (`create_secret`; each within `network`)."""
+        call = self._create_session(language, network, template, snapshot, volumes, secrets)
         return AsyncSession(self, await self._send(call))
 
     async def snapshots(
@@ -218,6 +220,30 @@ class AsyncClient(BaseClient):
     async def revoke_key(self, key_id: str) -> None:
         """Revoke a key: its requests are refused and its open streams end at once."""
         await self._send(self._revoke_key(key_id))
+
+    async def create_secret(
+        self,
+        name: str,
+        value: str,
+        domains: list[str],
+        *,
+        header: str | None = None,
+        format: str | None = None,
+    ) -> dict[str, Any]:
+        """A secret its sessions' code can use but never read: the egress proxy puts `value`
+        into requests to `domains` only (for a placeholder, or as `header: format`)."""
+        return await self._send(self._create_secret(name, value, domains, header, format))
+
+    async def rotate_secret(self, name: str, value: str) -> dict[str, Any]:
+        """A new value: the next request of every session that uses it carries it."""
+        return await self._send(self._change_secret(name, {"value": value}))
+
+    async def secrets(self) -> list[dict[str, Any]]:
+        """The caller's secrets, never their values."""
+        return await self._send(self._secrets())
+
+    async def delete_secret(self, name: str) -> None:
+        await self._send(self._delete_secret(name))
 
     async def create_volume(self, name: str, size: int | str | None = None) -> dict[str, Any]:
         """A new volume (a disk that outlives sessions); `size` in bytes or `2g` (default
@@ -265,12 +291,15 @@ class AsyncClient(BaseClient):
         template: str | None = None,
         snapshot: str | None = None,
         volumes: dict[str, str] | None = None,
+        secrets: list[str] | None = None,
     ) -> _SessionContext:
         """`async with client.session() as s:` creates (or attaches) and deletes it on exit.
 
         Awaited instead (`s = await client.session()`), it creates without deleting.
         """
-        return _SessionContext(self, session_id, language, network, template, snapshot, volumes)
+        return _SessionContext(
+            self, session_id, language, network, template, snapshot, volumes, secrets
+        )
 
     async def sessions(self) -> list[dict[str, Any]]:
         return await self._send(self._sessions())
@@ -325,9 +354,11 @@ class _SessionContext:
         template: str | None = None,
         snapshot: str | None = None,
         volumes: dict[str, str] | None = None,
+        secrets: list[str] | None = None,
     ) -> None:
         self._client = client
         self._volumes = volumes
+        self._secrets = secrets
         self._session_id = session_id
         self._language = language
         self._network = network
@@ -339,7 +370,12 @@ class _SessionContext:
         if self._session_id:
             return AsyncSession(self._client, self._session_id)
         return await self._client.create_session(
-            self._language, self._network, self._template, self._snapshot, self._volumes
+            self._language,
+            self._network,
+            self._template,
+            self._snapshot,
+            self._volumes,
+            self._secrets,
         )
 
     def __await__(self) -> Generator[Any, None, AsyncSession]:

@@ -339,10 +339,13 @@ class BaseClient:
         template: str | None = None,
         snapshot: str | None = None,
         volumes: dict[str, str] | None = None,
+        secrets: list[str] | None = None,
     ) -> Call[str]:
         body: dict[str, Any] = {} if language is None else {"language": language}
         if volumes:
             body["volumes"] = volumes
+        if secrets:
+            body["secrets"] = list(secrets)
         if network is not None:
             body["network"] = network_policy(network)
         if template is not None:
@@ -371,6 +374,29 @@ class BaseClient:
     def _create_volume(name: str, size: int | str | None) -> Call[dict[str, Any]]:
         body: dict[str, Any] = {"name": name} if size is None else {"name": name, "size": size}
         return Call("POST", "/volumes", json_object, json=body)
+
+    @staticmethod
+    def _create_secret(
+        name: str, value: str, domains: list[str], header: str | None, format: str | None
+    ) -> Call[dict[str, Any]]:
+        body: dict[str, Any] = {"name": name, "value": value, "domains": list(domains)}
+        if header is not None:
+            body["header"] = header
+        if format is not None:
+            body["format"] = format
+        return Call("POST", "/secrets", json_object, json=body)
+
+    @staticmethod
+    def _change_secret(name: str, changes: dict[str, Any]) -> Call[dict[str, Any]]:
+        return Call("PUT", f"/secrets/{quote(name, safe='')}", json_object, json=changes)
+
+    @staticmethod
+    def _secrets() -> Call[list[dict[str, Any]]]:
+        return Call("GET", "/secrets", _field("secrets"))
+
+    @staticmethod
+    def _delete_secret(name: str) -> Call[None]:
+        return Call("DELETE", f"/secrets/{quote(name, safe='')}", _nothing)
 
     @staticmethod
     def _create_key(name: str, quotas: dict[str, float | None]) -> Call[dict[str, Any]]:

@@ -162,13 +162,15 @@ class Client(BaseClient):
         template: str | None = None,
         snapshot: str | None = None,
         volumes: dict[str, str] | None = None,
+        secrets: list[str] | None = None,
     ) -> Session:
         """A new session; `language` one of `languages()` (default python, or the template's);
         `network` the domains it may reach (within the gateway's `--egress-allow`; default
         none); `template` one of `templates.list()` (`name`, `name:tag` or its id);
         `snapshot` a snapshot's id or name: its files, variables, language and template;
-        `volumes` volumes to mount, `{"name or id": "/mnt/data"}`."""
-        call = self._create_session(language, network, template, snapshot, volumes)
+        `volumes` volumes to mount, `{"name or id": "/mnt/data"}`; `secrets` secrets its
+        code may use (`create_secret`; each within `network`)."""
+        call = self._create_session(language, network, template, snapshot, volumes, secrets)
         return Session(self, self._send(call))
 
     def snapshots(
@@ -210,6 +212,30 @@ class Client(BaseClient):
     def revoke_key(self, key_id: str) -> None:
         """Revoke a key: its requests are refused and its open streams end at once."""
         self._send(self._revoke_key(key_id))
+
+    def create_secret(
+        self,
+        name: str,
+        value: str,
+        domains: list[str],
+        *,
+        header: str | None = None,
+        format: str | None = None,
+    ) -> dict[str, Any]:
+        """A secret its sessions' code can use but never read: the egress proxy puts `value`
+        into requests to `domains` only (for a placeholder, or as `header: format`)."""
+        return self._send(self._create_secret(name, value, domains, header, format))
+
+    def rotate_secret(self, name: str, value: str) -> dict[str, Any]:
+        """A new value: the next request of every session that uses it carries it."""
+        return self._send(self._change_secret(name, {"value": value}))
+
+    def secrets(self) -> list[dict[str, Any]]:
+        """The caller's secrets, never their values."""
+        return self._send(self._secrets())
+
+    def delete_secret(self, name: str) -> None:
+        self._send(self._delete_secret(name))
 
     def create_volume(self, name: str, size: int | str | None = None) -> dict[str, Any]:
         """A new volume (a disk that outlives sessions); `size` in bytes or `2g` (default
@@ -257,11 +283,12 @@ class Client(BaseClient):
         template: str | None = None,
         snapshot: str | None = None,
         volumes: dict[str, str] | None = None,
+        secrets: list[str] | None = None,
     ) -> Session:
         """A session to use as a context manager: created now (or attached), deleted on exit."""
         if session_id:
             return Session(self, session_id)
-        return self.create_session(language, network, template, snapshot, volumes)
+        return self.create_session(language, network, template, snapshot, volumes, secrets)
 
     def sessions(self) -> list[dict[str, Any]]:
         return self._send(self._sessions())

@@ -274,6 +274,40 @@ def test_a_rotation_reaches_the_next_request(
     assert requests_to(upstream, "allowed.test")[-1]["headers"]["Authorization"] == ROTATED
 
 
+def test_a_hibernated_session_keeps_its_secrets(
+    gw: ServerThread, session: str, upstream: dict[str, Any]
+) -> None:
+    hibernated = httpx.post(f"{gw.url}/sessions/{session}/hibernate", timeout=60)
+    assert hibernated.status_code == 200, hibernated.text
+    assert hibernated.json()["secrets"] == ["PLAIN", "API_KEY"]
+    out = run(  # resumes on a new kernel: its relay, placeholders and trust come back
+        gw,
+        session,
+        TRY + "print(get('https://allowed.test/echo', Authorization=os.environ['PLAIN'])"
+        "['status'])",
+    )
+    assert out == "200\n"
+    assert requests_to(upstream, "allowed.test")[-1]["headers"]["X-Api-Key"] == HEADER_VALUE
+
+
+def test_the_python_client(gw: ServerThread, upstream: dict[str, Any]) -> None:
+    from kernel_gateway.client import Client, SecretNotFoundError
+
+    value = "cv-" + secrets.token_hex(12)
+    with Client(gw.url) as client:
+        made = client.create_secret("CLIENT_KEY", value, ["allowed.test"], header="X-Client")
+        assert made["version"] == 1 and value not in json.dumps(client.secrets())
+        with client.session(network=["allowed.test"], secrets=["CLIENT_KEY"]) as session:
+            assert session.info()["secrets"] == ["CLIENT_KEY"]
+            out = session.run(TRY + "print(get('https://allowed.test/echo')['status'])")
+            assert out.stdout == "200\n", out
+        assert requests_to(upstream, "allowed.test")[-1]["headers"]["X-Client"] == value
+        assert client.rotate_secret("CLIENT_KEY", value + "2")["version"] == 2
+        client.delete_secret("CLIENT_KEY")
+        with pytest.raises(SecretNotFoundError):
+            client.delete_secret("CLIENT_KEY")
+
+
 def test_a_bad_upstream_certificate_is_a_clear_error(gw: ServerThread, session: str) -> None:
     out = json.loads(run(gw, session, TRY + "print(json.dumps(get('https://bad.test/echo')))"))
     assert out["status"] == 502 and "TLS to bad.test failed" in out["body"], out
