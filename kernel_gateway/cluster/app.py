@@ -9,7 +9,7 @@ from typing import TypedDict
 import httpx
 from starlette.applications import Starlette
 
-from kernel_gateway.cluster import e2b_templates, keys, snapshots, templates, volumes
+from kernel_gateway.cluster import e2b_templates, keys, secrets, snapshots, templates, volumes
 from kernel_gateway.cluster.directory import NodeDirectory
 from kernel_gateway.cluster.metrics import RouterMetrics
 from kernel_gateway.cluster.proxy import Proxy
@@ -75,11 +75,13 @@ def create_router_app(settings: RouterSettings) -> Starlette:
         routes=[
             *snapshots.E2B_ROUTES,
             *volumes.E2B_ROUTES,
+            *secrets.E2B_ROUTES,
             *e2b_templates.routes,
             *routes,
             *snapshots.ROUTES,
             *volumes.ROUTES,
             *templates.routes,
+            *secrets.ROUTES,
             *keys.routes,
         ],
         middleware=front_middleware(metrics, auth, settings.host),

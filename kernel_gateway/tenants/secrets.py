@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import secrets as token_source
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -184,7 +183,7 @@ class SecretStore:
             if len(self._secrets) >= MAX_SECRETS:
                 raise Conflict(f"the gateway holds {MAX_SECRETS} secrets, its most")
             now = time.time()
-            secret_id = "sec_" + token_source.token_hex(10)
+            secret_id = secret_id_of(owner, name)
             secret = Secret(
                 secret_id,
                 name,
@@ -293,6 +292,12 @@ class SecretStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, self.path)
+
+
+def secret_id_of(owner: str | None, name: str) -> str:
+    """A secret's id: the same on every node of a cluster (E2B's calls name it by id)."""
+    digest = hashlib.sha256(f"{owner or ''}\0{name}".encode()).hexdigest()
+    return "sec_" + digest[:20]
 
 
 def _associated(secret: Secret) -> bytes:

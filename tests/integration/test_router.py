@@ -6,6 +6,7 @@ is in tests/integration/cluster/.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -34,12 +35,16 @@ FAST = ["--poll-interval", "0.3", "--node-lost-after", "3", "--node-wait", "2"]
 
 
 @contextlib.contextmanager
-def nodes(tmp_path: Path, *names: str, max_sessions: int = 2) -> Iterator[list[Gateway]]:
+def nodes(
+    tmp_path: Path, *names: str, max_sessions: int = 2, extra: tuple[str, ...] = ()
+) -> Iterator[list[Gateway]]:
     with contextlib.ExitStack() as stack:
         gws = []
         for name in names:
             folder = tmp_path / name
             folder.mkdir()
+            key = folder / "secrets.key"  # each node seals with a key of its own
+            key.write_bytes(os.urandom(32))
             gws.append(
                 stack.enter_context(
                     gateway(
@@ -52,6 +57,9 @@ def nodes(tmp_path: Path, *names: str, max_sessions: int = 2) -> Iterator[list[G
                         "1",
                         "--max-sessions",
                         str(max_sessions),
+                        "--secrets-key-file",
+                        str(key),
+                        *extra,
                         token=TOKEN,
                     )
                 )
@@ -260,6 +268,56 @@ def test_keys_made_anywhere_reach_every_node_and_router(tmp_path: Path) -> None:
                 listed = httpx.get(r1.url + path, timeout=30)
                 assert listed.status_code == 401, (path, listed.text)
             assert [s["id"] for s in admin.get("/sessions").json()["sessions"]] == [sid]
+
+
+def test_secrets_made_through_one_router_are_on_every_node(tmp_path: Path) -> None:
+    """cluster/secrets.py: a secret made, rotated and deleted through either router is so on
+    every node (each sealing it with its own key), with one id; E2B's `/secrets` too."""
+    with nodes(tmp_path, "n1", "n2") as gws:
+        addresses = [g.url.removeprefix("http://") for g in gws]
+        with (
+            router(tmp_path, addresses, *FAST, token=TOKEN, name="r1") as r1,
+            router(tmp_path, addresses, *FAST, token=TOKEN, name="r2") as r2,
+            r1.client() as one,
+            r2.client() as two,
+        ):
+            _wait_up(r1, 2)
+            _wait_up(r2, 2)
+            body = {"name": "TOKEN_A", "value": "s3cr3t-value", "domains": ["api.example.org"]}
+            made = one.post("/secrets", json=body)
+            assert made.status_code == 201, made.text
+            ids = set()
+            for gw in gws:
+                with gw.client() as direct:
+                    shown = direct.get("/secrets/TOKEN_A").json()
+                    ids.add(shown["id"])
+                    assert shown["version"] == 1 and "s3cr3t" not in json.dumps(shown)
+            assert ids == {made.json()["id"]}
+            assert two.put("/secrets/TOKEN_A", json={"value": "r0tated"}).json()["version"] == 2
+            for gw in gws:
+                with gw.client() as direct:
+                    assert direct.get("/secrets/TOKEN_A").json()["version"] == 2
+            e2b = two.post(
+                "/e2b/secrets", json={"name": "e2b-key", "value": "v"}, headers={"X-API-Key": TOKEN}
+            )
+            assert e2b.status_code == 201, e2b.text
+            secret_id = e2b.json()["secretID"]
+            for gw in gws:
+                with gw.client() as direct:
+                    assert (
+                        direct.get(
+                            f"/e2b/secrets/{secret_id}", headers={"X-API-Key": TOKEN}
+                        ).status_code
+                        == 200
+                    )
+            assert one.delete("/secrets/TOKEN_A").status_code == 204
+            assert (
+                one.delete(f"/e2b/secrets/{secret_id}", headers={"X-API-Key": TOKEN}).status_code
+                == 204
+            )
+            for gw in gws:
+                with gw.client() as direct:
+                    assert direct.get("/secrets").json()["secrets"] == []
 
 
 def test_a_dead_node_loses_only_its_sessions(tmp_path: Path) -> None:
