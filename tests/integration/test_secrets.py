@@ -350,6 +350,8 @@ def test_the_values_are_nowhere_the_gateway_writes_or_answers(
         r.getMessage() + json.dumps(getattr(r, "fields", {})) for r in caplog.records
     )
     assert "secret" in logged.lower()  # the use and the refusal are logged, by name
+    snapshot = httpx.post(f"{gw.url}/sessions/{session}/snapshots", json={}, timeout=120)
+    assert snapshot.status_code == 201, snapshot.text  # its files are searched below
     with httpx.Client(base_url=gw.url, timeout=30) as http:
         answers = [
             http.get(path).text
