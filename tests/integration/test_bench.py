@@ -126,8 +126,8 @@ def test_bench_egress_measures_a_proxied_request_beside_a_direct_one(tmp_path: P
 
 def test_bench_secrets_measures_interception_beside_a_tunnel(tmp_path: Path) -> None:
     require_docker()
-    out = tmp_path / "secrets.json"
-    result = run_bench("bench.secrets", out)
+    out = tmp_path / "interception.json"
+    result = run_bench("bench.interception", out)
     figures = json.loads(out.read_text())
     for way in ("tunnel", "intercepted"):
         assert figures[way]["p50_ms"] > 0 and figures[way]["requests"] == 10, figures

@@ -2,8 +2,8 @@
 that uses a secret) next to the same request through a plain tunnel (a session without),
 in one run, on one gateway.
 
-    python -m bench.secrets            # 200 requests each way, interleaved in 4 rounds
-    python -m bench.secrets --smoke    # a tiny run, to check the bench works
+    python -m bench.interception            # 200 requests each way, interleaved in 4 rounds
+    python -m bench.interception --smoke    # a tiny run, to check the bench works
 
 An HTTPS upstream (the kernel image's Python serving a small file, a certificate of a CA
 made for the run) runs on an internal Docker network; nothing leaves the machine. Both
@@ -12,7 +12,7 @@ opens its own connection and TLS session (as most scripts' requests do): the int
 cost is one more TLS handshake (the relay's to the upstream) and the relay reading the
 request and answer heads. The target (issue 39): under 5 ms added at p50.
 
-Asserts nothing; prints a table and writes bench/results/secrets.json.
+Asserts nothing; prints a table and writes bench/results/interception.json.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=200, help="each way, in all rounds")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--image", default=DEFAULT_IMAGE, help="the kernel image")
-    parser.add_argument("--json", type=Path, default=ROOT / "results" / "secrets.json")
+    parser.add_argument("--json", type=Path, default=ROOT / "results" / "interception.json")
     args = parser.parse_args()
     rounds = 1 if args.smoke else args.rounds
     n = 10 if args.smoke else max(1, args.requests // rounds)
