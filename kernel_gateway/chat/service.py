@@ -22,7 +22,6 @@ from kernel_gateway.chat.turns import TurnLimits, TurnRunner
 from kernel_gateway.errors import (
     BadRequest,
     ChatNotConfigured,
-    InvalidRequest,
     NotFound,
     QuotaExceeded,
 )
@@ -131,11 +130,11 @@ class Chat:
         return turn
 
     async def _head(self, session: Session, path: str) -> tuple[str, bytes | None, int]:
-        """An attached file's first bytes and size; 422 when it is not there."""
+        """An attached file's first bytes and size; 404 when it is not there."""
         try:
             fd, info = await session.files.open_read(path)
         except (NotFound, BadRequest) as exc:
-            raise InvalidRequest(f"files: {exc.message}") from None
+            raise NotFound(f"files: {exc.message}") from None
         try:
             head = await asyncio.to_thread(os.pread, fd, context.FILE_HEAD_BYTES, 0)
         except OSError:

@@ -18,11 +18,11 @@ from kernel_gateway.client._base import (
     Call,
     Collector,
     EventReader,
-    chat_body,
     execute_body,
     read,
 )
 from kernel_gateway.client._failover import AsyncFailoverTransport
+from kernel_gateway.client.chat import AsyncChatCalls
 from kernel_gateway.client.errors import (
     APIError,
     ConnectFailed,
@@ -32,7 +32,7 @@ from kernel_gateway.client.errors import (
     from_response,
     map_exceptions,
 )
-from kernel_gateway.client.models import ChatEvent, ChatReply, ChatText, Event, Execution
+from kernel_gateway.client.models import Event, Execution
 from kernel_gateway.client.templates import (
     BuildLogEntry,
     BuildOptions,
@@ -392,7 +392,7 @@ class _SessionContext:
             await self._session.__aexit__(kind, exc, tb)
 
 
-class AsyncSession(BaseSession[AsyncClient]):
+class AsyncSession(BaseSession[AsyncClient], AsyncChatCalls):
     """A stateful session: variables persist from one `run` to the next."""
 
     async def __aenter__(self) -> AsyncSession:
@@ -411,45 +411,6 @@ class AsyncSession(BaseSession[AsyncClient]):
 
     def stream(self, code: str, *, timeout: float | None = None) -> AsyncIterator[Event]:
         return self.client._stream(self._execute_path, execute_body(code, timeout))
-
-    def chat_stream(
-        self, message: str, *, files: Sequence[str] | None = None
-    ) -> AsyncIterator[ChatEvent]:
-        """Ask the session's chat in words (docs/chat.md): the turn's events as they come
-        (the model's `ChatText`, each `ChatCell` then that cell's events), `ChatEnd` last."""
-        return self.client._stream(self._chat_path, chat_body(message, files), chat=True)
-
-    async def chat(
-        self,
-        message: str,
-        *,
-        files: Sequence[str] | None = None,
-        on_text: Callable[[str], object] | None = None,
-        on_event: Callable[[ChatEvent], object] | None = None,
-    ) -> ChatReply:
-        """Ask the session's chat and collect the turn (`on_text` gets the model's words as
-        they come). A model that failed is `reply.status == "model_error"`, not an
-        exception: the session is fine."""
-        reply = ChatReply()
-        async for event in self.chat_stream(message, files=files):
-            reply.add(event)
-            if on_event is not None:
-                on_event(event)
-            if on_text is not None and isinstance(event, ChatText):
-                on_text(event.text)
-        return reply
-
-    async def chat_history(self) -> dict[str, Any]:
-        """The conversation: `{"running", "turns": [...]}`."""
-        return await self.client._send(self._chat_history())
-
-    async def stop_chat(self) -> bool:
-        """Stop the running turn (its cell interrupted); False when none ran."""
-        return await self.client._send(self._stop_chat())
-
-    async def forget_chat(self) -> None:
-        """Forget the conversation (the variables stay)."""
-        await self.client._send(self._forget_chat())
 
     async def run(
         self,

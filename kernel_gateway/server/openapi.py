@@ -159,7 +159,8 @@ _ERROR_REASONS = {
     "quota is full (`too_many_snapshots`, `too_many_templates`, `too_many_volumes`, no "
     "`Retry-After`): delete one first.",
     501: "This gateway has no model for the chat (`chat_not_configured`: start it with "
-    "`--llm-url` and `--llm-model`).",
+    "`--llm-url` and `--llm-model`), or keeps no secrets (`secrets_not_configured`: start it "
+    "with `--secrets-key-file`).",
     503: "No kernel could be started in time (`kernel_unavailable`), or the gateway is "
     "draining for a restart and did nothing (`shutting_down`); retry after `Retry-After`; or "
     "the backend runs no templates (`backend_unavailable`).",

@@ -16,6 +16,7 @@ from kernel_gateway.errors import (
     InvalidRequest,
     KernelUnavailable,
     NetworkNotAllowed,
+    SecretNotFound,
     SecretsNotConfigured,
 )
 from kernel_gateway.in_proxy.policy import BadPattern, normalize, outside
@@ -26,6 +27,7 @@ from kernel_gateway.sessions.network import NETWORK_LANGUAGES, SessionNetwork
 from kernel_gateway.sessions.persistence import SessionRecord
 from kernel_gateway.sessions.session import Session
 from kernel_gateway.settings import Settings
+from kernel_gateway.tenants.secrets import SecretStore
 
 if TYPE_CHECKING:  # the proxy's module loads the Docker SDK: only when egress is on
     from kernel_gateway.kernels.egress.proxy import EgressProxy
@@ -159,7 +161,7 @@ async def restore(
 async def use_secrets(
     session: Session,
     names: list[str],
-    egress: EgressProxy | None,
+    store: SecretStore,
     placeholder: str,
     rules: tuple[Rule, ...] = (),
 ) -> None:
@@ -169,8 +171,7 @@ async def use_secrets(
     names = list(dict.fromkeys([*names, *(n for r in rules for n in sorted(r.names()))]))
     if not names:
         return
-    store = egress.secrets if egress is not None else None
-    if store is None or not store.enabled:
+    if not store.enabled:
         raise SecretsNotConfigured(
             "this gateway keeps no secrets: start it with --secrets-key-file (and "
             "--egress-allow: secrets are sent through the egress proxy)"
@@ -179,7 +180,7 @@ async def use_secrets(
     owned = store.names_of(session.owner)
     missing = [n for n in names if n not in owned]
     if missing:
-        raise InvalidRequest(f"'secrets': no secret {', '.join(map(repr, missing))} (GET /secrets)")
+        raise SecretNotFound(f"'secrets': no secret {', '.join(map(repr, missing))} (GET /secrets)")
     allow = network.allow if network is not None else []
     for rule in rules:
         if outside(allow, [rule.pattern]):

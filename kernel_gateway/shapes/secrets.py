@@ -58,18 +58,31 @@ def _domains(value: list[str]) -> list[str]:
         raise PydanticCustomError("domain", "{reason}", {"reason": str(exc)}) from None
 
 
+_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"
+_LAST = r"[a-zA-Z](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"
+DOMAIN_PATTERN = rf"^(?:\*\.(?:{_LABEL}\.)+{_LAST}|(?:{_LABEL}\.)*{_LAST})$"
+"""A domain name, or `*.` and a name of two labels or more (the last one not a number)."""
 Name = Annotated[
     str,
-    Field(pattern=NAME_PATTERN, description="An environment variable's name."),
+    Field(
+        pattern=NAME_PATTERN,
+        description="An environment variable's name.",
+        json_schema_extra={"not": {"enum": sorted(RESERVED)}},
+    ),
     AfterValidator(_not_reserved),
 ]
 Value = Annotated[
     str,
-    Field(min_length=1, max_length=MAX_VALUE, description="The secret itself: never shown."),
+    Field(
+        min_length=1,
+        max_length=MAX_VALUE,
+        pattern=r"^[^\r\n\x00]+$",
+        description="The secret itself: never shown. No CR, LF or NUL.",
+    ),
     AfterValidator(_header_safe),
 ]
 Domains = Annotated[
-    list[str],
+    list[Annotated[str, Field(max_length=253, pattern=DOMAIN_PATTERN)]],
     Field(
         min_length=1,
         max_length=MAX_DOMAINS,
@@ -88,7 +101,11 @@ Header = Annotated[
 ]
 Format = Annotated[
     str,
-    Field(max_length=256, description="The header's value, `{value}` for the secret."),
+    Field(
+        max_length=256,
+        pattern=r"^[^\r\n\x00]*\{value\}[^\r\n\x00]*$",
+        description="The header's value, `{value}` for the secret.",
+    ),
     AfterValidator(_format),
 ]
 

@@ -230,7 +230,7 @@ def test_what_is_refused(client: httpx.Client, session_id: str) -> None:
     missing = client.post(
         f"/sessions/{session_id}/chat", json={"message": "hi", "files": ["nope.csv"]}
     )
-    assert missing.status_code == 422 and "nope.csv" in missing.json()["error"]["message"]
+    assert missing.status_code == 404 and "nope.csv" in missing.json()["error"]["message"]
     assert client.post("/sessions/nope/chat", json={"message": "hi"}).status_code == 404
     assert client.post(f"/sessions/{session_id}/chat/stop").json() == {"stopped": False}
     assert client.delete(f"/sessions/{session_id}/chat").status_code == 204

@@ -42,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kernel_gateway.http.middleware import template
 from kernel_gateway.server.app import create_app
 from tests.support.backends import require_backend, settings_for
+from tests.support.ports import free_port
 from tests.support.processes import Gateway, gateway
 
 from .test_cli import containers_of
@@ -58,6 +59,12 @@ TOKEN = "fuzz-token"
 RSS_SLACK = 16 * 1024**2
 LEAK_PASSES = 3
 FD_SLACK = 4
+
+
+def _secrets_key(tmp_path: Path) -> Path:
+    key = tmp_path / "secrets.key"
+    key.write_bytes(os.urandom(32))
+    return key
 
 
 def fuzzed_gateway(tmp_path: Path, backend: str) -> Any:
@@ -80,6 +87,14 @@ def fuzzed_gateway(tmp_path: Path, backend: str) -> Any:
         "120",
         "--log-format",
         "json",
+        # The chat and the secrets on: a model that is not there (each turn ends
+        # `model_error` at once), and a key for the secrets.
+        "--llm-url",
+        f"http://127.0.0.1:{free_port()}/v1",
+        "--llm-model",
+        "nobody",
+        "--secrets-key-file",
+        str(_secrets_key(tmp_path)),
         token=TOKEN if backend == "docker" else None,
         env={"KG_MAX_EXEC_TIMEOUT": "5", "KG_EXEC_TIMEOUT": "5"},
     )

@@ -322,7 +322,7 @@ def test_what_is_refused_at_creation(gw: ServerThread) -> None:
         unknown = http.post(
             "/sessions", json={"network": {"allow": ["allowed.test"]}, "secrets": ["NOPE"]}
         )
-        assert unknown.status_code == 422
+        assert unknown.status_code == 404
         bad = http.post(
             "/secrets", json={"name": "X", "value": "a\r\nInjected: 1", "domains": ["a.test"]}
         )
@@ -408,3 +408,52 @@ def test_e2bs_sdk_makes_a_secret_and_a_sandbox_whose_rules_send_it(
     finally:
         sandbox.kill()
         e2b.Secret.destroy("upstream-key")
+
+
+def test_a_session_keeps_its_secrets_across_a_sigkill(
+    upstream: dict[str, Any], tmp_path: Path
+) -> None:
+    """With --persist-sessions a SIGKILLed gateway's successor adopts the session: its
+    kernel keeps the placeholders and the CA, and its new relay puts the value in again."""
+    import signal
+
+    from tests.integration.test_persistence import Gateway as Durable
+
+    key = tmp_path / "secrets.key"
+    key.write_bytes(secrets.token_bytes(32))
+    flags = (
+        "--pool-size", "1",
+        "--egress-allow", "allowed.test,other.test",
+        "--egress-networks", upstream["network"],
+        "--secrets-key-file", str(key),
+        "--egress-ca-file", str(upstream["ca"]),
+    )  # fmt: skip
+    gw = Durable(tmp_path, *flags)
+    value = "kv-" + secrets.token_hex(12)
+    code = TRY + "print(get('https://allowed.test/echo')['status'], os.environ['KILLED'])"
+    try:
+        gw.start()
+        with httpx.Client(base_url=gw.url, timeout=120) as http:
+            made = http.post(
+                "/secrets",
+                json={"name": "KILLED", "value": value, "domains": ["allowed.test"],
+                      "header": "X-Killed"},
+            )  # fmt: skip
+            assert made.status_code == 201, made.text
+            sid = http.post(
+                "/sessions", json={"network": {"allow": ["allowed.test"]}, "secrets": ["KILLED"]}
+            ).json()["id"]
+            before = collected(http, f"/sessions/{sid}/execute", {"code": code}, timeout=90)
+        assert before["stdout"] == "200 kg-secret:KILLED\n", before
+        assert requests_to(upstream, "allowed.test")[-1]["headers"]["X-Killed"] == value
+        gw.stop(signal.SIGKILL)
+        gw.start()
+        with httpx.Client(base_url=gw.url, timeout=120) as http:
+            assert http.get(f"/sessions/{sid}").json()["secrets"] == ["KILLED"]
+            after = collected(http, f"/sessions/{sid}/execute", {"code": code}, timeout=90)
+            assert after["stdout"] == "200 kg-secret:KILLED\n", after
+            assert requests_to(upstream, "allowed.test")[-1]["headers"]["X-Killed"] == value
+            http.delete(f"/sessions/{sid}")
+        gw.stop()
+    finally:
+        gw.close()

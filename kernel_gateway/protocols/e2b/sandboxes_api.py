@@ -147,7 +147,7 @@ async def create(request: Request, service: E2BService) -> Response:
         session = service.registry.get(sandbox.id, ADMIN)
         try:
             await network_policy.use_secrets(
-                session, named, service.registry.egress, E2B_PLACEHOLDER, rules
+                session, named, service.secrets, E2B_PLACEHOLDER, rules
             )
         except BaseException:
             await service.sandboxes.kill(sandbox.id, ADMIN)

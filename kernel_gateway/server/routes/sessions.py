@@ -62,7 +62,7 @@ async def create(request: Request) -> JSONResponse[responses.RestoredSession]:
                 mounts,
                 owner=principal_of(request),
             )
-            await _with_secrets(registry, restored.session, body.secrets)
+            await _with_secrets(request, registry, restored.session, body.secrets)
             answer = restored_json(restored)
         else:
             session = await registry.create_session(
@@ -72,7 +72,7 @@ async def create(request: Request) -> JSONResponse[responses.RestoredSession]:
                 mounts,
                 owner=principal_of(request),
             )
-            await _with_secrets(registry, session, body.secrets)
+            await _with_secrets(request, registry, session, body.secrets)
             answer = {**session.to_json(), "restored": None}
     except (TooManySessions, KernelUnavailable) as exc:
         _metrics(request).session_rejections.labels(_rejection(exc)).inc()
@@ -81,12 +81,14 @@ async def create(request: Request) -> JSONResponse[responses.RestoredSession]:
     return JSONResponse(answer, status_code=201, headers={"Location": f"/sessions/{answer['id']}"})
 
 
-async def _with_secrets(registry: Registry, session: Session, names: list[str] | None) -> None:
+async def _with_secrets(
+    request: Request, registry: Registry, session: Session, names: list[str] | None
+) -> None:
     """The secrets the new session may use; a session they cannot be given is not kept."""
     if not names:
         return
     try:
-        await network_policy.use_secrets(session, names, registry.egress, PLACEHOLDER)
+        await network_policy.use_secrets(session, names, request.state.secrets, PLACEHOLDER)
     except BaseException:
         await registry.delete_session(session.id, ADMIN)
         raise
@@ -253,7 +255,7 @@ OPERATIONS = (
                 links=SESSION_LINKS,
             ),
         ),
-        errors=(*JSON_BODY, 403, 404, 409, 429, *KERNEL_START),
+        errors=(*JSON_BODY, 403, 404, 409, 429, 501, *KERNEL_START),
     ),
     Operation(
         "get",
