@@ -51,6 +51,23 @@ def normalize(pattern: str) -> str:
     return ("*." if wildcard else "") + name
 
 
+PROTECTED_FIELDS = frozenset(
+    {
+        "host", "content-length", "transfer-encoding", "connection", "keep-alive", "te",
+        "trailer", "upgrade", "expect",
+    }
+)  # fmt: skip
+"""Request fields no secret and no E2B rule may set: they decide where and how a message
+goes (the gateway's egress relay, kernels/egress/interception.py)."""
+
+
+def protected(name: str) -> bool:
+    """Whether a header by this name would change how a request is framed or where it goes
+    (`PROTECTED_FIELDS`, and `Proxy-*`)."""
+    lowered = name.lower()
+    return lowered in PROTECTED_FIELDS or lowered.startswith("proxy-")
+
+
 def matches(pattern: str, host: str) -> bool:
     """Whether the (normalized) `pattern` allows `host`."""
     host = host.strip().lower().removesuffix(".")

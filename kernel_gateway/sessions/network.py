@@ -140,9 +140,12 @@ class SessionNetwork:
                 granted[name] = (*granted.get(name, ()), rule.pattern)
 
         def opened() -> list[Opened]:
-            """The secrets now, each also allowed where a rule sends it."""
+            """The secrets now; one without domains of its own (E2B's) may go where a rule
+            sends it (a rule never widens a secret that names its domains)."""
             found = store.opened(names, owner)
-            return [replace(o, domains=o.domains + granted.get(o.name, ())) for o in found]
+            return [
+                replace(o, domains=granted.get(o.name, ())) if not o.domains else o for o in found
+            ]
 
         return Interception(authority, proxy.upstream_tls, opened, rules)
 

@@ -9,12 +9,12 @@ from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
-from kernel_gateway.in_proxy.policy import BadPattern, normalize
+from kernel_gateway.in_proxy.policy import BadPattern, normalize, protected
 from kernel_gateway.shapes.meta import closed
 from kernel_gateway.shapes.requests import RequestModel, valid_unicode
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-HEADER_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$"
+HEADER_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^`|~-]{1,128}$"
 MAX_VALUE = 16 * 1024
 MAX_DOMAINS = 32
 
@@ -32,6 +32,14 @@ RESERVED = frozenset(
 def _not_reserved(value: str) -> str:
     if value in RESERVED:
         raise PydanticCustomError("reserved", "is a variable the gateway sets itself")
+    if value.startswith("sec_"):
+        raise PydanticCustomError("reserved", "sec_ starts secrets' ids, not their names")
+    return value
+
+
+def _settable(value: str) -> str:
+    if protected(value):
+        raise PydanticCustomError("protected", "decides how a request goes: it cannot be set")
     return value
 
 
@@ -67,7 +75,7 @@ Name = Annotated[
     Field(
         pattern=NAME_PATTERN,
         description="An environment variable's name.",
-        json_schema_extra={"not": {"enum": sorted(RESERVED)}},
+        json_schema_extra={"not": {"anyOf": [{"enum": sorted(RESERVED)}, {"pattern": "^sec_"}]}},
     ),
     AfterValidator(_not_reserved),
 ]
@@ -93,6 +101,7 @@ Domains = Annotated[
 ]
 Header = Annotated[
     str,
+    AfterValidator(_settable),
     Field(
         pattern=HEADER_PATTERN,
         description="A header the egress proxy adds to every request to its domains that "

@@ -153,11 +153,14 @@ class SecretStore:
         """A secret by name (or id): the caller's own; the admin's view prefers its own,
         then any one of that name."""
         held = self._secrets
-        mine = [s for s in held.values() if s.owner == owner and name in (s.name, s.id)]
+        by_id = held.get(name)
+        if by_id is not None and (admin or by_id.owner == owner):
+            return by_id
+        mine = [s for s in held.values() if s.owner == owner and s.name == name]
         if mine:
             return mine[0]
         if admin:
-            found = [s for s in held.values() if name in (s.name, s.id)]
+            found = [s for s in held.values() if s.name == name]
             if len(found) > 1:
                 raise Conflict(f"several keys have a secret named {name!r}: name it by its id")
             if found:

@@ -231,7 +231,6 @@ def test_a_placeholder_sent_elsewhere_is_refused_and_nothing_arrives(
             "get('https://other.test/echo')]))",
         )
     )
-    print(json.dumps(out))
     elsewhere, plain_http, in_url, redirected, clean = out
     assert elsewhere["status"] == 403 and "only to allowed.test" in elsewhere["body"], elsewhere
     assert plain_http["status"] == 403 and "HTTPS only" in plain_http["body"], plain_http

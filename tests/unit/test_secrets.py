@@ -172,3 +172,44 @@ def test_the_authority_signs_what_sandboxes_verify(tmp_path: Path) -> None:
         c_in.write(s_out.read())
     assert len(done) == 2 and sandbox.selected_alpn_protocol() in (None, "http/1.1")
     assert Authority(tmp_path / "ca").certificate_pem == authority.certificate_pem
+
+
+def test_what_a_rule_or_a_secret_may_not_set() -> None:
+    from kernel_gateway.kernels.egress.interception import Rule
+
+    for name in ("Content-Length", "host", "Transfer-Encoding", "Proxy-Authorization"):
+        rule = Rule("api.example.org", ((name, "1"),))
+        with pytest.raises(Refused, match="may not set"):
+            rewrite(head("GET / HTTP/1.1"), "api.example.org", [], (rule,))
+    bad = Opened("X", "v", ("api.example.org",), "Content-Length", "{value}")
+    with pytest.raises(Refused, match="may not set"):
+        rewrite(head("GET / HTTP/1.1"), "api.example.org", [bad])
+
+
+def test_a_secret_s_host_gets_whole_plain_answers_even_without_a_value() -> None:
+    plain = rewrite(
+        head("GET / HTTP/1.1", "Range: bytes=0-3", "Accept-Encoding: gzip", "Upgrade: x"),
+        "api.example.org",
+        [TOKEN],
+    )
+    assert plain.used == [] and plain.sensitive
+    assert b"Range" not in plain.head and b"gzip" not in plain.head and b"Upgrade" not in plain.head
+    elsewhere = rewrite(
+        head("GET / HTTP/1.1", "Host: other.test", "Range: bytes=0-3"), "other.test", [TOKEN]
+    )
+    assert not elsewhere.sensitive and b"Range" in elsewhere.head
+
+
+@pytest.mark.parametrize(
+    "start",
+    [b"G\x0bET / HTTP/1.1", b"GET /a\tb HTTP/1.1", b"GET / HTTP/2.0", b"GET / HTTP/1.1 x"],
+)
+def test_request_lines_that_are_not_plain_are_refused(start: bytes) -> None:
+    raw = start + b"\r\nHost: api.example.org\r\n\r\n"
+    with pytest.raises(Malformed):
+        rewrite(parse_head(raw), "api.example.org", [])
+
+
+def test_a_field_name_with_an_underscore_is_refused() -> None:
+    with pytest.raises(Malformed):
+        parse_head(b"GET / HTTP/1.1\r\nHost: a\r\nTransfer_Encoding: chunked\r\n\r\n")

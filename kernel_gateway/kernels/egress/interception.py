@@ -34,7 +34,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kernel_gateway.in_proxy.policy import matches
+from kernel_gateway.in_proxy.policy import matches, protected
 from kernel_gateway.tenants.secrets import Opened
 
 HEAD_LIMIT = 64 * 1024
@@ -48,7 +48,12 @@ PLACEHOLDERS = re.compile(
     rb"|\$\{e2b\.secrets\.([A-Za-z0-9_][A-Za-z0-9_-]{0,127})\}"
 )
 TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-"""A header's name (RFC 9110's token)."""
+"""A method (RFC 9110's token)."""
+FIELD_NAME = re.compile(rb"[!#$%&'*+.^`|~0-9A-Za-z-]+")
+"""A header's name: a token without `_` (some servers read `_` as `-`)."""
+VISIBLE = re.compile(rb"[\x21-\x7e]+")
+
+
 CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})(?:;[^\r\n]*)?")
 STRIPPED_WITH_A_VALUE = (b"accept-encoding", b"range", b"if-range", b"upgrade", b"te")
 """Headers a request that carries a value loses: its answer must come whole and readable."""
@@ -122,7 +127,7 @@ def parse_head(raw: bytes) -> Head:
         if line[:1] in (b" ", b"\t"):
             raise Malformed("a folded line")
         name, colon, value = line.partition(b":")
-        if not colon or not TOKEN.fullmatch(name):
+        if not colon or not FIELD_NAME.fullmatch(name):
             raise Malformed("a field without a valid name")
         fields.append((name, value.strip(b" \t")))
     return Head(lines[0], fields)
@@ -150,6 +155,9 @@ class Rewritten:
     head: bytes
     used: list[Opened]
     """The secrets whose values it now carries."""
+    sensitive: bool = False
+    """A value may come back in its answer (the host is one a secret may go to): the answer
+    must be whole and plain, never an upgrade."""
 
 
 def covers(secret: Opened, host: str) -> bool:
@@ -168,8 +176,10 @@ def rewrite(
     `header` and by `rules`) for `host`; Refused when it sends a placeholder where it may
     not go, or names another host than the tunnel's."""
     parts = head.start.split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+    if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
         raise Malformed("not an HTTP/1.x request line")
+    if not TOKEN.fullmatch(parts[0]) or not VISIBLE.fullmatch(parts[1]):
+        raise Malformed("a method or a target that is not plain")
     target = parts[1]
     if PLACEHOLDERS.search(head.start):
         raise Refused("a secret's placeholder in the request's URL: secrets go in headers only")
@@ -201,19 +211,24 @@ def rewrite(
         if not matches(rule.pattern, host):
             continue
         for name, template in rule.headers:
+            if protected(name):
+                raise Refused(f"a rule may not set {name}")
             key = name.lower().encode()
             fields = [(k, v) for k, v in fields if k.lower() != key]
             fields.append((name.encode(), PLACEHOLDERS.sub(substitute, template.encode())))
     present = {k.lower() for k, _ in fields}
     for secret in secrets:
+        if secret.header and protected(secret.header):
+            raise Refused(f"the secret {secret.name!r} may not set {secret.header}")
         if secret.header and covers(secret, host) and secret.header.lower().encode() not in present:
             value = secret.format.replace("{value}", secret.value)
             fields.append((secret.header.encode(), value.encode()))
             used[secret.name] = secret
-    if used:  # an answer whole and readable, to take the values out of it
+    sensitive = bool(used) or any(covers(s, host) for s in secrets)
+    if sensitive:  # an answer whole and readable, to take any value out of it
         fields = [(k, v) for k, v in fields if k.lower() not in STRIPPED_WITH_A_VALUE]
         fields.append((b"Accept-Encoding", b"identity"))
-    return Rewritten(head.encode(fields), list(used.values()))
+    return Rewritten(head.encode(fields), list(used.values()), sensitive)
 
 
 class Redactor:
@@ -296,7 +311,7 @@ async def _copy_chunked(
             if data:
                 writer.write(b"%x\r\n%s\r\n" % (len(data), data))
                 await writer.drain()
-        if await reader.readexactly(2) != b"\r\n":
+        if await asyncio.wait_for(reader.readexactly(2), ANSWER_SECONDS) != b"\r\n":
             raise Malformed("a chunk that does not end with CRLF")
 
 
@@ -377,16 +392,18 @@ async def exchange(
                     break
                 c_writer.write(redact.whole(raw_answer))
             encoding = answer.one(b"content-encoding")
-            if rewritten.used and encoding not in (None, b"identity"):
+            if rewritten.sensitive and encoding not in (None, b"identity"):
                 observe("refused", f"{host}: a compressed answer to a request with a secret")
                 c_writer.write(
                     refusal(502, "Bad Gateway", f"{host} compressed an answer it was asked not to")
                 )
                 return
+            if status == b"101" and (rewritten.sensitive or not head.get(b"upgrade")):
+                raise Malformed("an upgrade that was not asked for, or to a secret's host")
             c_writer.write(redact.whole(raw_answer))
             await c_writer.drain()
-            if status == b"101":  # an upgrade (never of a request that carried a value)
-                await asyncio.gather(_pipe(c_reader, u_writer), _pipe(u_reader, c_writer))
+            if status == b"101":  # an upgrade asked for, to a host no secret goes to
+                await asyncio.gather(_pipe(c_reader, u_writer), _pipe(u_reader, c_writer, redact))
                 return
             if method == b"HEAD" or status in (b"204", b"304"):
                 answer_framing: tuple[str, int] = ("length", 0)
@@ -399,18 +416,25 @@ async def exchange(
         finally:
             if not body.done():
                 body.cancel()
-        closing = b"close" in (
-            (head.one(b"connection") or b"").lower(),
-            (answer.one(b"connection") or b"").lower(),
-        )
+        closing = _closes(head) or _closes(answer)
         if closing or answer_framing[0] == "close" or not head.start.endswith(b"HTTP/1.1"):
             return
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+def _closes(head: Head) -> bool:
+    """Whether a message's `Connection` fields (any number, comma-separated) say `close`."""
+    tokens = {t.strip().lower() for v in head.get(b"connection") for t in v.split(b",")}
+    return b"close" in tokens
+
+
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, redact: Redactor | None = None
+) -> None:
     try:
         while data := await reader.read(CHUNK):
-            writer.write(data)
+            writer.write(redact.feed(data) if redact is not None else data)
             await writer.drain()
+        if redact is not None:
+            writer.write(redact.flush())
     except (ConnectionError, OSError):
         pass

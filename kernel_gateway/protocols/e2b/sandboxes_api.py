@@ -15,7 +15,7 @@ from starlette.routing import Route
 from kernel_gateway.errors import GatewayError
 from kernel_gateway.http.auth import principal_of
 from kernel_gateway.http.bodies import query_seconds
-from kernel_gateway.in_proxy.policy import BadPattern, normalize
+from kernel_gateway.in_proxy.policy import BadPattern, normalize, protected
 from kernel_gateway.kernels.egress.interception import PLACEHOLDERS, Rule
 from kernel_gateway.kernels.volumes import VolumeMount
 from kernel_gateway.protocols.e2b.errors import SandboxError, status_for
@@ -131,6 +131,7 @@ async def create(request: Request, service: E2BService) -> Response:
     lifecycle = body.get("lifecycle") or {}
     if not isinstance(auto_resume, dict) or not isinstance(lifecycle, dict):
         raise SandboxError(400, "'autoResume' and 'lifecycle' must be objects")
+    rules, named = _rules(body), _env_secrets(body)  # refused before anything is made
     sandbox = await service.sandboxes.create(
         template,
         integer(body, "timeout"),
@@ -142,7 +143,6 @@ async def create(request: Request, service: E2BService) -> Response:
         mounts=await _volume_mounts(body, service, principal_of(request)),
         owner=principal_of(request),
     )
-    rules, named = _rules(body), _env_secrets(body)
     if rules or named:
         session = service.registry.get(sandbox.id, ADMIN)
         try:
@@ -155,7 +155,7 @@ async def create(request: Request, service: E2BService) -> Response:
     return JSONResponse(sandbox_json(sandbox), status_code=201)
 
 
-HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}")
+HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^`|~-]{1,128}")
 
 
 def _rules(body: dict[str, Any]) -> tuple[Rule, ...]:
@@ -180,6 +180,8 @@ def _rules(body: dict[str, Any]) -> tuple[Rule, ...]:
             for name, value in asked.items():
                 if not HEADER_NAME.fullmatch(str(name)) or not isinstance(value, str):
                     raise SandboxError(400, f"'network.rules.{host}': a bad header {name!r}")
+                if protected(str(name)):
+                    raise SandboxError(400, f"'network.rules.{host}': {name} cannot be set")
                 if any(c in value for c in "\r\n\0"):
                     raise SandboxError(400, f"'network.rules.{host}': {name} holds CR, LF or NUL")
                 headers[str(name)] = value
