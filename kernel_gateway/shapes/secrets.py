@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
-from kernel_gateway.in_proxy.policy import BadPattern, normalize, protected
+from kernel_gateway.in_proxy.policy import PROTECTED_FIELDS, BadPattern, normalize, protected
 from kernel_gateway.shapes.meta import closed
 from kernel_gateway.shapes.requests import RequestModel, valid_unicode
 
@@ -99,14 +100,27 @@ Domains = Annotated[
     ),
     AfterValidator(_domains),
 ]
+
+
+def _any_case(word: str) -> str:
+    """A regular expression for `word` in any case (JSON Schema's patterns have no flags)."""
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else re.escape(c) for c in word)
+
+
+_PROTECTED_PATTERN = (
+    "^(?:" + "|".join(_any_case(w) for w in sorted(PROTECTED_FIELDS)) + ")$|^" + _any_case("proxy-")
+)
 Header = Annotated[
     str,
-    AfterValidator(_settable),
     Field(
         pattern=HEADER_PATTERN,
         description="A header the egress proxy adds to every request to its domains that "
-        "lacks it (`Authorization`).",
+        "lacks it (`Authorization`); not one that decides how a request goes (`Host`, "
+        "`Content-Length`, `Transfer-Encoding`, `Connection`, `Keep-Alive`, `TE`, `Trailer`, "
+        "`Upgrade`, `Expect`, `Proxy-*`).",
+        json_schema_extra={"not": {"type": "string", "pattern": _PROTECTED_PATTERN}},
     ),
+    AfterValidator(_settable),
 ]
 Format = Annotated[
     str,
