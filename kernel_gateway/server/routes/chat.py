@@ -15,7 +15,7 @@ from kernel_gateway.http.bodies import read_model
 from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.http.sse import encode
-from kernel_gateway.server.routes.fragments import EVENT_ID_PATTERN, JSON_BODY, ref
+from kernel_gateway.server.routes.fragments import JSON_BODY, RESUME_PARAMETERS, ref
 from kernel_gateway.server.routes.sessions import _resume_point, _session
 from kernel_gateway.server.routes.streaming import PING_SECONDS, SEND_TIMEOUT_SECONDS
 from kernel_gateway.sessions.conversation import Turn
@@ -121,22 +121,6 @@ TURN_HEADERS = {
         "schema": {"type": "string"},
     },
 }
-RESUME = (
-    {
-        "name": "after",
-        "in": "query",
-        "required": False,
-        "description": "Resume after this event id (wins over Last-Event-ID).",
-        "schema": {"type": "string", "pattern": EVENT_ID_PATTERN},
-    },
-    {
-        "name": "Last-Event-ID",
-        "in": "header",
-        "required": False,
-        "description": "Resume after this event id, as EventSource sends it.",
-        "schema": {"type": "string", "pattern": EVENT_ID_PATTERN},
-    },
-)
 
 OPERATIONS = (
     Operation(
@@ -192,7 +176,7 @@ OPERATIONS = (
         summary="The latest turn's events, from its start or from after an event id, then "
         "live ones until its `end`.",
         tags=("chat",),
-        parameters=RESUME,
+        parameters=RESUME_PARAMETERS,
         replies=(Reply(200, "The turn's events.", content=STREAM, headers=TURN_HEADERS),),
         errors=(404, 410, 422),
     ),

@@ -23,6 +23,24 @@ STREAM: JSON = {
 }
 """An execution's events: an event stream, or one document with `Accept: application/json`."""
 
+RESUME_PARAMETERS: tuple[JSON, ...] = (
+    {
+        "name": "after",
+        "in": "query",
+        "required": False,
+        "description": "Resume after this event id (wins over Last-Event-ID).",
+        "schema": {"type": "string", "pattern": EVENT_ID_PATTERN},
+    },
+    {
+        "name": "Last-Event-ID",
+        "in": "header",
+        "required": False,
+        "description": "Resume after this event id, as EventSource sends it.",
+        "schema": {"type": "string", "pattern": EVENT_ID_PATTERN},
+    },
+)
+"""Where a stream is read again from: an execution's (`executionEvents`), a chat turn's."""
+
 EXECUTION_ID: JSON = {
     "Execution-Id": {
         "description": "The execution's id within its session.",

@@ -11,12 +11,12 @@ from kernel_gateway.http.operations import Body, Operation, Reply
 from kernel_gateway.http.responses import JSONResponse
 from kernel_gateway.metrics import Metrics
 from kernel_gateway.server.routes.fragments import (
-    EVENT_ID_PATTERN,
     EXECUTION_ID,
     JSON_BODY,
     KERNEL_START,
     LOCATION,
     RESUME_AT,
+    RESUME_PARAMETERS,
     SESSION_LINKS,
     STREAM,
 )
@@ -332,22 +332,7 @@ OPERATIONS = (
         summary="An execution's events, from its start or from after an event id, then live "
         "ones, ending with its `done`.",
         tags=("sessions",),
-        parameters=(
-            {
-                "name": "after",
-                "in": "query",
-                "required": False,
-                "description": "Resume after this event id (wins over Last-Event-ID).",
-                "schema": {"type": "string", "pattern": EVENT_ID_PATTERN},
-            },
-            {
-                "name": "Last-Event-ID",
-                "in": "header",
-                "required": False,
-                "description": "Resume after this event id, as EventSource sends it.",
-                "schema": {"type": "string", "pattern": EVENT_ID_PATTERN},
-            },
-        ),
+        parameters=RESUME_PARAMETERS,
         replies=(Reply(200, _EVENTS, content=STREAM, headers={**EXECUTION_ID, **RESUME_AT}),),
         errors=(404, 410, 422),
     ),
